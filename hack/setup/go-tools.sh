@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Builds every Go-based tool the project uses from the Go module proxy (the only place these
+# machines can get them from) into ${KE_CACHE:-<repo>/.cache}/bin.
+#
+#   hack/setup/go-tools.sh            # all tools
+#   hack/setup/go-tools.sh helm kubectl   # only some
+#
+# Idempotent: each tool has a stamp keyed by its version and build inputs; a warm re-run only
+# checks the stamp and runs the binary's version command. Build output goes to .cache/logs/.
+set -euo pipefail
+
+# ---- pinned versions -------------------------------------------------------------------------
+HELM_VERSION=v3.22.0
+CT_VERSION=v3.14.0          # chart-testing
+KUSTOMIZE_VERSION=v5.8.2    # v5.8.3 needs go >= 1.27
+KUBECONFORM_VERSION=v0.7.0
+HELM_DOCS_VERSION=v1.14.2
+KIND_VERSION=v0.33.0
+# kube-apiserver, kube-controller-manager, kubectl and etcd come from hack/tools/kube/go.mod;
+# KUBE_VERSION must equal its k8s.io/kubernetes version (checked below). The newest 1.34 patch
+# whose go.mod the checksum database serves here is v1.34.10 (v1.34.11/12 are not verifiable).
+KUBE_VERSION=v1.34.10
+# -----------------------------------------------------------------------------------------------
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+CACHE=${KE_CACHE:-$ROOT/.cache}
+BIN=$CACHE/bin
+LOGS=$CACHE/logs
+STAMPS=$CACHE/stamps/go-tools
+KUBE_MOD=$ROOT/hack/tools/kube
+CT_ETC=$ROOT/hack/ct/etc
+mkdir -p "$BIN" "$LOGS" "$STAMPS"
+
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+# Never fetch a toolchain: only the module proxy is reachable, and the pins fit the local Go.
+export GOTOOLCHAIN=local
+# Builds from a git work tree fail VCS stamping in some CI checkouts; the stamp adds nothing here.
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+
+FAILED=()
+
+go_bin() {
+  [[ -x $GO ]] || { echo "[go-tools] Go not found (set GO=/path/to/go or put go on PATH)" >&2; exit 1; }
+}
+
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+kube_inputs_hash() {
+  hash_of "$KUBE_MOD/go.mod" "$KUBE_MOD/go.sum" "$KUBE_MOD"/cmd/*/main.go
+}
+
+# install_tool NAME VERSION STAMPKEY VERSION_ARGS BUILD_FUNCTION...
+# Prints one line: "[go-tools] NAME VERSION ... ok (cached)" or "... built in Ns".
+install_tool() {
+  local name=$1 version=$2 key=$3 vargs=$4
+  shift 4
+  local bin=$BIN/$name stamp=$STAMPS/$name log=$LOGS/go-tools-$name.log
+  printf '[go-tools] %s %s ... ' "$name" "$version"
+  if [[ -x $bin && -f $stamp && "$(cat "$stamp")" == "$key" ]] \
+    && "$bin" $vargs >/dev/null 2>&1; then
+    echo "ok (cached)"
+    return 0
+  fi
+  go_bin
+  local start=$SECONDS
+  rm -f "$stamp"
+  if "$@" >"$log" 2>&1 && "$bin" $vargs >>"$log" 2>&1; then
+    echo "$key" >"$stamp"
+    echo "built in $((SECONDS - start))s"
+  else
+    echo "FAILED after $((SECONDS - start))s (log: $log)"
+    tail -n 30 "$log" | sed 's/^/    /' >&2
+    FAILED+=("$name")
+  fi
+}
+
+# go install into BIN: for tools whose module has no replace directives.
+go_install() {
+  local ldflags=$1 pkg=$2
+  GOBIN=$BIN "$GO" install -trimpath -ldflags "$ldflags" "$pkg"
+}
+
+# go build inside hack/tools/kube: the module that pins k8s.io/kubernetes with its staging replaces.
+kube_build() {
+  local out=$1 ldflags=$2 pkg=$3
+  (cd "$KUBE_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg")
+  mv -f "$out.tmp" "$out"
+}
+
+helm_k8s_minor() {
+  # Upstream's Makefile derives helm's default capability (the Kubernetes version `helm template`
+  # assumes offline) from the client-go version helm is built with; do the same so templates
+  # render as they would with a released helm binary instead of the v1.20 default.
+  local mod
+  mod=$("$GO" env GOMODCACHE)/cache/download/helm.sh/helm/v3/@v/$HELM_VERSION.mod
+  [[ -f $mod ]] || "$GO" mod download -x "helm.sh/helm/v3@$HELM_VERSION" >/dev/null 2>&1
+  awk '$1 == "k8s.io/client-go" { split($2, v, "."); print v[2]; exit }' "$mod"
+}
+
+build_helm() {
+  local minor
+  minor=$(helm_k8s_minor)
+  [[ -n $minor ]] || { echo "could not read k8s.io/client-go version from helm's go.mod"; return 1; }
+  local x=helm.sh/helm/v3
+  go_install "-s -w -X $x/internal/version.version=$HELM_VERSION -X $x/internal/version.gitTreeState=clean \
+    -X $x/pkg/chartutil.k8sVersionMajor=1 -X $x/pkg/chartutil.k8sVersionMinor=$minor \
+    -X $x/pkg/lint/rules.k8sVersionMajor=1 -X $x/pkg/lint/rules.k8sVersionMinor=$minor" \
+    "$x/cmd/helm@$HELM_VERSION"
+}
+
+build_ct() {
+  go_install "-s -w -X github.com/helm/chart-testing/v3/ct/cmd.Version=$CT_VERSION" \
+    "github.com/helm/chart-testing/v3/ct@$CT_VERSION"
+  sync_ct_etc
+}
+
+# ct reads chart_schema.yaml and lintconf.yaml from CT_CONFIG_DIR; `go install` does not ship them,
+# so the repo keeps copies (hack/ct/etc) taken from the pinned module.
+sync_ct_etc() {
+  local src f
+  src=$("$GO" env GOMODCACHE)/github.com/helm/chart-testing/v3@$CT_VERSION/etc
+  [[ -d $src ]] || "$GO" mod download "github.com/helm/chart-testing/v3@$CT_VERSION"
+  mkdir -p "$CT_ETC"
+  for f in chart_schema.yaml lintconf.yaml; do
+    if ! cmp -s "$src/$f" "$CT_ETC/$f"; then
+      install -m 0644 "$src/$f" "$CT_ETC/$f"
+      echo "updated $CT_ETC/$f from chart-testing $CT_VERSION"
+    fi
+  done
+}
+
+build_kustomize() {
+  go_install "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+}
+
+build_kubeconform() {
+  go_install "-s -w -X main.version=$KUBECONFORM_VERSION" \
+    "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
+}
+
+build_helm_docs() {
+  go_install "-s -w -X main.version=${HELM_DOCS_VERSION#v}" \
+    "github.com/norwoodj/helm-docs/cmd/helm-docs@$HELM_DOCS_VERSION"
+}
+
+build_kind() {
+  go_install "-s -w" "sigs.k8s.io/kind@$KIND_VERSION"
+}
+
+kube_ldflags() {
+  local minor=${KUBE_VERSION#v1.}
+  minor=${minor%%.*}
+  local p f=""
+  # hack/lib/version.sh upstream stamps both packages; kubectl reports client-go's.
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  echo "-s -w$f"
+}
+
+build_kube_apiserver() {
+  kube_build "$BIN/kube-apiserver" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-apiserver
+}
+build_kube_controller_manager() {
+  kube_build "$BIN/kube-controller-manager" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-controller-manager
+}
+build_kubectl() {
+  kube_build "$BIN/kubectl" "$(kube_ldflags)" ./cmd/kubectl
+}
+build_etcd() {
+  kube_build "$BIN/etcd" "-s -w" ./cmd/etcd
+}
+
+check_kube_mod() {
+  local pinned
+  pinned=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$KUBE_MOD/go.mod")
+  if [[ $pinned != "$KUBE_VERSION" ]]; then
+    echo "[go-tools] hack/tools/kube/go.mod has k8s.io/kubernetes $pinned but KUBE_VERSION=$KUBE_VERSION" >&2
+    exit 1
+  fi
+  ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
+}
+
+ALL=(helm ct kustomize kubeconform helm-docs kind kube-apiserver kube-controller-manager kubectl etcd)
+WANT=("$@")
+[[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
+
+check_kube_mod
+KUBE_KEY="$KUBE_VERSION $(kube_inputs_hash)"
+
+for tool in "${WANT[@]}"; do
+  case $tool in
+    helm) install_tool helm "$HELM_VERSION" "$HELM_VERSION" "version --short" build_helm ;;
+    ct) install_tool ct "$CT_VERSION" "$CT_VERSION" "version" build_ct
+        # ct's config files are checked even when the binary is cached.
+        [[ -f $CT_ETC/chart_schema.yaml && -f $CT_ETC/lintconf.yaml ]] || { go_bin; sync_ct_etc; } ;;
+    kustomize) install_tool kustomize "$KUSTOMIZE_VERSION" "$KUSTOMIZE_VERSION" "version" build_kustomize ;;
+    kubeconform) install_tool kubeconform "$KUBECONFORM_VERSION" "$KUBECONFORM_VERSION" "-v" build_kubeconform ;;
+    helm-docs) install_tool helm-docs "$HELM_DOCS_VERSION" "$HELM_DOCS_VERSION" "--version" build_helm_docs ;;
+    kind) install_tool kind "$KIND_VERSION" "$KIND_VERSION" "version" build_kind ;;
+    kube-apiserver) install_tool kube-apiserver "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_apiserver ;;
+    kube-controller-manager)
+      install_tool kube-controller-manager "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_controller_manager ;;
+    kubectl) install_tool kubectl "$KUBE_VERSION" "$KUBE_KEY" "version --client" build_kubectl ;;
+    etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
+    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;
+  esac
+done
+
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo "[go-tools] failed: ${FAILED[*]} (logs in $LOGS)" >&2
+  exit 1
+fi

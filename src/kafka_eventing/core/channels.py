@@ -1,0 +1,181 @@
+"""KafkaChannel as the data plane sees it, read from the API server's objects or from a YAML file.
+
+Standalone mode uses a YAML file holding the very same KafkaChannel documents one would ``kubectl apply``
+(multi-document or a ``kind: List``), so the two sources share one parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kafka_eventing.core.binding import ContentMode
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.settings import Settings
+
+GROUP = "messaging.knative.dev"
+KIND = "KafkaChannel"
+PLURAL = "kafkachannels"
+ANNOTATION_ORDER = "kafka.eventing.knative.dev/delivery.order"
+ANNOTATION_CONTENT_MODE = "kafka.eventing.knative.dev/content.mode"
+ANNOTATION_EXTERNAL_TOPIC = "kafka.eventing.knative.dev/external.topic"
+ANNOTATION_RATE_LIMIT = "kafka.eventing.knative.dev/rate.limit"
+CHANNEL_HOST_SUFFIX = "-kn-channel"
+
+ChannelKey = tuple[str, str]  # (namespace, name)
+
+
+class ChannelSpecError(ValueError):
+    """A channel document cannot be used; the message names the channel and the field."""
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    uid: str
+    subscriber_uri: str
+    generation: int = 0
+    reply_uri: str | None = None
+    delivery: DeliverySpec = field(default_factory=DeliverySpec)
+    ordered: bool = True
+    rate_limit: float | None = None  # events per second; None = unlimited
+
+
+@dataclass(frozen=True)
+class Channel:
+    namespace: str
+    name: str
+    topic: str
+    ready: bool = True
+    reason: str = ""
+    content_mode: ContentMode = ContentMode.BINARY
+    ordered: bool = True
+    num_partitions: int = 1
+    generation: int = 0
+    uid: str = ""
+    subscribers: tuple[Subscriber, ...] = ()
+
+    @property
+    def key(self) -> ChannelKey:
+        return (self.namespace, self.name)
+
+    @property
+    def host(self) -> str:
+        return f"{self.name}{CHANNEL_HOST_SUFFIX}.{self.namespace}.svc.cluster.local"
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def _ordered(value: str | None, where: str, default: bool = True) -> bool:
+    if value is None or value == "":
+        return default
+    low = value.lower()
+    if low not in ("ordered", "unordered"):
+        raise ChannelSpecError(f"{where}: delivery order {value!r} must be 'ordered' or 'unordered'")
+    return low == "ordered"
+
+
+def channel_from_resource(obj: Mapping[str, Any], settings: Settings) -> Channel:
+    """Build a Channel from a KafkaChannel object (dict as returned by the API or read from YAML)."""
+    meta = obj.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace") or "default"
+    if not name:
+        raise ChannelSpecError("KafkaChannel without metadata.name")
+    where = f"KafkaChannel {namespace}/{name}"
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+
+    topic = annotations.get(ANNOTATION_EXTERNAL_TOPIC) or settings.topic_for(namespace, name)
+    mode_raw = annotations.get(ANNOTATION_CONTENT_MODE, ContentMode.BINARY.value)
+    try:
+        mode = ContentMode(mode_raw.lower())
+    except ValueError:
+        raise ChannelSpecError(f"{where}: content mode {mode_raw!r} must be binary or structured") from None
+    ordered = _ordered(annotations.get(ANNOTATION_ORDER), where)
+
+    # Readiness for the data plane: the topic must exist. With no status at all (standalone YAML), ready.
+    ready, reason = True, ""
+    if status.get("conditions"):
+        cond = _condition(status, "TopicReady") or _condition(status, "Ready")
+        ready = cond is not None and str(cond.get("status")) == "True"
+        if not ready:
+            details: Mapping[str, Any] = cond or {}
+            reason = details.get("message") or details.get("reason") or "topic not ready"
+
+    try:
+        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"))
+        subscribers = tuple(
+            _subscriber(sub, channel_delivery, ordered, where) for sub in spec.get("subscribers") or ()
+        )
+    except DeliverySpecError as exc:
+        raise ChannelSpecError(f"{where}: {exc}") from None
+    partitions = spec.get("numPartitions", 1)
+    return Channel(
+        namespace=namespace, name=name, topic=topic, ready=ready, reason=reason, content_mode=mode,
+        ordered=ordered, num_partitions=int(partitions), generation=int(meta.get("generation") or 0),
+        uid=str(meta.get("uid") or ""), subscribers=subscribers,
+    )
+
+
+def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, where: str) -> Subscriber:
+    uid, uri = sub.get("uid"), sub.get("subscriberUri")
+    if not uid or not uri:
+        raise ChannelSpecError(f"{where}: every subscriber needs uid and subscriberUri")
+    delivery = DeliverySpec.from_dict(sub["delivery"]) if sub.get("delivery") else default
+    if delivery.dead_letter_uri is None and default.dead_letter_uri:
+        delivery = DeliverySpec(delivery.retry, delivery.backoff_policy, delivery.backoff_delay,
+                                delivery.timeout, default.dead_letter_uri)
+    rate = sub.get("rateLimit")
+    return Subscriber(
+        uid=str(uid), subscriber_uri=str(uri), generation=int(sub.get("generation") or 0),
+        reply_uri=sub.get("replyUri"), delivery=delivery,
+        ordered=_ordered(sub.get("deliveryOrder"), f"{where} subscriber {uid}", ordered),
+        rate_limit=float(rate) if rate else None,
+    )
+
+
+def parse_documents(docs: Iterable[Any], settings: Settings) -> dict[ChannelKey, Channel]:
+    out: dict[ChannelKey, Channel] = {}
+    for doc in docs:
+        if not doc:
+            continue
+        items = doc.get("items", []) if doc.get("kind") == "List" else [doc]
+        for item in items:
+            if item.get("kind") != KIND:
+                continue
+            channel = channel_from_resource(item, settings)
+            out[channel.key] = channel
+    return out
+
+
+def load_channels_file(path: Path, settings: Settings) -> dict[ChannelKey, Channel]:
+    """All KafkaChannels in a YAML file (multi-document or List)."""
+    try:
+        with path.open() as fh:
+            return parse_documents(yaml.safe_load_all(fh), settings)
+    except yaml.YAMLError as exc:
+        raise ChannelSpecError(f"{path}: not valid YAML: {exc}") from None
+
+
+def channel_key_from_host(host: str) -> ChannelKey | None:
+    """``<name>-kn-channel.<namespace>.svc[.cluster.local][:port]`` → (namespace, name)."""
+    hostname = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    parts = hostname.lower().split(".")
+    if len(parts) < 2 or not parts[0].endswith(CHANNEL_HOST_SUFFIX):
+        return None
+    rest = parts[2:]
+    if rest and rest[0] != "svc":  # svc, svc.cluster.local or any other cluster domain
+        return None
+    name = parts[0][: -len(CHANNEL_HOST_SUFFIX)]
+    if not name or not parts[1]:
+        return None
+    return (parts[1], name)

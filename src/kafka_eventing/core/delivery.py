@@ -1,0 +1,84 @@
+"""DeliverySpec: retries, backoff, per-attempt timeout, dead-letter sink — parsed once, used everywhere.
+
+Durations are ISO-8601 (``PT0.2S``, ``PT1M``) as in Knative's DeliverySpec, parsed with ``isodate``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import isodate
+
+#: HTTP status codes worth another attempt (Knative's rule); other 4xx are final.
+RETRYABLE_STATUS = frozenset({404, 408, 409, 429})
+
+
+class DeliverySpecError(ValueError):
+    """A DeliverySpec field is invalid; the message names the field and the value."""
+
+
+class BackoffPolicy(enum.StrEnum):
+    LINEAR = "linear"
+    EXPONENTIAL = "exponential"
+
+
+def parse_duration(value: str, field: str) -> timedelta:
+    """ISO-8601 duration → timedelta; years/months are refused (their length is not fixed)."""
+    try:
+        parsed = isodate.parse_duration(value)
+    except (isodate.ISO8601Error, ValueError, TypeError):
+        raise DeliverySpecError(f"{field}: {value!r} is not an ISO-8601 duration (e.g. PT0.5S, PT2M)") from None
+    if not isinstance(parsed, timedelta):
+        raise DeliverySpecError(f"{field}: {value!r} uses years or months; use days or smaller units")
+    if parsed < timedelta(0):
+        raise DeliverySpecError(f"{field}: {value!r} is negative")
+    return parsed
+
+
+def is_retryable(status: int | None) -> bool:
+    """No response (``None``), 5xx, and 404/408/409/429 are retried."""
+    return status is None or status >= 500 or status in RETRYABLE_STATUS
+
+
+@dataclass(frozen=True)
+class DeliverySpec:
+    retry: int = 0
+    backoff_policy: BackoffPolicy = BackoffPolicy.EXPONENTIAL
+    backoff_delay: timedelta = timedelta(milliseconds=200)
+    timeout: timedelta | None = None
+    dead_letter_uri: str | None = None
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any] | None, dead_letter_uri: str | None = None) -> DeliverySpec:
+        """Parse a Knative ``delivery`` object; ``dead_letter_uri`` is the resolved sink if given."""
+        spec = spec or {}
+        retry = spec.get("retry", 0)
+        if not isinstance(retry, int) or isinstance(retry, bool) or retry < 0:
+            raise DeliverySpecError(f"retry: {retry!r} must be a whole number ≥ 0")
+        policy_raw = spec.get("backoffPolicy", BackoffPolicy.EXPONENTIAL.value)
+        try:
+            policy = BackoffPolicy(str(policy_raw).lower())
+        except ValueError:
+            raise DeliverySpecError(f"backoffPolicy: {policy_raw!r} must be linear or exponential") from None
+        delay = parse_duration(spec["backoffDelay"], "backoffDelay") if spec.get("backoffDelay") else cls.backoff_delay
+        timeout = parse_duration(spec["timeout"], "timeout") if spec.get("timeout") else None
+        sink = dead_letter_uri
+        if sink is None:
+            dls = spec.get("deadLetterSink") or {}
+            sink = dls.get("uri") if isinstance(dls, Mapping) else None
+        return cls(retry=retry, backoff_policy=policy, backoff_delay=delay, timeout=timeout, dead_letter_uri=sink)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based): linear d×n, exponential d×2^n."""
+        base = self.backoff_delay.total_seconds()
+        if self.backoff_policy is BackoffPolicy.LINEAR:
+            return float(base * attempt)
+        return float(base * (2**attempt))
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        return self.timeout.total_seconds() if self.timeout is not None else None

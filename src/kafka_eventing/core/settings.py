@@ -1,0 +1,131 @@
+"""Typed settings read once from environment variables — the one place that reads the environment.
+
+Every role builds its parts from a ``Settings`` object; tests construct one directly (``Settings(...)``) or
+through ``Settings.from_env({...})`` with a plain dict, so nothing monkey-patches ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+PREFIX = "KE_"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value that cannot be used; the message names it."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean (use true/false)")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All knobs of every role. Field ``foo_bar`` is read from ``KE_FOO_BAR``."""
+
+    # -- where things are ---------------------------------------------------------------------------
+    system_namespace: str = "knative-eventing"
+    #: "kube" reads KafkaChannels from the API server; "file" reads ``channels_file`` (standalone mode).
+    channel_source: str = "file"
+    channels_file: Path | None = None
+    kubeconfig: Path | None = None
+
+    # -- Kafka connection ---------------------------------------------------------------------------
+    bootstrap_servers: str = "127.0.0.1:9092"
+    #: directory holding the connection Secret's keys as files (a mounted Secret) — optional.
+    kafka_secret_dir: Path | None = None
+    #: provider preset: apache (default), strimzi, redpanda, confluent-cloud, azure-event-hubs, aws-msk.
+    kafka_provider: str = "apache"
+    #: extra librdkafka properties, "k1=v1,k2=v2" — for tuning without a new release.
+    kafka_extra: str = ""
+
+    # -- naming templates ---------------------------------------------------------------------------
+    topic_template: str = "{namespace}.{name}"
+    consumer_group_template: str = "kafka.{namespace}.{channel}.{uid}"
+
+    # -- receiver -----------------------------------------------------------------------------------
+    max_event_bytes: int = 1024 * 1024
+    produce_timeout_seconds: float = 10.0
+    retry_after_seconds: int = 5
+    compression_type: str = "none"
+    linger_ms: int = 5
+
+    # -- dispatcher ---------------------------------------------------------------------------------
+    channel_name: str = ""
+    channel_namespace: str = ""
+    max_in_flight: int = 64
+    retry_after_max_seconds: float = 600.0
+    queued_max_messages_kbytes: int = 2048
+
+    # -- controller ---------------------------------------------------------------------------------
+    topic_management: str = "admin"  # admin | external
+    delete_topics: bool = True
+    dispatcher_image: str = "kafka-eventing-dispatcher:dev"
+    dispatcher_replicas: int = 1
+    receiver_service: str = "kafka-channel-receiver"
+
+    # -- observability ------------------------------------------------------------------------------
+    log_level: str = "INFO"
+    log_format: str = "json"  # json | console
+    metrics_port: int = 9090
+
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``KE_*`` variables; unknown ``KE_*`` names are an error (typos fail loudly)."""
+        env = os.environ if environ is None else environ
+        hints = get_type_hints(cls)
+        known = {f.name for f in fields(cls) if f.name != "extra"}
+        values: dict[str, Any] = {}
+        for key, raw in env.items():
+            if not key.startswith(PREFIX):
+                continue
+            name = key[len(PREFIX):].lower()
+            if name not in known:
+                if name in _TOOLING_VARS:
+                    continue
+                raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(known))}")
+            values[name] = _coerce(key, hints[name], raw)
+        return cls(**values)
+
+    def kafka_extra_config(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for item in filter(None, (p.strip() for p in self.kafka_extra.split(","))):
+            k, sep, v = item.partition("=")
+            if not sep:
+                raise SettingsError(f"KE_KAFKA_EXTRA item {item!r} is not key=value")
+            out[k.strip()] = v.strip()
+        return out
+
+    def topic_for(self, namespace: str, name: str) -> str:
+        return self.topic_template.format(namespace=namespace, name=name)
+
+
+# KE_ variables that belong to the tooling (make setup / local stack), not to a running role.
+_TOOLING_VARS = {"cache"}
+
+
+def _coerce(key: str, hint: Any, raw: str) -> Any:
+    text = str(hint)
+    try:
+        if hint is bool:
+            return _parse_bool(key, raw)
+        if hint is int:
+            return int(raw)
+        if hint is float:
+            return float(raw)
+        if "Path" in text:
+            return Path(raw) if raw else None
+    except ValueError as exc:
+        raise SettingsError(f"{key}={raw!r}: {exc}") from None
+    return raw

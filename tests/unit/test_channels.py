@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kafka_eventing.core.binding import ContentMode
+from kafka_eventing.core.channels import (
+    ChannelSpecError,
+    channel_from_resource,
+    channel_key_from_host,
+    load_channels_file,
+)
+from kafka_eventing.core.settings import Settings
+
+DOC = """
+apiVersion: messaging.knative.dev/v1beta1
+kind: KafkaChannel
+metadata:
+  name: orders
+  namespace: shop
+  annotations:
+    kafka.eventing.knative.dev/delivery.order: unordered
+spec:
+  numPartitions: 3
+  delivery: {retry: 2, backoffDelay: PT0.1S, deadLetterSink: {uri: "http://dls"}}
+  subscribers:
+    - uid: u1
+      subscriberUri: http://a
+      replyUri: http://r
+    - uid: u2
+      subscriberUri: http://b
+      delivery: {retry: 5}
+      deliveryOrder: ordered
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ignored}
+---
+apiVersion: messaging.knative.dev/v1beta1
+kind: KafkaChannel
+metadata: {name: audit, namespace: shop, annotations: {kafka.eventing.knative.dev/content.mode: structured}}
+status:
+  conditions: [{type: TopicReady, status: "False", message: "topic quota exceeded"}]
+"""
+
+
+def test_file_parsing(tmp_path: Path) -> None:
+    path = tmp_path / "channels.yaml"
+    path.write_text(DOC)
+    channels = load_channels_file(path, Settings())
+    assert set(channels) == {("shop", "orders"), ("shop", "audit")}
+    orders = channels[("shop", "orders")]
+    assert orders.topic == "shop.orders" and orders.num_partitions == 3 and not orders.ordered
+    a, b = orders.subscribers
+    assert a.delivery.retry == 2 and a.delivery.dead_letter_uri == "http://dls" and a.reply_uri == "http://r"
+    assert not a.ordered
+    assert b.delivery.retry == 5 and b.delivery.dead_letter_uri == "http://dls" and b.ordered
+    audit = channels[("shop", "audit")]
+    assert audit.ready is False and audit.reason == "topic quota exceeded"
+    assert audit.content_mode is ContentMode.STRUCTURED
+
+
+def test_invalid_channel_names_field() -> None:
+    with pytest.raises(ChannelSpecError, match="shop/x.*backoffDelay"):
+        channel_from_resource({"kind": "KafkaChannel", "metadata": {"name": "x", "namespace": "shop"},
+                               "spec": {"delivery": {"backoffDelay": "10 seconds"}}}, Settings())
+
+
+@pytest.mark.parametrize(
+    ("host", "key"),
+    [("orders-kn-channel.shop.svc.cluster.local", ("shop", "orders")),
+     ("orders-kn-channel.shop.svc.cluster.local:8080", ("shop", "orders")),
+     ("orders-kn-channel.shop.svc", ("shop", "orders")),
+     ("orders-kn-channel.shop", ("shop", "orders")),
+     ("orders.shop.svc.cluster.local", None), ("-kn-channel.shop.svc", None), ("localhost:8080", None),
+     ("orders-kn-channel.shop.example.com", None)],
+)
+def test_host_routing(host: str, key: tuple[str, str] | None) -> None:
+    assert channel_key_from_host(host) == key
