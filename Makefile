@@ -1,0 +1,91 @@
+# kafka-eventing — developer entry points. `make help` lists them.
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+.DEFAULT_GOAL := help
+
+ROOT      := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+export KE_CACHE ?= $(ROOT)/.cache
+VENV      := $(ROOT)/.venv
+PY        := $(VENV)/bin/python
+BIN       := $(KE_CACHE)/bin
+export PATH := $(BIN):$(VENV)/bin:$(PATH)
+PYTEST    := $(PY) -m pytest
+GIT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+
+##@ General
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Setup
+.PHONY: setup
+setup: ## Install every real part (venv, Kafka, Spark connector, Go-built tools, kube-apiserver) into .venv/.cache.
+	@hack/setup.sh
+
+##@ Run
+.PHONY: run
+run: setup ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays up (ARGS=--exit-after-demo to stop).
+	$(PY) -m kafka_eventing run $(ARGS)
+
+.PHONY: local-up
+local-up: setup ## Start a local Kafka node and Kubernetes API server on loopback (prints how to reach them).
+	$(PY) -m kafka_eventing.localstack up
+
+.PHONY: local-down
+local-down: ## Stop what local-up started.
+	$(PY) -m kafka_eventing.localstack down
+
+##@ Test
+.PHONY: test
+test: setup lint test-unit test-integration lint-charts ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+
+.PHONY: test-unit
+test-unit: ## Unit tests (fakes allowed).
+	$(PYTEST) tests/unit -q
+
+.PHONY: test-integration
+test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
+	$(PYTEST) tests/integration -q -m "not docker and not e2e"
+
+.PHONY: test-e2e
+test-e2e: ## Whole-system tests that need a Docker engine (and kind).
+	$(PYTEST) tests/e2e -q -m "docker or e2e"
+
+.PHONY: lint
+lint: ## ruff, mypy, yamllint.
+	$(PY) -m ruff check src tests bench
+	$(PY) -m mypy
+	$(PY) -m yamllint -c .yamllint.yaml .
+
+.PHONY: lint-charts
+lint-charts: ## helm lint, ct lint, helm-docs drift, schema validation of every render, render assertions.
+	@if [ -d charts ]; then hack/lint-charts.sh; else echo "no charts yet"; fi
+
+##@ Build
+.PHONY: manifests
+manifests: ## Render dist/install-<provider>.yaml from the Kustomize overlays.
+	hack/manifests.sh
+
+.PHONY: images
+images: ## Build the per-role images (needs a Docker engine), tagged with the git sha.
+	hack/images.sh $(GIT_SHA)
+
+##@ Benchmarks (results and plots under docs/benchmarks/)
+.PHONY: bench
+bench: bench-receiver bench-dispatcher bench-controller bench-spark ## All benchmarks.
+
+.PHONY: bench-receiver
+bench-receiver: setup ## Receiver vs bare falcon vs raw producer, side by side.
+	$(PY) bench/receiver.py
+
+.PHONY: bench-dispatcher
+bench-dispatcher: setup ## Dispatcher vs bare HTTP client vs raw consumer; RSS under a large backlog.
+	$(PY) bench/dispatcher.py
+
+.PHONY: bench-controller
+bench-controller: setup ## 500 KafkaChannels to Ready on the real apiserver + Kafka.
+	$(PY) bench/controller.py
+
+.PHONY: bench-spark
+bench-spark: setup ## Archive/replay throughput at local[1] and local[2] vs a single-process baseline.
+	$(PY) bench/spark.py

@@ -1,0 +1,39 @@
+"""`kafka-eventing <command>`: one entry point for every role, the local stack and the reprocessing jobs.
+
+Each command lives in its role's package; this module only dispatches, importing the role lazily so that
+e.g. the receiver image never imports pyspark.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber"),
+    "receiver": ("kafka_eventing.receiver.__main__", "the shared ingress (gunicorn + falcon)"),
+    "dispatcher": ("kafka_eventing.dispatcher.__main__", "one channel's egress (consumer group per subscription)"),
+    "controller": ("kafka_eventing.controller.__main__", "the KafkaChannel reconciler"),
+    "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),
+    "local": ("kafka_eventing.localstack.__main__", "start/stop a local Kafka + Kubernetes API server"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: kafka-eventing <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    result = module.main(rest)
+    return int(result or 0)

@@ -1,0 +1,145 @@
+"""FileChannelSource: first read, reload on change, last good set kept on a broken file, subscribers."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kafka_eventing.core.channel_source import (
+    FileChannelSource,
+    KubeChannelSource,
+    channel_source_from_settings,
+)
+from kafka_eventing.core.channels import Channel, ChannelKey
+from kafka_eventing.core.settings import Settings, SettingsError
+
+SETTINGS = Settings()
+
+
+def channel_doc(name: str, namespace: str = "default", extra: str = "") -> str:
+    return (
+        "apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
+        f"metadata:\n  name: {name}\n  namespace: {namespace}\n{extra}"
+    )
+
+
+def write(path: Path, *docs: str) -> None:
+    # A new inode each time, as `kubectl`/editors/ConfigMap mounts do; mtime bumped so a same-size
+    # rewrite inside one mtime tick is still seen.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("---\n".join(docs))
+    os.replace(tmp, path)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def source_factory(tmp_path: Path) -> Iterator[Callable[[], FileChannelSource]]:
+    made: list[FileChannelSource] = []
+
+    def make() -> FileChannelSource:
+        src = FileChannelSource(tmp_path / "channels.yaml", SETTINGS, poll_interval=0.02)
+        made.append(src)
+        src.start()
+        return src
+
+    yield make
+    for src in made:
+        src.stop()
+
+
+def test_first_read_is_synchronous_and_synced(tmp_path: Path,
+                                              source_factory: Callable[[], FileChannelSource]) -> None:
+    write(tmp_path / "channels.yaml", channel_doc("a"), channel_doc("b", "ns2"))
+    src = source_factory()
+    assert src.synced()
+    assert set(src.snapshot()) == {("default", "a"), ("ns2", "b")}
+    got = src.get(("ns2", "b"))
+    assert got is not None
+    assert got.topic == "ns2.b"
+    assert src.get(("ns2", "zzz")) is None
+
+
+def test_reload_on_change_and_subscribers_told(tmp_path: Path,
+                                               source_factory: Callable[[], FileChannelSource]) -> None:
+    path = tmp_path / "channels.yaml"
+    write(path, channel_doc("a"))
+    src = source_factory()
+    seen: list[dict[ChannelKey, Channel]] = []
+    src.subscribe(seen.append)
+    write(path, channel_doc("a"), channel_doc("b"))
+    wait_for(lambda: src.get(("default", "b")) is not None)
+    assert set(seen[-1]) == {("default", "a"), ("default", "b")}
+    write(path, channel_doc("b"))
+    wait_for(lambda: src.get(("default", "a")) is None)
+    assert set(seen[-1]) == {("default", "b")}
+
+
+def test_broken_file_keeps_last_good_set(tmp_path: Path, source_factory: Callable[[], FileChannelSource],
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "channels.yaml"
+    write(path, channel_doc("a"))
+    src = source_factory()
+    seen: list[dict[ChannelKey, Channel]] = []
+    src.subscribe(seen.append)
+    write(path, "kind: KafkaChannel\nmetadata: [unclosed")
+    wait_for(lambda: any("rejected" in r.getMessage() for r in caplog.records))
+    assert set(src.snapshot()) == {("default", "a")}
+    # An invalid channel spec also rejects the file as a whole (the operator sees the error, nothing vanishes).
+    write(path, channel_doc("a"), channel_doc("bad", extra="  annotations:\n"
+                                               "    kafka.eventing.knative.dev/content.mode: weird\n"))
+    wait_for(lambda: sum("rejected" in r.getMessage() for r in caplog.records) >= 2)
+    assert set(src.snapshot()) == {("default", "a")}
+    path.unlink()
+    wait_for(lambda: any("unreadable" in r.getMessage() for r in caplog.records))
+    assert set(src.snapshot()) == {("default", "a")}
+    assert seen == []
+    write(path, channel_doc("c"))
+    wait_for(lambda: src.get(("default", "c")) is not None)
+    assert set(src.snapshot()) == {("default", "c")}
+
+
+def test_missing_file_at_start_is_not_synced(source_factory: Callable[[], FileChannelSource]) -> None:
+    src = source_factory()
+    assert not src.synced()
+    assert src.snapshot() == {}
+
+
+def test_readiness_reflected_from_status(tmp_path: Path, source_factory: Callable[[], FileChannelSource]) -> None:
+    status = ("status:\n  conditions:\n  - type: TopicReady\n    status: 'False'\n"
+              "    message: topic is being created\n")
+    write(tmp_path / "channels.yaml", channel_doc("a") + status)
+    src = source_factory()
+    got = src.get(("default", "a"))
+    assert got is not None
+    assert not got.ready
+    assert got.reason == "topic is being created"
+
+
+def test_source_from_settings(tmp_path: Path) -> None:
+    src = channel_source_from_settings(Settings(channel_source="file", channels_file=tmp_path / "c.yaml"))
+    assert isinstance(src, FileChannelSource)
+    with pytest.raises(SettingsError, match="KE_CHANNELS_FILE"):
+        channel_source_from_settings(Settings(channel_source="file"))
+    with pytest.raises(SettingsError, match="must be 'file' or 'kube'"):
+        channel_source_from_settings(Settings(channel_source="etcd"))
+    from kubernetes import client
+
+    kube = channel_source_from_settings(
+        Settings(channel_source="kube", channel_namespace="ns", channel_name="one"), client.ApiClient())
+    assert isinstance(kube, KubeChannelSource)
+    assert kube.namespace == "ns"
+    assert kube.name == "one"
