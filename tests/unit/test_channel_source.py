@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -143,3 +144,82 @@ def test_source_from_settings(tmp_path: Path) -> None:
     assert isinstance(kube, KubeChannelSource)
     assert kube.namespace == "ns"
     assert kube.name == "one"
+
+
+# -- KubeChannelSource against a fake CustomObjectsApi (the real apiserver is in tests/integration) ---------
+
+
+class FakeWatchResponse:
+    """What the kubernetes client returns for ``watch=True, _preload_content=False``: a line stream."""
+
+    def __init__(self, events: list[dict[str, object]]) -> None:
+        self.lines = [json.dumps(e).encode() + b"\n" for e in events]
+
+    def stream(self, amt: object = None, decode_content: object = None) -> Iterator[bytes]:
+        yield from self.lines
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+def kube_obj(name: str, rv: str, namespace: str = "ns", extra: dict[str, object] | None = None) -> dict[str, object]:
+    return {"apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv, **(extra or {})}}
+
+
+class FakeCustomObjects:
+    """Serves one list, then scripted watch streams; records the arguments of every call."""
+
+    def __init__(self, lists: list[dict[str, object]], watches: list[list[dict[str, object]]]) -> None:
+        self.lists, self.watches = lists, watches
+        self.calls: list[dict[str, object]] = []
+
+    def list_namespaced_custom_object(self, **kwargs: object) -> object:
+        """:return: object"""
+        self.calls.append(kwargs)
+        if kwargs.get("watch"):
+            if not self.watches:
+                time.sleep(0.05)
+                return FakeWatchResponse([])
+            return FakeWatchResponse(self.watches.pop(0))
+        return self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
+
+
+def test_kube_source_lists_watches_and_relists_on_gone() -> None:
+    from kubernetes import client
+
+    fake = FakeCustomObjects(
+        lists=[{"metadata": {"resourceVersion": "10"}, "items": [kube_obj("a", "9")]},
+               {"metadata": {"resourceVersion": "50"}, "items": [kube_obj("a", "9"), kube_obj("z", "49")]}],
+        watches=[
+            [{"type": "ADDED", "object": kube_obj("b", "11")},
+             {"type": "MODIFIED", "object": kube_obj("a", "12", extra={"annotations": {
+                 "kafka.eventing.knative.dev/content.mode": "weird"}})},  # invalid → kept out
+             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}],
+            [{"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}],
+        ],
+    )
+    src = KubeChannelSource(client.ApiClient(), SETTINGS, namespace="ns", name="x", watch_timeout_seconds=7)
+    src.api = fake
+    states: list[set[ChannelKey]] = []
+    src.subscribe(lambda snap: states.append(set(snap)))
+    src.start()
+    try:
+        wait_for(lambda: len(states) >= 4)
+    finally:
+        src.stop()
+    assert states[:4] == [{("ns", "a")}, {("ns", "a"), ("ns", "b")}, {("ns", "b")}, {("ns", "a"), ("ns", "z")}]
+    list_calls = [c for c in fake.calls if not c.get("watch")]
+    watch_calls = [c for c in fake.calls if c.get("watch")]
+    assert len(list_calls) == 2  # the 410 led to a second list
+    assert watch_calls[0]["resource_version"] == "10"
+    assert watch_calls[1]["resource_version"] == "20"  # resumed after the bookmark, not from the list
+    assert watch_calls[2]["resource_version"] == "50"
+    for call in watch_calls:
+        assert call["timeout_seconds"] == 7
+        assert call["_request_timeout"] == (10, 37)
+        assert call["field_selector"] == "metadata.name=x"
+        assert call["namespace"] == "ns"

@@ -234,9 +234,11 @@ class KubeChannelSource(_Cache):
             for event in stream:
                 if self._stopping.is_set():
                     break
-                self._apply(event["type"], event["raw_object"])
-                if w.resource_version:
-                    self._resource_version = w.resource_version
+                raw = event["raw_object"]
+                self._apply(event["type"], raw)
+                version = (raw.get("metadata") or {}).get("resourceVersion")
+                if version:  # bookmarks carry one too
+                    self._resource_version = version
         finally:
             self._watch = None
 

@@ -6,7 +6,6 @@ stopped and started again on the same data and the same ports, which reliability
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import subprocess
@@ -16,16 +15,9 @@ from pathlib import Path
 
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.tls import CertificateAuthority
+from kafka_eventing.localstack.tools import cache_dir
 
 KAFKA_VERSION = "3.9.1"
-
-
-def cache_dir() -> Path:
-    """The project tool cache (``KE_CACHE`` or ``<repo>/.cache``), shared with ``make setup``."""
-    env = os.environ.get("KE_CACHE")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / ".cache"
 
 
 def kafka_libs() -> Path:

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Build the per-role images, tagged by git sha (never `latest`).   Run by `make images` as: hack/images.sh <git-sha>
+#
+#   hack/images.sh <tag> [role...]      roles: receiver dispatcher controller spark (default: all that exist)
+#
+# Engine: DOCKER_HOST when it answers; otherwise a private dockerd whose data, exec root and socket live under
+# $KE_CACHE/docker (bridge/iptables off, so it needs no host networking set-up). A private engine this script
+# started is stopped on exit unless KE_KEEP_DOCKERD=1; one already running there is reused and left running.
+# Use the system engine explicitly with DOCKER_HOST=unix:///var/run/docker.sock.
+#
+#   BASE_IMAGE       base for builder and runtime stages (default: hack/base-image.sh builds Debian bookworm +
+#                    python3 from the Debian archive, because this machine reaches no registry). Users with
+#                    registry access pass BASE_IMAGE=python:3.11-slim-bookworm, the Dockerfiles' own default.
+#   IMAGE_PREFIX     repository prefix (default kafka-eventing-) → kafka-eventing-receiver:<tag>
+#   BUILD_NETWORK    network of RUN steps (default: host for the private engine, whose bridge is off, so pip
+#                    reaches the package index; the engine's default otherwise)
+#   PIP_INDEX_URL    passed to the builder stage when set
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DOCKER_DIR="${KE_CACHE:-$ROOT/.cache}/docker"
+PRIVATE_SOCK="$DOCKER_DIR/docker.sock"
+IMAGE_PREFIX="${IMAGE_PREFIX:-kafka-eventing-}"
+ALL_ROLES=(receiver dispatcher controller spark)
+
+log() { echo "images: $*" >&2; }
+
+TAG="${1:-}"
+[[ -n "$TAG" ]] || { echo "usage: hack/images.sh <tag> [role...]" >&2; exit 2; }
+[[ "$TAG" != latest ]] || { log "refusing tag 'latest': images are tagged by git sha"; exit 2; }
+shift
+ROLES=("$@")
+if [[ ${#ROLES[@]} -eq 0 ]]; then
+  for role in "${ALL_ROLES[@]}"; do
+    if [[ -f "$ROOT/images/$role/Dockerfile" ]]; then ROLES+=("$role"); else log "skip $role: images/$role/Dockerfile not present"; fi
+  done
+fi
+
+engine_up() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+started_dockerd=""
+stop_private_dockerd() {
+  [[ -n "$started_dockerd" ]] || return 0
+  log "stopping private dockerd (pid $started_dockerd)"
+  kill -TERM "$started_dockerd" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$started_dockerd" 2>/dev/null || return 0; sleep 0.2; done
+  log "dockerd did not exit in 30s; killing it"
+  kill -KILL "$started_dockerd" 2>/dev/null || true
+}
+
+private_engine=""
+if [[ -n "${DOCKER_HOST:-}" ]] && engine_up; then
+  log "using DOCKER_HOST=$DOCKER_HOST"
+else
+  [[ -z "${DOCKER_HOST:-}" ]] || log "DOCKER_HOST=$DOCKER_HOST does not answer; using a private dockerd"
+  export DOCKER_HOST="unix://$PRIVATE_SOCK"
+  private_engine=1
+  if engine_up; then
+    log "reusing the private dockerd at $PRIVATE_SOCK"
+  else
+    command -v dockerd >/dev/null || { log "no Docker engine: dockerd not found (apt-get install -y docker.io)"; exit 1; }
+    [[ $EUID -eq 0 ]] || { log "no Docker engine reachable and a private dockerd needs root; set DOCKER_HOST"; exit 1; }
+    mkdir -p "$DOCKER_DIR/data" "$DOCKER_DIR/exec"
+    rm -f "$PRIVATE_SOCK"
+    # setsid: the engine must not receive the terminal's Ctrl-C before this script has stopped it cleanly.
+    setsid dockerd --data-root "$DOCKER_DIR/data" --exec-root "$DOCKER_DIR/exec" --host "$DOCKER_HOST" \
+      --pidfile "$DOCKER_DIR/dockerd.pid" --bridge=none --iptables=false --ip6tables=false \
+      >"$DOCKER_DIR/dockerd.log" 2>&1 </dev/null &
+    started_dockerd=$!
+    if [[ "${KE_KEEP_DOCKERD:-}" != 1 ]]; then trap stop_private_dockerd EXIT; fi
+    for _ in $(seq 1 150); do
+      engine_up && break
+      kill -0 "$started_dockerd" 2>/dev/null || { tail -n 20 "$DOCKER_DIR/dockerd.log" >&2; log "dockerd exited"; exit 1; }
+      sleep 0.2
+    done
+    engine_up || { tail -n 20 "$DOCKER_DIR/dockerd.log" >&2; log "dockerd did not answer within 30s"; exit 1; }
+    log "started private dockerd (pid $started_dockerd, log $DOCKER_DIR/dockerd.log)"
+  fi
+fi
+
+network_args=()
+BUILD_NETWORK="${BUILD_NETWORK:-${private_engine:+host}}"
+[[ -z "$BUILD_NETWORK" ]] || network_args=(--network "$BUILD_NETWORK")
+
+if [[ -z "${BASE_IMAGE:-}" ]]; then
+  t0=$SECONDS
+  BASE_IMAGE="$("$ROOT/hack/base-image.sh")"
+  log "base image $BASE_IMAGE ready in $((SECONDS - t0))s"
+fi
+
+REVISION="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml" | head -n1)"
+SOURCE="${IMAGE_SOURCE:-https://github.com/kafka-eventing/kafka-eventing}"
+build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "REVISION=$REVISION" --build-arg "VERSION=$VERSION"
+  --build-arg "SOURCE=$SOURCE")
+[[ -z "${PIP_INDEX_URL:-}" ]] || build_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
+
+built=()
+for role in "${ROLES[@]}"; do
+  dockerfile="$ROOT/images/$role/Dockerfile"
+  [[ -f "$dockerfile" ]] || { log "images/$role/Dockerfile not found"; exit 1; }
+  image="${IMAGE_PREFIX}${role}:${TAG}"
+  t0=$SECONDS
+  log "building $image"
+  # The context is the repository root (filtered by .dockerignore): every role installs the same package.
+  if ! docker build "${network_args[@]}" "${build_args[@]}" -f "$dockerfile" -t "$image" "$ROOT" \
+      >"$DOCKER_DIR/build-$role.log" 2>&1; then
+    tail -n 40 "$DOCKER_DIR/build-$role.log" >&2
+    log "build of $image failed (full log: $DOCKER_DIR/build-$role.log)"
+    exit 1
+  fi
+  log "built $image in $((SECONDS - t0))s"
+  built+=("$image")
+done
+
+printf '%-48s %10s\n' IMAGE SIZE
+for image in "${built[@]}"; do
+  printf '%-48s %10s\n' "$image" "$(docker image inspect --format '{{.Size}}' "$image" | awk '{printf "%.1fMB", $1/1e6}')"
+done

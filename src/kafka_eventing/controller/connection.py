@@ -1,0 +1,93 @@
+"""The Kafka connection the controller uses, from the config ConfigMap and the connection Secret.
+
+The ConfigMap (``config-kafka`` in the system namespace, optional) may hold ``bootstrap.servers`` and
+``auth.secret.ref.name``. Without a named Secret, the Secret labelled ``eventing-kafka.knative.dev/kafka-secret:
+"true"`` in the system namespace is used (the distributed KafkaChannel's convention). Both are read from the
+controller's caches, i.e. through the API, never from a mounted file, so a rotated Secret takes effect at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kafka_eventing.controller.informer import Store
+from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicAdmin
+from kafka_eventing.core.kafka_config import KafkaConfigError, KafkaConnection, connection_from_secret
+from kafka_eventing.core.settings import Settings
+
+DEFAULT_CONFIG_MAP = "config-kafka"
+SECRET_LABEL = "eventing-kafka.knative.dev/kafka-secret"  # noqa: S105 - a label name
+KEY_BOOTSTRAP = "bootstrap.servers"
+KEY_SECRET_NAME = "auth.secret.ref.name"  # noqa: S105 - a key name
+
+
+@dataclass(frozen=True)
+class ResolvedConnection:
+    connection: KafkaConnection
+    secret_name: str | None
+    bootstrap_servers: str
+    checksum: str
+
+
+def _secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    data.update({k: str(v).encode() for k, v in (secret.get("stringData") or {}).items()})
+    return data
+
+
+def resolve(settings: Settings, config_maps: Store, secrets: Store, config_map: str = DEFAULT_CONFIG_MAP,
+            environ: Mapping[str, str] | None = None) -> ResolvedConnection:
+    """Raises ``KafkaConfigError`` with a message naming the object to fix."""
+    ns = settings.system_namespace
+    cm = config_maps.get(ns, config_map)
+    cm_data: Mapping[str, str] = (cm or {}).get("data") or {}
+    servers = (cm_data.get(KEY_BOOTSTRAP) or "").strip() or settings.bootstrap_servers
+    secret_name = (cm_data.get(KEY_SECRET_NAME) or "").strip() or None
+    secret: Mapping[str, Any] | None = None
+    if secret_name:
+        secret = secrets.get(ns, secret_name)
+        if secret is None:
+            raise KafkaConfigError(f"Secret {ns}/{secret_name} named by ConfigMap {ns}/{config_map} does not exist")
+    else:
+        labelled = sorted(
+            (s for s in secrets.items()
+             if ((s.get("metadata") or {}).get("labels") or {}).get(SECRET_LABEL) == "true"
+             and (s.get("metadata") or {}).get("namespace") == ns),
+            key=lambda s: str(s["metadata"]["name"]))
+        if labelled:
+            secret = labelled[0]
+            secret_name = str(secret["metadata"]["name"])
+    data = _secret_data(secret) if secret else {}
+    connection = connection_from_secret(data, provider=settings.kafka_provider, bootstrap_servers=servers,
+                                        extra=settings.kafka_extra_config(), environ=environ)
+    digest = hashlib.sha256(json.dumps(
+        {"cm": dict(cm_data), "secret": {k: v.hex() for k, v in sorted(data.items())}, "name": secret_name,
+         "provider": settings.kafka_provider, "servers": servers, "extra": settings.kafka_extra},
+        sort_keys=True).encode()).hexdigest()[:16]
+    return ResolvedConnection(connection=connection, secret_name=secret_name, bootstrap_servers=servers,
+                              checksum=digest)
+
+
+class AdminPool:
+    """One TopicAdmin per distinct connection; a changed Secret or ConfigMap gets a fresh client."""
+
+    def __init__(self, factory: Callable[[KafkaConnection], TopicAdmin] | None = None,
+                 timeout: float = 10.0) -> None:
+        self._factory = factory or (lambda conn: KafkaTopicAdmin(conn.admin_config(), timeout=timeout))
+        self._lock = threading.Lock()
+        self._current: tuple[str, TopicAdmin] | None = None
+
+    def get(self, resolved: ResolvedConnection) -> TopicAdmin:
+        with self._lock:
+            if self._current is None or self._current[0] != resolved.checksum:
+                self._current = (resolved.checksum, self._factory(resolved.connection))
+            return self._current[1]
+
+
+__all__ = ["DEFAULT_CONFIG_MAP", "SECRET_LABEL", "AdminPool", "KafkaConfigError", "ResolvedConnection", "resolve"]

@@ -1,0 +1,257 @@
+"""The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics.
+
+Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
+change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
+Secret/ConfigMap enqueues the affected channels; a periodic resync enqueues all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool
+from kafka_eventing.controller.informer import Informer
+from kafka_eventing.controller.leader import LeaderElector
+from kafka_eventing.controller.reconciler import LostLeadership, Reconciler, Result, Stores
+from kafka_eventing.controller.workqueue import WorkQueue
+from kafka_eventing.core.channels import GROUP, PLURAL
+from kafka_eventing.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    """Knobs of the controller process itself (the shared ``Settings`` hold the rest)."""
+
+    workers: int = 4
+    resync_seconds: float = 300.0
+    watch_timeout_seconds: int = 240
+    lease_name: str = "kafka-channel-controller"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str = ""
+    config_map: str = DEFAULT_CONFIG_MAP
+    health_port: int | None = None  # None: no HTTP server (tests); 0: any free port
+    health_address: str = "0.0.0.0"  # in a pod the kubelet probes the pod IP
+    kafka_timeout: float = 10.0
+    base_backoff: float = 0.5
+    max_backoff: float = 300.0
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.reconciles = Counter("kafkachannel_reconcile_total", "Reconciles by result", ["result"],
+                                  registry=registry)
+        self.latency = Histogram("kafkachannel_reconcile_duration_seconds", "Reconcile latency",
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                                 registry=registry)
+        self.depth = Gauge("kafkachannel_workqueue_depth", "Keys waiting to be reconciled", registry=registry)
+        self.delayed = Gauge("kafkachannel_workqueue_delayed", "Keys waiting for a requeue delay", registry=registry)
+        self.leader = Gauge("kafkachannel_controller_leader", "1 while this replica holds the lease",
+                            registry=registry)
+        self.channels = Gauge("kafkachannel_channels", "KafkaChannels in the cache", registry=registry)
+
+
+class Controller:
+    def __init__(self, api_client: client.ApiClient, settings: Settings,
+                 options: ControllerOptions | None = None, *, admins: AdminPool | None = None) -> None:
+        self.settings = settings
+        self.options = opts = options or ControllerOptions()
+        self.identity = opts.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.metrics = Metrics(CollectorRegistry())
+        self.queue: WorkQueue[Key] = WorkQueue(base_delay=opts.base_backoff, max_delay=opts.max_backoff)
+        system = settings.system_namespace
+        core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+        custom = client.CustomObjectsApi(api_client)
+        wt = opts.watch_timeout_seconds
+        self.channels = Informer("kafkachannels", custom.list_cluster_custom_object, self._on_channel,
+                                 watch_timeout_seconds=wt, group=GROUP, version="v1beta1", plural=PLURAL)
+        self.deployments = Informer("deployments", apps.list_namespaced_deployment, self._on_owned,
+                                    watch_timeout_seconds=wt, namespace=system)
+        self.services = Informer("services", core.list_service_for_all_namespaces, self._on_owned,
+                                 watch_timeout_seconds=wt, label_selector=MANAGED)
+        self.config_maps = Informer("configmaps", core.list_namespaced_config_map, self._on_config,
+                                    watch_timeout_seconds=wt, namespace=system,
+                                    field_selector=f"metadata.name={opts.config_map}")
+        self.secrets = Informer("secrets", core.list_namespaced_secret, self._on_config,
+                                watch_timeout_seconds=wt, namespace=system)
+        self.informers = (self.channels, self.deployments, self.services, self.config_maps, self.secrets)
+        self.elector = LeaderElector(api_client, system, opts.lease_name, self.identity,
+                                     lease_duration=opts.lease_duration, renew_deadline=opts.renew_deadline,
+                                     retry_period=opts.retry_period, on_started=self._on_leader)
+        self.reconciler = Reconciler(
+            api_client, settings,
+            Stores(channels=self.channels, deployments=self.deployments, services=self.services,
+                   config_maps=self.config_maps, secrets=self.secrets),
+            admins=admins or AdminPool(timeout=opts.kafka_timeout), config_map=opts.config_map,
+            may_write=lambda: self.elector.is_leader)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._http: ThreadingHTTPServer | None = None
+        self.health_port: int | None = None
+
+    # -- event handlers: map any change to the channel keys it affects ------------------------------
+    def _on_channel(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((str(meta.get("namespace")), str(meta.get("name"))))
+
+    def _on_owned(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        owner = (meta.get("annotations") or {}).get(res.ANNOTATION_CHANNEL)
+        if owner and "/" in owner:
+            namespace, _, name = owner.partition("/")
+            self.queue.add((namespace, name))
+        elif meta.get("name") == self.settings.receiver_service and self.channels.synced():
+            self._enqueue_all()  # the shared receiver's availability is part of every channel's status
+
+    def _on_config(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if self.channels.synced() and kind != "RELISTED":
+            self._enqueue_all()  # a new connection: topics re-checked, dispatchers rolled
+
+    def _on_leader(self) -> None:
+        self._enqueue_all()
+
+    def _enqueue_all(self) -> None:
+        for obj in self.channels.items():
+            self._on_channel("RESYNC", obj)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        for informer in self.informers:
+            informer.start()
+        if self.options.health_port is not None:
+            self._serve_http(self.options.health_port)
+        self.elector.start()
+        for i in range(self.options.workers):
+            self._spawn(self._worker, f"reconcile-{i}")
+        self._spawn(self._resync, "resync")
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=15)
+        self._threads.clear()
+        self.elector.stop(release=True)
+        for informer in self.informers:
+            informer.stop()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+    def synced(self) -> bool:
+        return all(i.synced() for i in self.informers)
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self.informers)
+
+    # -- work ---------------------------------------------------------------------------------------
+    def _resync(self) -> None:
+        while not self._stop.wait(self.options.resync_seconds):
+            if self.elector.is_leader:
+                self._enqueue_all()
+
+    def _worker(self) -> None:
+        while not self._stop.is_set():
+            self.metrics.depth.set(len(self.queue))
+            self.metrics.delayed.set(self.queue.delayed())
+            self.metrics.leader.set(1 if self.elector.is_leader else 0)
+            self.metrics.channels.set(len(self.channels.items()))
+            if not self.elector.is_leader or not self.synced():
+                # Followers and cold caches do not reconcile; queued keys stay until leadership comes.
+                self._stop.wait(0.2)
+                continue
+            key = self.queue.get(timeout=0.5)
+            if key is None:
+                continue
+            try:
+                self._process(key)
+            finally:
+                self.queue.done(key)
+
+    def _process(self, key: Key) -> None:
+        start = time.monotonic()
+        try:
+            result = self.reconciler.reconcile(*key)
+        except LostLeadership:
+            self.queue.add(key)  # the next leader (maybe us again) picks it up
+            self.metrics.reconciles.labels("lost_leadership").inc()
+            return
+        except Exception as exc:
+            result = Result(error=f"{type(exc).__name__}: {exc}")
+            log.warning("reconcile failed", extra={"channel": "/".join(key), "error": result.error},
+                        exc_info=not _expected(exc))
+        finally:
+            self.metrics.latency.observe(time.monotonic() - start)
+        if result.error:
+            self.metrics.reconciles.labels("error").inc()
+            self.queue.add_rate_limited(key)
+            return
+        self.metrics.reconciles.labels("success").inc()
+        self.queue.forget(key)
+        if result.requeue_after:
+            self.queue.add_after(key, result.requeue_after)
+
+    # -- HTTP: liveness and metrics -----------------------------------------------------------------
+    def _serve_http(self, port: int) -> None:
+        controller = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/healthz":
+                    # Alive means the worker threads run; leadership and Kafka are not liveness concerns.
+                    alive = all(t.is_alive() for t in controller._threads)
+                    body, code, ctype = (b"ok" if alive else b"workers stopped"), (200 if alive else 500), "text/plain"
+                elif self.path == "/readyz":
+                    ready = controller.synced()
+                    body = b"ok" if ready else b"caches not synced"
+                    code, ctype = (200 if ready else 503), "text/plain"
+                elif self.path == "/metrics":
+                    body, code, ctype = generate_latest(controller.metrics.registry), 200, CONTENT_TYPE_LATEST
+                else:
+                    body, code, ctype = b"not found", 404, "text/plain"
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # probes every few seconds would flood the log
+
+        self._http = ThreadingHTTPServer((self.options.health_address, port), Handler)
+        self.health_port = self._http.server_address[1]
+        threading.Thread(target=self._http.serve_forever, name="health", daemon=True).start()
+
+
+def _expected(exc: BaseException) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    return isinstance(exc, ApiException) and exc.status in (404, 409)

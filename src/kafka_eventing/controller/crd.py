@@ -1,0 +1,40 @@
+"""The KafkaChannel CRD shipped with the package, and a helper to install it (tests, benchmarks, local stack)."""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from typing import Any
+
+import yaml
+
+CRD_NAME = "kafkachannels.messaging.knative.dev"
+
+
+def crd_manifest() -> dict[str, Any]:
+    text = resources.files("kafka_eventing.controller").joinpath("crds/kafkachannels.yaml").read_text()
+    return dict(yaml.safe_load(text))
+
+
+def install_crd(api_client: Any, timeout: float = 60.0) -> None:
+    """Create (or replace) the CRD and wait until it is Established and served."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = client.ApiextensionsV1Api(api_client)
+    body = crd_manifest()
+    try:
+        api.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:  # already installed: replace it with this version
+            raise
+        live = api.read_custom_resource_definition(CRD_NAME)
+        body["metadata"]["resourceVersion"] = live.metadata.resource_version
+        api.replace_custom_resource_definition(CRD_NAME, body)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        crd = api.read_custom_resource_definition(CRD_NAME)
+        if any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or ())):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"CRD {CRD_NAME} not Established within {timeout:.0f}s")

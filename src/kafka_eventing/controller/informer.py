@@ -1,0 +1,172 @@
+"""List-then-watch caches of API objects (plain dicts), resumable from ``resourceVersion``.
+
+A watch that ends (server timeout) resumes from the last seen ``resourceVersion`` — BOOKMARK events keep it
+fresh; a 410 Gone lists again and reports every object as changed, so nothing is missed; other failures
+reconnect with capped, jittered backoff. Each request has a server-side ``timeout_seconds`` and a client-side
+read timeout past it, so a peer that vanished silently cannot stall the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from kubernetes import watch
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+HTTP_GONE = 410
+ObjKey = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+#: (event type ADDED/MODIFIED/DELETED/RELISTED, object) — RELISTED after a 410, for every object listed.
+Handler = Callable[[str, Mapping[str, Any]], None]
+
+
+class Store(Protocol):
+    """Read side of a cache: what reconcilers depend on (an Informer, or a dict-backed fake in unit tests)."""
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+    def items(self) -> list[Mapping[str, Any]]: ...
+
+
+def obj_key(obj: Mapping[str, Any]) -> ObjKey:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+class Informer:
+    def __init__(
+        self,
+        name: str,
+        list_func: Callable[..., Any],
+        handler: Handler | None = None,
+        *,
+        watch_timeout_seconds: int = 240,
+        max_backoff_seconds: float = 30.0,
+        **list_kwargs: Any,
+    ) -> None:
+        self.name = name
+        self.list_func = list_func
+        self.list_kwargs = list_kwargs
+        self.handler = handler
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self._cache: dict[ObjKey, Mapping[str, Any]] = {}
+        self._resource_version: str | None = None
+        self._synced = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch: watch.Watch | None = None
+        self.relists = 0
+
+    # -- reads --------------------------------------------------------------------------------------
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self._cache.get((namespace, name))
+
+    def items(self) -> list[Mapping[str, Any]]:
+        return list(self._cache.values())
+
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name=f"informer:{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        w = self._watch
+        if w is not None:
+            w.stop()
+            resp = getattr(w, "_resp", None)
+            if resp is not None:  # shut the socket so a blocked read returns now
+                try:
+                    resp.shutdown()
+                except Exception as exc:  # already closed: nothing to interrupt
+                    log.debug("watch socket already closed", extra={"error": str(exc)})
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    # -- list + watch -------------------------------------------------------------------------------
+    def _notify(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler(kind, obj)
+        except Exception:  # a bad handler must not stop the watch
+            log.exception("informer handler failed", extra={"informer": self.name})
+
+    def _list(self) -> None:
+        resp = self.list_func(**self.list_kwargs, _preload_content=False, _request_timeout=(10, 60))
+        body = json.loads(resp.data)
+        listed: dict[ObjKey, Mapping[str, Any]] = {}
+        for item in body.get("items") or ():
+            listed[obj_key(item)] = item
+        gone = [obj for key, obj in self._cache.items() if key not in listed]
+        first = not self._synced.is_set()
+        self._cache = listed
+        self._resource_version = (body.get("metadata") or {}).get("resourceVersion")
+        self._synced.set()
+        for obj in gone:
+            self._notify("DELETED", obj)
+        for obj in listed.values():
+            self._notify("ADDED" if first else "RELISTED", obj)
+
+    def _watch_once(self) -> None:
+        self._watch = w = watch.Watch()
+        try:
+            for event in w.stream(
+                self.list_func, **self.list_kwargs, resource_version=self._resource_version,
+                allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_seconds, deserialize=False,
+                _request_timeout=(10, self.watch_timeout_seconds + 30),
+            ):
+                if self._stopping.is_set():
+                    break
+                kind, obj = event.get("type"), event.get("object") or {}
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self._resource_version = rv
+                if kind == "DELETED":
+                    self._cache.pop(obj_key(obj), None)
+                elif kind in ("ADDED", "MODIFIED"):
+                    self._cache[obj_key(obj)] = obj
+                else:
+                    continue  # BOOKMARK only moves the resourceVersion
+                self._notify(str(kind), obj)
+        finally:
+            self._watch = None
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if self._resource_version is None:
+                    self._list()
+                self._watch_once()
+                failures = 0
+            except ApiException as exc:
+                if exc.status == HTTP_GONE:
+                    log.info("watch expired (410 Gone), listing again", extra={"informer": self.name})
+                    self._resource_version = None
+                    self.relists += 1
+                    continue
+                failures += 1
+                log.warning("watch failed", extra={"informer": self.name, "status": exc.status, "reason": exc.reason})
+            except Exception as exc:
+                if self._stopping.is_set():
+                    break
+                failures += 1
+                log.warning("watch failed", extra={"informer": self.name, "error": f"{type(exc).__name__}: {exc}"})
+            if failures:
+                delay = min(self.max_backoff_seconds, 0.25 * 2 ** min(failures, 10))
+                self._stopping.wait(delay * random.uniform(0.5, 1.0))

@@ -1,0 +1,79 @@
+"""Process entry point: settings from the environment (only here), flags for the controller's own knobs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP
+from kafka_eventing.controller.controller import Controller, ControllerOptions
+from kafka_eventing.core import logging as ke_logging
+from kafka_eventing.core.settings import Settings
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kafka_eventing.controller", description=__doc__)
+    p.add_argument("--workers", type=int, default=4, help="parallel reconciles (default 4)")
+    p.add_argument("--resync-seconds", type=float, default=300.0, help="re-check every channel this often")
+    p.add_argument("--health-port", type=int, default=None,
+                   help="port of /healthz, /readyz, /metrics (default: KE_METRICS_PORT)")
+    p.add_argument("--health-address", default="0.0.0.0", help="address the health/metrics server binds")
+    p.add_argument("--lease-name", default="kafka-channel-controller", help="Lease used for leader election")
+    p.add_argument("--lease-duration", type=float, default=15.0)
+    p.add_argument("--renew-deadline", type=float, default=10.0)
+    p.add_argument("--retry-period", type=float, default=2.0)
+    p.add_argument("--config-map", default=DEFAULT_CONFIG_MAP,
+                   help="ConfigMap in the system namespace with bootstrap.servers / auth.secret.ref.name")
+    p.add_argument("--kafka-timeout", type=float, default=10.0, help="seconds per Kafka Admin API call")
+    p.add_argument("--identity", default=os.environ.get("POD_NAME", ""),
+                   help="leader-election identity (default: POD_NAME, else hostname + random)")
+    return p
+
+
+def api_client(kubeconfig: Path | None, pool_size: int = 32) -> ApiClient:
+    """An ApiClient from a kubeconfig (or the in-cluster config) with a pool big enough for the watches
+    (five long-lived) plus the workers, so connections are reused rather than discarded."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    settings = Settings.from_env()
+    ke_logging.configure(settings.log_level, settings.log_format)
+    options = ControllerOptions(
+        workers=args.workers, resync_seconds=args.resync_seconds,
+        health_port=settings.metrics_port if args.health_port is None else args.health_port,
+        health_address=args.health_address,
+        lease_name=args.lease_name, lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period, config_map=args.config_map, kafka_timeout=args.kafka_timeout,
+        identity=args.identity,
+    )
+    controller = Controller(api_client(settings.kubeconfig, pool_size=args.workers + 16), settings, options)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    controller.start()
+    print(f"controller {controller.identity} started; health on :{controller.health_port}", flush=True)
+    stop.wait()
+    controller.stop()  # hands the lease back so a standby takes over without waiting for expiry

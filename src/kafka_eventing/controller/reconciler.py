@@ -1,0 +1,352 @@
+"""Reconcile one KafkaChannel: topic, Services, dispatcher, status — level-based and idempotent.
+
+Reads come from the controller's caches; writes go to the API and are made only when the desired object's
+hash differs from the one recorded on the live object. The status is patched with a JSON merge patch holding
+only the fields the controller owns, so ``status.subscribers`` (written by the dispatchers) is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kafka_eventing.controller import conditions as cond
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.conditions import Condition
+from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
+from kafka_eventing.controller.informer import Store
+from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
+from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
+from kafka_eventing.core.delivery import DeliverySpecError, parse_duration
+from kafka_eventing.core.kafka_config import KafkaConfigError
+from kafka_eventing.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+VERSION = "v1beta1"
+FINALIZER = "kafkachannels.messaging.knative.dev/finalizer"
+MERGE_PATCH = "application/merge-patch+json"
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+@dataclass
+class Stores:
+    channels: Store
+    deployments: Store  # dispatcher Deployments and the receiver Deployment, system namespace
+    services: Store  # dispatcher Services (system namespace) and channel Services (all namespaces)
+    config_maps: Store
+    secrets: Store
+
+
+@dataclass(frozen=True)
+class Result:
+    """``error``: requeue with backoff; ``requeue_after``: look again later even without an event."""
+
+    error: str | None = None
+    requeue_after: float | None = None
+
+
+class Reconciler:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        settings: Settings,
+        stores: Stores,
+        *,
+        admins: AdminPool | None = None,
+        config_map: str = DEFAULT_CONFIG_MAP,
+        may_write: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.settings = settings
+        self.stores = stores
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.admins = admins or AdminPool()
+        self.config_map = config_map
+        self.may_write = may_write
+        self.topic_ops: dict[str, int] = {}
+
+    # -- entry --------------------------------------------------------------------------------------
+    def reconcile(self, namespace: str, name: str) -> Result:
+        obj = self.stores.channels.get(namespace, name)
+        if obj is None:
+            return Result()  # deleted; the finalizer cleaned up before the object went away
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return self._finalize(obj)
+        if FINALIZER not in (meta.get("finalizers") or ()):
+            obj = self._add_finalizer(obj)
+        return self._reconcile_live(obj)
+
+    # -- live channel -------------------------------------------------------------------------------
+    def _reconcile_live(self, obj: Mapping[str, Any]) -> Result:
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        ref = res.ChannelRef(meta["namespace"], meta["name"], str(meta.get("uid") or ""))
+        conditions: list[Condition] = []
+        status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
+        result = Result()
+
+        partitions = int(spec.get("numPartitions") or 1)
+        connection: ResolvedConnection | None = None
+        try:
+            connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.config_map)
+        except KafkaConfigError as exc:
+            conditions.append(Condition.false(cond.TOPIC_READY, "KafkaConfigInvalid", str(exc)))
+            result = Result(error=str(exc))
+        if connection is not None:
+            topic_cond, topic_result = self._topic(obj, connection)
+            conditions.append(topic_cond)
+            result = topic_result
+
+        # Channel Service and address.
+        svc_cond, url = self._channel_service(ref)
+        conditions.append(svc_cond)
+        if url:
+            status["address"] = {"url": url}
+            conditions.append(Condition.true(cond.ADDRESSABLE))
+        else:
+            status["address"] = None
+            conditions.append(Condition.false(cond.ADDRESSABLE, "ChannelServiceNotReady", svc_cond.message))
+
+        # Dispatcher Deployment + Service (the Deployment needs the connection's Secret name and checksum).
+        if connection is not None:
+            conditions.extend(self._dispatcher(ref, connection, partitions))
+        else:
+            conditions.append(Condition.unknown(cond.DISPATCHER_DEPLOYMENT_READY, "KafkaConfigInvalid",
+                                                "waiting for a usable Kafka connection config"))
+            conditions.append(Condition.unknown(cond.DISPATCHER_SERVICE_READY, "KafkaConfigInvalid",
+                                                "waiting for a usable Kafka connection config"))
+
+        receiver = self.stores.deployments.get(self.settings.system_namespace, self.settings.receiver_service)
+        ok, why = res.deployment_available(receiver)
+        conditions.append(Condition.true(cond.RECEIVER_DEPLOYMENT_READY) if ok else Condition.false(
+            cond.RECEIVER_DEPLOYMENT_READY, "ReceiverDeploymentUnavailable",
+            f"receiver Deployment {self.settings.system_namespace}/{self.settings.receiver_service}: {why}"))
+
+        dls = self._dead_letter_sink(ref, spec)
+        if dls is not None:
+            dls_cond, dls_uri = dls
+            conditions.append(dls_cond)
+            status["deadLetterSinkUri"] = dls_uri
+        else:
+            status["deadLetterSinkUri"] = None
+
+        conditions.append(cond.ready_condition(conditions))
+        self._patch_status(obj, status, conditions)
+        return result
+
+    def _topic(self, obj: Mapping[str, Any], connection: ResolvedConnection) -> tuple[Condition, Result]:
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
+        topic = external or self.settings.topic_for(meta["namespace"], meta["name"])
+        manage = self.settings.topic_management == "admin" and not external
+        try:
+            retention = parse_duration(str(spec.get("retentionDuration") or "PT168H"), "retentionDuration")
+        except DeliverySpecError as exc:
+            return Condition.false(cond.TOPIC_READY, "InvalidRetention", str(exc)), Result()
+        retention_ms = int(retention / timedelta(milliseconds=1))
+        if retention_ms <= 0:
+            return Condition.false(cond.TOPIC_READY, "InvalidRetention",
+                                   "retentionDuration must be longer than zero"), Result()
+        want = TopicSpec(topic, int(spec.get("numPartitions") or 1), int(spec.get("replicationFactor") or 1),
+                         retention_ms)
+        try:
+            outcome = ensure_topic(self.admins.get(connection), want, manage=manage)
+        except TopicError as exc:
+            log.warning("topic not ready", extra={"topic": topic, "reason": exc.reason, "error": exc.message})
+            self.topic_ops["error"] = self.topic_ops.get("error", 0) + 1
+            if not exc.retriable:
+                # A shrink or a bad replication factor needs a spec change; that change brings an event.
+                return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), Result()
+            # Provider failures (Kafka down, quota) are retried with the queue's exponential backoff.
+            return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), Result(error=exc.message)
+        for op, happened in (("create", outcome.created), ("partitions", outcome.partitions_added),
+                             ("retention", outcome.retention_changed)):
+            if happened:
+                self.topic_ops[op] = self.topic_ops.get(op, 0) + 1
+        mode = "managed" if manage else "external"
+        return Condition.true(cond.TOPIC_READY, "TopicReady", f"topic {topic} ({mode})"), Result()
+
+    def _channel_service(self, ref: res.ChannelRef) -> tuple[Condition, str | None]:
+        name = res.channel_service_name(ref.name)
+        if not res.is_dns1035(name):
+            return Condition.false(cond.CHANNEL_SERVICE_READY, "InvalidChannelName",
+                                   f"Service name {name!r} is not a valid DNS-1035 label (≤63 of a-z, 0-9, -)"), None
+        desired = res.channel_service(ref, self.settings)
+        try:
+            self._apply_service(desired)
+        except ApiException as exc:
+            return Condition.false(cond.CHANNEL_SERVICE_READY, "ChannelServiceFailed",
+                                   f"Service {ref.namespace}/{name}: {exc.status} {exc.reason}"), None
+        return Condition.true(cond.CHANNEL_SERVICE_READY), res.channel_url(ref.namespace, ref.name)
+
+    def _dispatcher(self, ref: res.ChannelRef, connection: ResolvedConnection, partitions: int) -> list[Condition]:
+        config = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas, checksum=connection.checksum,
+                                      secret_name=connection.secret_name,
+                                      bootstrap_servers=connection.bootstrap_servers)
+        out: list[Condition] = []
+        deployment = res.dispatcher_deployment(ref, self.settings, config, partitions)
+        try:
+            live = self._apply_deployment(deployment)
+            ok, why = res.deployment_available(live)
+            out.append(Condition.true(cond.DISPATCHER_DEPLOYMENT_READY) if ok else Condition.false(
+                cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentUnavailable",
+                f"Deployment {deployment['metadata']['namespace']}/{deployment['metadata']['name']}: {why}"))
+        except ApiException as exc:
+            out.append(Condition.false(cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentFailed",
+                                       f"{exc.status} {exc.reason}"))
+        service = res.dispatcher_service(ref, self.settings)
+        try:
+            self._apply_service(service)
+            out.append(Condition.true(cond.DISPATCHER_SERVICE_READY))
+        except ApiException as exc:
+            out.append(Condition.false(cond.DISPATCHER_SERVICE_READY, "DispatcherServiceFailed",
+                                       f"{exc.status} {exc.reason}"))
+        return out
+
+    def _dead_letter_sink(self, ref: res.ChannelRef, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
+        sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
+        if not sink:
+            return None
+        uri, target = sink.get("uri"), sink.get("ref")
+        if not target:
+            return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), str(uri)
+        kind, name = target.get("kind"), target.get("name")
+        namespace = target.get("namespace") or ref.namespace
+        api_version = str(target.get("apiVersion") or "v1")
+        try:
+            if kind == "Service" and api_version == "v1":
+                self.core.read_namespaced_service(name, namespace, _request_timeout=(5, 15))
+                base = f"http://{name}.{namespace}.svc.cluster.local"
+            else:
+                # Any Addressable (a Knative Service, Broker, ...): its status.address.url.
+                group, _, version = api_version.rpartition("/")
+                plural = f"{str(kind).lower()}s"
+                obj = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                               _request_timeout=(5, 15))
+                found = ((obj.get("status") or {}).get("address") or {}).get("url")
+                if not found:
+                    return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "DeadLetterSinkNotAddressable",
+                                           f"{kind} {namespace}/{name} has no status.address.url yet"), None
+                base = str(found)
+        except ApiException as exc:
+            why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status} {exc.reason})"
+            return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "DeadLetterSinkUnresolved",
+                                   f"dead-letter sink {kind} {namespace}/{name} {why}"), None
+        if uri:
+            base = base.rstrip("/") + "/" + str(uri).lstrip("/")
+        return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), base
+
+    # -- writes -------------------------------------------------------------------------------------
+    def _apply_service(self, desired: dict[str, Any]) -> Mapping[str, Any]:
+        ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        live = self.stores.services.get(ns, name)
+        if live is not None and not res.needs_update(live, desired):
+            return live
+        if live is None:
+            try:
+                self.core.create_namespaced_service(ns, desired, _request_timeout=(5, 30), _preload_content=False)
+                return desired
+            except ApiException as exc:
+                if exc.status != HTTP_CONFLICT:
+                    raise
+                # Created by an earlier attempt whose event has not reached the cache yet: update it.
+        patch = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
+        self.core.patch_namespaced_service(name, ns, patch, _content_type=MERGE_PATCH, _request_timeout=(5, 30),
+                                           _preload_content=False)
+        return desired
+
+    def _apply_deployment(self, desired: dict[str, Any]) -> Mapping[str, Any] | None:
+        """The live Deployment (cached, with status) or None when it was just written."""
+        ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        live = self.stores.deployments.get(ns, name)
+        if live is not None and not res.needs_update(live, desired):
+            return live
+        if live is None:
+            try:
+                self.apps.create_namespaced_deployment(ns, desired, _request_timeout=(5, 30), _preload_content=False)
+                return None
+            except ApiException as exc:
+                if exc.status != HTTP_CONFLICT:
+                    raise
+        patch = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
+        self.apps.patch_namespaced_deployment(name, ns, patch, _content_type=MERGE_PATCH,
+                                              _request_timeout=(5, 30), _preload_content=False)
+        return None
+
+    def _add_finalizer(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        meta = obj["metadata"]
+        finalizers = [*(meta.get("finalizers") or ()), FINALIZER]
+        # resourceVersion makes this a compare-and-swap: a concurrent change to the list gives a 409, not a loss.
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        return dict(self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch,
+            _content_type=MERGE_PATCH, _request_timeout=(5, 30)))
+
+    def _patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition]) -> None:
+        meta = obj["metadata"]
+        old: Mapping[str, Any] = obj.get("status") or {}
+        status = {**status, "conditions": cond.merge(old.get("conditions"), conditions)}
+        if all(old.get(k) == v for k, v in status.items()):
+            return  # nothing changed (None matches an absent field)
+        if not self.may_write():
+            raise LostLeadership
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": status},
+            _content_type=MERGE_PATCH, _request_timeout=(5, 30))
+
+    # -- deletion -----------------------------------------------------------------------------------
+    def _finalize(self, obj: Mapping[str, Any]) -> Result:
+        meta = obj["metadata"]
+        if FINALIZER not in (meta.get("finalizers") or ()):
+            return Result()
+        namespace, name = meta["namespace"], meta["name"]
+        dispatcher = res.dispatcher_name(namespace, name)
+        system = self.settings.system_namespace
+        # The channel Service is also garbage-collected through its ownerReference; deleting it here keeps
+        # deletion complete on clusters without the garbage collector.
+        doomed = ((self.apps.delete_namespaced_deployment, dispatcher, system),
+                  (self.core.delete_namespaced_service, dispatcher, system),
+                  (self.core.delete_namespaced_service, res.channel_service_name(name), namespace))
+        for delete, victim, where in doomed:
+            if not self.may_write():
+                raise LostLeadership
+            try:
+                delete(victim, where, propagation_policy="Background", _request_timeout=(5, 30))
+            except ApiException as exc:
+                if exc.status != HTTP_NOT_FOUND:
+                    raise
+        external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
+        if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
+            topic = self.settings.topic_for(namespace, name)
+            try:
+                connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.config_map)
+                self.admins.get(connection).delete(topic)  # an absent topic counts as deleted
+                self.topic_ops["delete"] = self.topic_ops.get("delete", 0) + 1
+            except (TopicError, KafkaConfigError) as exc:
+                return Result(error=f"deleting topic {topic}: {exc}")
+        finalizers = [f for f in meta.get("finalizers") or () if f != FINALIZER]
+        if not self.may_write():
+            raise LostLeadership
+        try:
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
+                _content_type=MERGE_PATCH, _request_timeout=(5, 30))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        log.info("KafkaChannel finalized", extra={"namespace": namespace, "channel": name})
+        return Result()
+
+
+class LostLeadership(RuntimeError):
+    """Raised before a write once this replica no longer holds the lease."""

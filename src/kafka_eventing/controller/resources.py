@@ -1,0 +1,233 @@
+"""Desired Kubernetes objects for one KafkaChannel — pure functions of the channel, settings and connection.
+
+Every object carries a hash of its desired spec in an annotation, so the reconciler updates an object only
+when what it wants changed (server-side defaults never cause a write loop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kafka_eventing.core.channels import CHANNEL_HOST_SUFFIX
+from kafka_eventing.core.settings import Settings
+
+MANAGED_BY = "kafka-channel-controller"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_DISPATCHER = "kafka.eventing.knative.dev/dispatcher"
+#: "<namespace>/<name>" of the channel an object belongs to (annotations have no 63-character limit).
+ANNOTATION_CHANNEL = "kafka.eventing.knative.dev/channel"
+ANNOTATION_SPEC_HASH = "kafka.eventing.knative.dev/spec-hash"
+#: On the dispatcher's pod template: changes when the connection Secret or config ConfigMap changes.
+ANNOTATION_CONFIG_CHECKSUM = "kafka.eventing.knative.dev/config-checksum"
+DISPATCHER_APP = "kafka-channel-dispatcher"
+SECRET_MOUNT = "/etc/kafka-secret"  # noqa: S105 - a path
+DNS1035_MAX = 63
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def short_hash(*parts: str, length: int = 8) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+def spec_hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def is_dns1035(name: str) -> bool:
+    return len(name) <= DNS1035_MAX and bool(_DNS1035.match(name))
+
+
+def channel_service_name(name: str) -> str:
+    return f"{name}{CHANNEL_HOST_SUFFIX}"
+
+
+def channel_url(namespace: str, name: str) -> str:
+    return f"http://{channel_service_name(name)}.{namespace}.svc.cluster.local"
+
+
+def dispatcher_name(namespace: str, name: str) -> str:
+    """``<name>-<namespace>-dispatcher``; a hash replaces the tail when that is too long or not DNS-1035."""
+    suffix = "-dispatcher"
+    plain = f"{name}-{namespace}{suffix}"
+    if is_dns1035(plain):
+        return plain
+    digest = short_hash(namespace, name)
+    room = DNS1035_MAX - len(suffix) - len(digest) - 1
+    head = re.sub(r"[^a-z0-9-]", "-", f"{name}-{namespace}".lower())[:room].strip("-")
+    if not head or not head[0].isalpha():
+        head = ("kc-" + head)[:room].rstrip("-")
+    return f"{head}-{digest}{suffix}"
+
+
+def labels(component: str, dispatcher: str | None = None) -> dict[str, str]:
+    out = {LABEL_PART_OF: "kafka-eventing", LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: component}
+    if dispatcher:
+        out[LABEL_NAME] = DISPATCHER_APP
+        out[LABEL_DISPATCHER] = dispatcher
+    return out
+
+
+def _stamp(obj: dict[str, Any], desired_part: Mapping[str, Any]) -> dict[str, Any]:
+    obj["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = spec_hash(desired_part)
+    return obj
+
+
+@dataclass(frozen=True)
+class ChannelRef:
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def channel_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
+    """ExternalName Service ``<name>-kn-channel`` in the channel's namespace → the shared receiver."""
+    spec = {
+        "type": "ExternalName",
+        "externalName": f"{settings.receiver_service}.{settings.system_namespace}.svc.cluster.local",
+        "sessionAffinity": "None",
+    }
+    metadata: dict[str, Any] = {
+        "name": channel_service_name(ref.name),
+        "namespace": ref.namespace,
+        "labels": {**labels("channel"), "messaging.knative.dev/role": "kafka-channel"},
+        "annotations": {ANNOTATION_CHANNEL: ref.key},
+    }
+    if ref.uid:
+        # Same namespace as the channel, so Kubernetes' garbage collector may own it too.
+        metadata["ownerReferences"] = [{
+            "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel", "name": ref.name,
+            "uid": ref.uid, "controller": True, "blockOwnerDeletion": True,
+        }]
+    return _stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """What the dispatcher needs besides the channel: the connection and how to run it."""
+
+    replicas: int
+    checksum: str  # over the connection Secret's and config ConfigMap's data
+    secret_name: str | None = None
+    bootstrap_servers: str = ""
+
+
+def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig) -> list[dict[str, Any]]:
+    env = {
+        "KE_CHANNEL_SOURCE": "kube",
+        "KE_CHANNEL_NAMESPACE": ref.namespace,
+        "KE_CHANNEL_NAME": ref.name,
+        "KE_SYSTEM_NAMESPACE": settings.system_namespace,
+        "KE_KAFKA_PROVIDER": settings.kafka_provider,
+        "KE_TOPIC_TEMPLATE": settings.topic_template,
+        "KE_CONSUMER_GROUP_TEMPLATE": settings.consumer_group_template,
+        "KE_MAX_IN_FLIGHT": str(settings.max_in_flight),
+        "KE_RETRY_AFTER_MAX_SECONDS": str(settings.retry_after_max_seconds),
+        "KE_QUEUED_MAX_MESSAGES_KBYTES": str(settings.queued_max_messages_kbytes),
+        "KE_METRICS_PORT": str(settings.metrics_port),
+        "KE_LOG_LEVEL": settings.log_level,
+        "KE_LOG_FORMAT": settings.log_format,
+    }
+    if settings.kafka_extra:
+        env["KE_KAFKA_EXTRA"] = settings.kafka_extra
+    if config.bootstrap_servers:
+        env["KE_BOOTSTRAP_SERVERS"] = config.bootstrap_servers
+    if config.secret_name:
+        env["KE_KAFKA_SECRET_DIR"] = SECRET_MOUNT
+    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+    # Prometheus multiprocess dir and temp files need a writable place on a read-only root filesystem.
+    out.append({"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp/metrics"})
+    return out
+
+
+def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: DispatcherConfig,
+                          num_partitions: int) -> dict[str, Any]:
+    name = dispatcher_name(ref.namespace, ref.name)
+    pod_labels = labels("dispatcher", name)
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if config.secret_name:
+        volumes.append({"name": "kafka-secret", "secret": {"secretName": config.secret_name}})
+        mounts.append({"name": "kafka-secret", "mountPath": SECRET_MOUNT, "readOnly": True})
+    container = {
+        "name": "dispatcher",
+        "image": settings.dispatcher_image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": dispatcher_env(ref, settings, config),
+        "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
+        # Liveness only: a dispatcher stuck behind an unreachable Kafka must not be restarted in a loop.
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "initialDelaySeconds": 10, "periodSeconds": 10},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": mounts,
+    }
+    spec = {
+        # Consumers beyond the partition count would sit idle in the group.
+        "replicas": max(1, min(settings.dispatcher_replicas, num_partitions)),
+        "selector": {"matchLabels": {LABEL_NAME: DISPATCHER_APP, LABEL_DISPATCHER: name}},
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": {ANNOTATION_CONFIG_CHECKSUM: config.checksum,
+                                                               ANNOTATION_CHANNEL: ref.key}},
+            "spec": {
+                "automountServiceAccountToken": True,  # the dispatcher watches its channel and patches status
+                "serviceAccountName": "kafka-channel-dispatcher",
+                "enableServiceLinks": False,
+                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [container],
+                "volumes": volumes,
+            },
+        },
+    }
+    metadata = {"name": name, "namespace": settings.system_namespace, "labels": pod_labels,
+                "annotations": {ANNOTATION_CHANNEL: ref.key}}
+    return _stamp({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}, spec)
+
+
+def dispatcher_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
+    name = dispatcher_name(ref.namespace, ref.name)
+    spec = {
+        "type": "ClusterIP",
+        "selector": {LABEL_NAME: DISPATCHER_APP, LABEL_DISPATCHER: name},
+        "ports": [{"name": "metrics", "port": settings.metrics_port, "targetPort": "metrics", "protocol": "TCP"}],
+    }
+    metadata = {"name": name, "namespace": settings.system_namespace, "labels": labels("dispatcher", name),
+                "annotations": {ANNOTATION_CHANNEL: ref.key}}
+    return _stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
+
+
+def needs_update(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    if existing is None:
+        return True
+    have = ((existing.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
+    want = desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    return bool(have != want)
+
+
+def deployment_available(dep: Mapping[str, Any] | None) -> tuple[bool, str]:
+    """(available, why not). Available when the Available condition is True and a replica is up."""
+    if dep is None:
+        return False, "Deployment does not exist"
+    status = dep.get("status") or {}
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "Available":
+            if cond.get("status") == "True" and int(status.get("availableReplicas") or 0) > 0:
+                return True, ""
+            return False, str(cond.get("message") or cond.get("reason") or "not available")
+    return False, f"{int(status.get('availableReplicas') or 0)} replicas available"

@@ -1,0 +1,82 @@
+"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of the channel named by the environment.
+
+Settings come from ``KE_*`` variables (``KE_CHANNEL_NAMESPACE``, ``KE_CHANNEL_NAME``, ``KE_CHANNEL_SOURCE``...).
+SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from kafka_eventing.core import logging as ke_logging
+from kafka_eventing.core.channel_source import channel_source_from_settings
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings, SettingsError
+from kafka_eventing.dispatcher.app import create_dispatcher
+from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
+
+log = logging.getLogger("kafka_eventing.dispatcher")
+
+
+def _kube_client(settings: Settings) -> Any:
+    from kubernetes import client, config
+
+    if settings.kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(settings.kubeconfig))
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+async def _run(settings: Settings) -> None:
+    connection = connection_from_settings(settings)
+    writer: StatusWriter
+    if settings.channel_source == "kube":
+        api_client = _kube_client(settings)
+        source = channel_source_from_settings(settings, api_client)
+        writer = KubeStatusWriter(api_client)
+    else:
+        source = channel_source_from_settings(settings)
+        writer = MemoryStatusWriter()
+    # Until Settings has a field for it, the start position of new groups comes from KE_KAFKA_EXTRA
+    # (auto.offset.reset=earliest), which consumer_settings applies last.
+    initial = str(getattr(settings, "dispatcher_initial_offset", "latest"))
+    dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
+                                   initial_offset=initial, host=_ARGS.host)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, dispatcher.stop)
+    await dispatcher.run()
+
+
+class _Args(argparse.Namespace):
+    host: str = "0.0.0.0"
+
+
+_ARGS = _Args()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kafka-eventing dispatcher", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics, /status")
+    parser.parse_args(sys.argv[1:] if argv is None else argv, namespace=_ARGS)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"dispatcher: {exc}", file=sys.stderr)
+        return 2
+    ke_logging.configure(settings.log_level, settings.log_format)
+    try:
+        asyncio.run(_run(settings))
+    except (SettingsError, ValueError) as exc:
+        log.error("dispatcher cannot start", extra={"error": str(exc)})
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The dispatcher of one KafkaChannel: reconciles one consumer group per subscriber, live, and serves probes.
+
+``create_dispatcher`` builds it from injected parts (settings, Kafka connection, channel source, HTTP session,
+status writer); only ``__main__`` reads the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from kafka_eventing.core.channel_source import ChannelSource
+from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber
+from kafka_eventing.core.kafka_config import KafkaConnection
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher.delivery import Deliverer, HttpSender
+from kafka_eventing.dispatcher.metrics import metrics_for
+from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard, StatusWriter
+from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer
+
+log = logging.getLogger(__name__)
+
+INITIAL_OFFSETS = ("latest", "earliest")
+
+
+def consumer_settings(settings: Settings, connection: KafkaConnection, group_id: str, initial_offset: str,
+                      partitions: int) -> dict[str, Any]:
+    """Consumer config sized per subscription so that RSS stays flat however large the lag is.
+
+    librdkafka's prefetch queue is bounded by ``queued.max.messages.kbytes`` (per consumer with the
+    high-level consumer); one fetch response by ``fetch.max.bytes``. Properties in ``KE_KAFKA_EXTRA`` win.
+    """
+    kbytes = max(256, settings.queued_max_messages_kbytes)
+    fetch_max = min(kbytes * 1024, 4 * 1024 * 1024)
+    defaults: dict[str, Any] = {
+        "auto.offset.reset": initial_offset,
+        "queued.max.messages.kbytes": kbytes,
+        "queued.min.messages": 1000,
+        "fetch.max.bytes": fetch_max,
+        "max.partition.fetch.bytes": max(64 * 1024, fetch_max // max(1, partitions)),
+        "auto.commit.interval.ms": 1000,
+        "client.id": f"kafka-eventing-dispatcher-{group_id}"[:200],
+        "log_level": 3,
+    }
+    return connection.consumer_config(group_id, **{**defaults, **settings.kafka_extra_config()})
+
+
+class _Running:
+    """A subscription consumer and the task running it."""
+
+    def __init__(self, consumer: SubscriptionConsumer, task: asyncio.Task[None]) -> None:
+        self.consumer = consumer
+        self.task = task
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: Settings,
+        connection: KafkaConnection,
+        channel_source: ChannelSource,
+        *,
+        http_session: aiohttp.ClientSession | None = None,
+        status_writer: StatusWriter | None = None,
+        consumer_factory: ConsumerFactory | None = None,
+        registry: CollectorRegistry | None = None,
+        initial_offset: str = "latest",
+        host: str = "0.0.0.0",
+        port: int | None = None,
+        shutdown_grace: float = 5.0,
+    ) -> None:
+        if not settings.channel_name or not settings.channel_namespace:
+            raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME")
+        if initial_offset not in INITIAL_OFFSETS:
+            raise ValueError(f"initial offset {initial_offset!r} must be one of {', '.join(INITIAL_OFFSETS)}")
+        self.settings = settings
+        self.connection = connection
+        self.source = channel_source
+        self.key: ChannelKey = (settings.channel_namespace, settings.channel_name)
+        self.registry = registry
+        self.metrics = metrics_for(registry)
+        self.initial_offset = initial_offset
+        self.host = host
+        self.port = settings.metrics_port if port is None else port
+        self.shutdown_grace = shutdown_grace
+        self._session = http_session
+        self._own_session = http_session is None
+        self._writer = status_writer or MemoryStatusWriter()
+        self._factory = consumer_factory
+        self._subs: dict[str, _Running] = {}
+        self._stopping_subs: dict[str, asyncio.Task[None]] = {}
+        self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliverer: Deliverer | None = None
+        self.board = StatusBoard(self.key, self._writer)
+        self.bound_port: int | None = None
+        self._started = asyncio.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask ``run()`` to finish (safe from a signal handler on the loop, or any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stop.set)
+
+    async def wait_started(self) -> None:
+        await self._started.wait()
+
+    async def run(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        if self._session is None:
+            # No connection limit: each subscription's in-flight budget is its own limit (isolation).
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
+        self._deliverer = Deliverer(HttpSender(self._session), self.metrics, self.settings.retry_after_max_seconds)
+        runner: web.AppRunner | None = None
+        try:
+            if self.port >= 0:
+                runner = await self._serve()
+            self.board.start()
+
+            def changed(_snapshot: Mapping[ChannelKey, Channel]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop may already be closed at shutdown
+                    loop.call_soon_threadsafe(self._reconcile)
+
+            self.source.subscribe(changed)
+            await loop.run_in_executor(None, self.source.start)
+            self._reconcile()
+            self._started.set()
+            log.info("dispatcher started", extra={"channel": "/".join(self.key), "port": self.bound_port})
+            await self._stop.wait()
+        finally:
+            log.info("dispatcher stopping", extra={"channel": "/".join(self.key)})
+            await self._stop_all()
+            self.source.stop()
+            await self.board.stop()
+            if runner is not None:
+                await runner.cleanup()
+            if self._own_session and self._session is not None:
+                await self._session.close()
+
+    # -- reconcile ----------------------------------------------------------------------------------
+    def _channel(self) -> Channel | None:
+        return self.source.get(self.key)
+
+    def _reconcile(self) -> None:
+        if self._stop.is_set():
+            return
+        channel = self._channel()
+        wanted: dict[str, Subscriber] = {}
+        if channel is not None:
+            wanted = {s.uid: s for s in channel.subscribers}
+            if not channel.ready:
+                for sub in channel.subscribers:
+                    self.board.set(sub.uid, sub.generation, False, f"channel not ready: {channel.reason}")
+                wanted = {}
+        for uid, current in list(self._subs.items()):
+            if uid not in wanted or channel is None or current.consumer.topic != channel.topic:
+                self._retire(uid)
+        if channel is None:
+            return
+        for uid, sub in wanted.items():
+            running = self._subs.get(uid)
+            if running is None:
+                self._launch(channel, sub)
+            elif running.consumer.subscriber != sub:
+                log.info("subscriber changed, applying", extra={"subscriber": uid})
+                running.consumer.update(sub)
+        for uid in [u for u in list(self.board_uids()) if channel is None or u not in {s.uid for s in
+                                                                                       channel.subscribers}]:
+            self.board.remove(uid)
+
+    def board_uids(self) -> list[str]:
+        return [s["uid"] for s in self.board.document()["status"]["subscribers"]]
+
+    def _launch(self, channel: Channel, sub: Subscriber) -> None:
+        assert self._deliverer is not None
+        group = self.settings.consumer_group_template.format(
+            namespace=channel.namespace, channel=channel.name, uid=sub.uid)
+        config = consumer_settings(self.settings, self.connection, group, self.initial_offset,
+                                   channel.num_partitions)
+        kwargs: dict[str, Any] = {} if self._factory is None else {"consumer_factory": self._factory}
+        consumer = SubscriptionConsumer(
+            channel, sub, group_id=group, consumer_config=config, deliverer=self._deliverer,
+            metrics=self.metrics, board=self.board, max_in_flight=self.settings.max_in_flight,
+            shutdown_grace=self.shutdown_grace, **kwargs)
+        previous = self._stopping_subs.get(sub.uid)
+        self.board.set(sub.uid, sub.generation, False, "joining consumer group")
+        task = asyncio.get_running_loop().create_task(self._supervise(consumer, previous), name=f"sub-{sub.uid}")
+        self._subs[sub.uid] = _Running(consumer, task)
+        log.info("subscriber started", extra={"subscriber": sub.uid, "group": group,
+                                              "uri": sub.subscriber_uri, "ordered": consumer.ordered})
+
+    async def _supervise(self, consumer: SubscriptionConsumer, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)  # same group: let the old member leave first
+        failures = 0
+        while True:
+            try:
+                await consumer.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                sub = consumer.subscriber
+                log.exception("subscription consumer failed, restarting", extra={"subscriber": sub.uid})
+                self.board.set(sub.uid, sub.generation, False, f"consumer failed: {type(exc).__name__}: {exc}")
+                await asyncio.sleep(min(30.0, 0.5 * 2**failures))
+
+    def _retire(self, uid: str) -> None:
+        running = self._subs.pop(uid)
+        running.consumer.stop()
+        log.info("subscriber removed", extra={"subscriber": uid})
+
+        async def wait() -> None:
+            await asyncio.gather(running.task, return_exceptions=True)
+            if self._stopping_subs.get(uid) is task:
+                del self._stopping_subs[uid]
+
+        task = asyncio.get_running_loop().create_task(wait())
+        self._stopping_subs[uid] = task
+
+    async def _stop_all(self) -> None:
+        for uid in list(self._subs):
+            self._retire(uid)
+        pending = list(self._stopping_subs.values())
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- probes -------------------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if not self.source.synced():
+            return False, "channel source not synced"
+        channel = self._channel()
+        if channel is None:
+            return False, f"KafkaChannel {'/'.join(self.key)} not found"
+        waiting = [uid for uid, r in self._subs.items() if not r.consumer.joined]
+        if waiting:
+            return False, f"consumer groups not joined yet: {', '.join(sorted(waiting))}"
+        return True, "ok"
+
+    def status_document(self) -> dict[str, Any]:
+        doc = self.board.document()
+        doc["subscriptions"] = {uid: r.consumer.stats() for uid, r in self._subs.items()}
+        return doc
+
+    async def _serve(self) -> web.AppRunner:
+        app = web.Application()
+        registry = self.metrics.registry
+
+        async def healthz(_request: web.Request) -> web.Response:
+            return web.json_response({"status": "alive"})
+
+        async def readyz(_request: web.Request) -> web.Response:
+            ready, reason = self.readiness()
+            return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+
+        async def metrics(_request: web.Request) -> web.Response:
+            body = generate_latest(registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def status(_request: web.Request) -> web.Response:
+            return web.json_response(self.status_document())
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/status", status)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.bound_port = int(sockets[0].getsockname()[1]) if sockets else self.port
+        return runner
+
+
+def create_dispatcher(
+    settings: Settings,
+    connection: KafkaConnection,
+    channel_source: ChannelSource,
+    *,
+    http_session: aiohttp.ClientSession | None = None,
+    status_writer: StatusWriter | None = None,
+    **kwargs: Any,
+) -> Dispatcher:
+    """The dispatcher for ``settings.channel_namespace``/``settings.channel_name`` from injected parts."""
+    return Dispatcher(settings, connection, channel_source, http_session=http_session,
+                      status_writer=status_writer, **kwargs)

@@ -1,0 +1,209 @@
+"""One event's way out: POST to the subscriber with retries, the reply to ``replyUri``, else the dead-letter sink.
+
+``Deliverer.handle`` returns only when the event is delivered, dead-lettered, or dropped by policy (final
+failure with no sink); only then may its offset be committed. A failing dead-letter sink is retried forever.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from kafka_eventing.core.binding import (
+    BindingError,
+    CloudEvent,
+    error_data,
+    event_from_http,
+    event_from_kafka,
+    event_to_http,
+    trace_from_kafka,
+    with_extensions,
+)
+from kafka_eventing.core.channels import Subscriber
+from kafka_eventing.dispatcher.metrics import Labels, Metrics
+from kafka_eventing.dispatcher.retry import delivery_policy, parse_retry_after, sink_policy
+
+log = logging.getLogger(__name__)
+
+#: Per-attempt timeout when the DeliverySpec sets none, so that a hung subscriber cannot stall a partition.
+DEFAULT_ATTEMPT_TIMEOUT = 60.0
+#: Replies larger than this are not read (and not forwarded).
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+
+class Outcome(enum.StrEnum):
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+    DROPPED = "dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One HTTP attempt: ``status`` None means no response (connection error or timeout)."""
+
+    status: int | None
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def retry_after(self) -> float | None:
+        if self.status not in (429, 503):
+            return None
+        return parse_retry_after(self.headers.get("Retry-After") or self.headers.get("retry-after"))
+
+    @property
+    def code(self) -> str:
+        return str(self.status) if self.status is not None else "none"
+
+
+class HttpSender:
+    """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+        client_timeout = aiohttp.ClientTimeout(total=timeout or DEFAULT_ATTEMPT_TIMEOUT)
+        try:
+            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout) as resp:
+                # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.
+                limit = MAX_REPLY_BYTES if 200 <= resp.status < 300 else 1024
+                data = await resp.content.read(limit)
+                return Attempt(resp.status, data, {k: v for k, v in resp.headers.items()})
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            return Attempt(None, error=f"{type(exc).__name__}: {exc}")
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class Deliverer:
+    """Decode a Kafka record, deliver it per the subscriber's DeliverySpec, reply, dead-letter."""
+
+    def __init__(
+        self,
+        sender: HttpSender,
+        metrics: Metrics,
+        retry_after_max: float,
+        *,
+        sleep: Sleep | None = None,
+    ) -> None:
+        self.sender = sender
+        self.metrics = metrics
+        self.retry_after_max = retry_after_max
+        self._sleep = sleep
+
+    async def handle(
+        self,
+        headers: Sequence[tuple[str, bytes | str | None]] | None,
+        value: bytes | None,
+        subscriber: Subscriber,
+        labels: Labels,
+    ) -> Outcome:
+        started = time.monotonic()
+        try:
+            event = event_from_kafka(headers, value)
+        except BindingError as exc:
+            # Nothing can be delivered or dead-lettered without an event; counted so that it is visible.
+            log.error("record is not a CloudEvent, skipped", extra={**labels.as_dict(), "error": str(exc)})
+            self.metrics.dropped.labels(*labels, "not_a_cloudevent").inc()
+            return Outcome.DROPPED
+        trace = trace_from_kafka(headers)
+        out_headers, body = event_to_http(event)
+        out_headers.update(trace)
+        out_headers["Prefer"] = "reply"
+
+        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels)
+        self.metrics.latency.labels(*labels).observe(time.monotonic() - started)
+        if attempt.ok:
+            reply_failed = await self._reply(attempt, subscriber, labels, trace)
+            if reply_failed is None:
+                return Outcome.DELIVERED
+            dest, attempt = subscriber.reply_uri or "", reply_failed
+        else:
+            dest = subscriber.subscriber_uri
+        return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=trace)
+
+    async def _with_retries(
+        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels,
+    ) -> Attempt:
+        spec = subscriber.delivery
+
+        def on_retry(_attempt: int, _delay: float) -> None:
+            self.metrics.retries.labels(*labels).inc()
+
+        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry)
+        timeout = spec.timeout_seconds
+
+        async def once() -> Attempt:
+            result = await self.sender.post(url, headers, body, timeout)
+            self.metrics.deliveries.labels(*labels, result.code).inc()
+            return result
+
+        result: Attempt = await policy(once)
+        return result
+
+    async def _reply(
+        self, attempt: Attempt, subscriber: Subscriber, labels: Labels, trace: Mapping[str, str],
+    ) -> Attempt | None:
+        """Forward a reply event; return the failed attempt if it could not be delivered."""
+        if not attempt.body and not any(k.lower().startswith("ce-") for k in attempt.headers):
+            return None
+        try:
+            reply = event_from_http(attempt.headers, attempt.body)
+        except BindingError:
+            return None  # a plain response body is not a reply
+        if not subscriber.reply_uri:
+            return None  # Knative drops replies when no replyUri is set
+        headers, body = event_to_http(reply)
+        headers.update(trace)
+        result = await self._with_retries(subscriber.reply_uri, headers, body, subscriber, labels)
+        if result.ok:
+            self.metrics.replies.labels(*labels).inc()
+            return None
+        return result
+
+    async def _dead_letter(
+        self, event: CloudEvent, dest: str, failed: Attempt, subscriber: Subscriber, *, labels: Labels,
+        trace: Mapping[str, str],
+    ) -> Outcome:
+        sink = subscriber.delivery.dead_letter_uri
+        context = {**labels.as_dict(), "event_id": event.get_id(), "code": failed.code, "error": failed.error}
+        if not sink:
+            log.warning("delivery failed, no dead-letter sink: event dropped", extra=context)
+            self.metrics.dropped.labels(*labels, "failed_no_sink").inc()
+            return Outcome.DROPPED
+        dead = with_extensions(
+            event,
+            knativeerrordest=dest,
+            knativeerrorcode=failed.code if failed.status is not None else None,
+            knativeerrordata=error_data(failed.body) if failed.body else None,
+        )
+        headers, body = event_to_http(dead)
+        headers.update(trace)
+
+        def on_retry(attempt: int, delay: float) -> None:
+            self.metrics.sink_retries.labels(*labels).inc()
+            log.warning("dead-letter sink failed, retrying (offset not committed)",
+                        extra={**context, "attempt": attempt, "delay": round(delay, 3)})
+
+        policy = sink_policy(subscriber.delivery, self.retry_after_max, sleep=self._sleep, before_retry=on_retry)
+        timeout = subscriber.delivery.timeout_seconds
+
+        async def once() -> Attempt:
+            return await self.sender.post(sink, headers, body, timeout)
+
+        await policy(once)
+        self.metrics.dead_lettered.labels(*labels).inc()
+        log.info("event dead-lettered", extra=context)
+        return Outcome.DEAD_LETTERED

@@ -1,0 +1,49 @@
+"""Which offset of a partition may be committed: the contiguous low-water mark of finished events.
+
+Events of one partition arrive in offset order but may finish in any order (unordered delivery). Only the
+prefix of received offsets that are all finished may be committed, otherwise a crash would skip the ones
+still in flight. Offsets are tracked as received (not assumed contiguous): compaction and transaction
+markers leave gaps that must not stall the mark.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class OffsetTracker:
+    """Per-partition bookkeeping; ``commit_position`` is the next offset to read after a restart."""
+
+    __slots__ = ("_done", "_pending", "commit_position")
+
+    def __init__(self) -> None:
+        self._pending: deque[int] = deque()  # received, in offset order, not yet below the mark
+        self._done: set[int] = set()
+        #: Kafka's commit convention: the offset of the next event to consume (last finished + 1).
+        self.commit_position: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, offset: int) -> None:
+        if self._pending and offset <= self._pending[-1]:
+            raise ValueError(f"offset {offset} received after {self._pending[-1]}: offsets must increase")
+        self._pending.append(offset)
+
+    def done(self, offset: int) -> int | None:
+        """Mark ``offset`` finished; return the new commit position if the mark moved, else None."""
+        if not self._pending or offset < self._pending[0]:
+            return None  # already below the mark (a duplicate completion) — nothing changes
+        self._done.add(offset)
+        moved = False
+        while self._pending and self._pending[0] in self._done:
+            head = self._pending.popleft()
+            self._done.discard(head)
+            self.commit_position = head + 1
+            moved = True
+        return self.commit_position if moved else None
+
+    @property
+    def outstanding(self) -> int:
+        """Events received and not yet below the mark (queued, in flight, or finished out of order)."""
+        return len(self._pending)

@@ -1,0 +1,116 @@
+"""Retry timing: DeliverySpec backoff, ``Retry-After``, and the tenacity policies built from them.
+
+tenacity's ``AsyncRetrying`` sleeps with ``asyncio.sleep``, so a partition waiting for its next attempt never
+blocks the event loop that serves every other partition and subscription.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, stop_never
+
+from kafka_eventing.core.delivery import DeliverySpec, is_retryable
+
+#: A dead-letter sink that keeps failing is retried forever, but not more often than this.
+SINK_MAX_BACKOFF_SECONDS = 30.0
+
+
+class HasOutcome(Protocol):
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def retry_after(self) -> float | None: ...
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date (RFC 9110); None if absent/invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_delay(spec: DeliverySpec, retry: int, retry_after: float | None, retry_after_max: float) -> float:
+    """Seconds before retry number ``retry`` (1-based): the backoff, or Retry-After (capped) if longer."""
+    delay = spec.backoff(retry)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, retry_after_max))
+    return delay
+
+
+def _last(state: RetryCallState) -> Any:
+    assert state.outcome is not None
+    return state.outcome.result()
+
+
+def delivery_policy(
+    spec: DeliverySpec,
+    retry_after_max: float,
+    *,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
+    before_retry: Callable[[int, float], None] | None = None,
+) -> AsyncRetrying:
+    """Up to ``spec.retry`` retries of a retryable outcome; the last outcome is returned, never raised."""
+
+    def wait(state: RetryCallState) -> float:
+        return retry_delay(spec, state.attempt_number, _last(state).retry_after, retry_after_max)
+
+    def notify(state: RetryCallState) -> None:
+        if before_retry is not None and state.next_action is not None:
+            before_retry(state.attempt_number, state.next_action.sleep)
+
+    kwargs = {} if sleep is None else {"sleep": sleep}
+    return AsyncRetrying(
+        stop=stop_after_attempt(spec.retry + 1),
+        wait=wait,
+        retry=retry_if_result(lambda o: not o.ok and is_retryable(o.status)),
+        retry_error_callback=_last,
+        before_sleep=notify,
+        reraise=True,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def sink_policy(
+    spec: DeliverySpec,
+    retry_after_max: float,
+    *,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
+    before_retry: Callable[[int, float], None] | None = None,
+) -> AsyncRetrying:
+    """The dead-letter sink: retried until it accepts (any non-2xx counts as failed), backoff capped."""
+
+    def wait(state: RetryCallState) -> float:
+        delay = max(0.01, min(spec.backoff(min(state.attempt_number, 32)), SINK_MAX_BACKOFF_SECONDS))
+        retry_after = _last(state).retry_after
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, retry_after_max))
+        return delay
+
+    def notify(state: RetryCallState) -> None:
+        if before_retry is not None and state.next_action is not None:
+            before_retry(state.attempt_number, state.next_action.sleep)
+
+    kwargs = {} if sleep is None else {"sleep": sleep}
+    return AsyncRetrying(
+        stop=stop_never,
+        wait=wait,
+        retry=retry_if_result(lambda o: not o.ok),
+        before_sleep=notify,
+        reraise=True,
+        **kwargs,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,417 @@
+"""One subscription's consumer: poll without blocking, deliver in order (or N in flight), commit the low-water mark.
+
+Everything here runs on the dispatcher's event loop. ``consume(timeout=0)`` only drains librdkafka's local
+queue (fetching happens on librdkafka's own threads), so polling never blocks other subscriptions, and the
+rebalance callbacks run on the loop too — no locks. Polling continues whatever the deliveries do (a partition
+whose local queue is full is paused, not starved of polls), so a long retry sequence never pushes the member
+past ``max.poll.interval.ms`` and never gets its partition revoked for being slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from kafka_eventing.core.channels import Channel, Subscriber
+from kafka_eventing.dispatcher.delivery import Deliverer, Outcome
+from kafka_eventing.dispatcher.metrics import Labels, Metrics
+from kafka_eventing.dispatcher.offsets import OffsetTracker
+from kafka_eventing.dispatcher.status import StatusBoard
+
+log = logging.getLogger(__name__)
+
+#: Queued events per partition in ordered mode (one is in flight; the rest hide the poll interval).
+ORDERED_QUEUE = 16
+#: Longest pause between polls when nothing arrives (also bounds how late a rebalance is noticed).
+MAX_IDLE_POLL = 0.05
+CONSUME_BATCH = 500
+LAG_INTERVAL = 5.0
+
+ConsumerFactory = Callable[[dict[str, Any]], Any]
+_Headers = list[tuple[str, bytes | str | None]] | None
+
+
+class TokenBucket:
+    """Events-per-second limit with a burst of one second's worth (at least one event)."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self.tokens = self.capacity
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> float:
+        """Take a token: 0.0 if granted, else the seconds until one is available."""
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+@dataclass(eq=False)
+class _Partition:
+    number: int
+    consumed: Any  # the prometheus child counter, looked up once
+    queue: deque[Message] = field(default_factory=deque)
+    tracker: OffsetTracker = field(default_factory=OffsetTracker)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    in_flight: int = 0
+    paused: bool = False
+    cap: int = ORDERED_QUEUE
+
+
+class SubscriptionConsumer:
+    """The consumer group member of one subscriber; ``run()`` until ``stop()``."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        subscriber: Subscriber,
+        *,
+        group_id: str,
+        consumer_config: dict[str, Any],
+        deliverer: Deliverer,
+        metrics: Metrics,
+        board: StatusBoard,
+        max_in_flight: int,
+        consumer_factory: ConsumerFactory = Consumer,
+        shutdown_grace: float = 5.0,
+    ) -> None:
+        self.topic = channel.topic
+        self.group_id = group_id
+        self.labels = Labels(channel.namespace, channel.name, subscriber.uid)
+        self._subscriber = subscriber
+        self._ordered = subscriber.ordered  # channels.py already defaults it to the channel's order
+        self._config = {**consumer_config, "error_cb": self._on_error}
+        self._deliverer = deliverer
+        self._metrics = metrics
+        self._board = board
+        self.max_in_flight = max(1, max_in_flight)
+        self._factory = consumer_factory
+        self._grace = shutdown_grace
+        self._consumer: Any = None
+        self._parts: dict[int, _Partition] = {}
+        self._in_flight = 0
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self._joined = False
+        self._next_lag = 0.0
+        self._lag_seen: set[tuple[str, str, str]] = set()
+        self._in_flight_gauge = metrics.in_flight.labels(*self.labels)
+        self._outcomes = {o: metrics.outcomes.labels(*self.labels, o.value) for o in Outcome}
+
+    # -- public -------------------------------------------------------------------------------------
+    @property
+    def subscriber(self) -> Subscriber:
+        return self._subscriber
+
+    @property
+    def joined(self) -> bool:
+        return self._joined
+
+    @property
+    def ordered(self) -> bool:
+        return self._ordered
+
+    def update(self, subscriber: Subscriber) -> None:
+        """A changed delivery spec, URI, order or rate limit applies to the next event, without a restart."""
+        self._subscriber = subscriber
+        self._ordered = subscriber.ordered
+        self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
+        self._resize()
+        current = self._board.get(subscriber.uid)
+        if current is not None:
+            self._board.set(subscriber.uid, subscriber.generation, current.ready, current.message)
+        self._pump()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "group": self.group_id, "joined": self._joined, "ordered": self._ordered, "in_flight": self._in_flight,
+            "partitions": {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "paused": p.paused,
+                                      "committable": p.tracker.commit_position} for p in self._parts.values()},
+        }
+
+    async def run(self) -> None:
+        self._consumer = self._factory(self._config)
+        try:
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_lost)
+            idle = 0
+            while not self._stopping:
+                try:
+                    messages = self._consumer.consume(CONSUME_BATCH, 0)
+                except KafkaException as exc:
+                    log.warning("consume failed", extra={**self.labels.as_dict(), "error": str(exc)})
+                    messages = []
+                for message in messages:
+                    self._accept(message)
+                if messages:
+                    self._pump()
+                self._flow_control()
+                self._report_lag()
+                if messages:
+                    idle = 0
+                    await asyncio.sleep(0)
+                    continue
+                idle += 1
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(MAX_IDLE_POLL, 0.002 * idle))
+            await self._drain()
+        finally:
+            consumer, self._consumer = self._consumer, None
+            try:
+                consumer.close()  # leaves the group now instead of after session.timeout.ms
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consumer close failed", extra={**self.labels.as_dict(), "error": str(exc)})
+            self._drop_all()
+
+    # -- intake -------------------------------------------------------------------------------------
+    def _accept(self, message: Message) -> None:
+        err = message.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return
+            self._on_error(err)
+            return
+        number, offset = message.partition(), message.offset()
+        part = self._parts.get(number) if number is not None else None
+        if part is None or offset is None:
+            return  # revoked between fetch and now: the new owner reads it
+        part.tracker.add(offset)
+        part.queue.append(message)
+        part.consumed.inc()
+
+    def _resize(self) -> None:
+        """Local queue length per partition: enough to hide the poll interval, small enough for flat RSS."""
+        cap = ORDERED_QUEUE
+        if not self._ordered:
+            cap = max(4, math.ceil(2 * self.max_in_flight / max(1, len(self._parts))))
+        for part in self._parts.values():
+            part.cap = cap
+
+    def _flow_control(self) -> None:
+        pause, resume = [], []
+        for part in self._parts.values():
+            queued = len(part.queue)
+            if not part.paused and queued >= part.cap:
+                part.paused = True
+                pause.append(TopicPartition(self.topic, part.number))
+            elif part.paused and queued <= part.cap // 2:
+                part.paused = False
+                resume.append(TopicPartition(self.topic, part.number))
+        try:
+            if pause:
+                self._consumer.pause(pause)
+            if resume:
+                self._consumer.resume(resume)
+        except KafkaException as exc:
+            log.warning("pause/resume failed", extra={**self.labels.as_dict(), "error": str(exc)})
+
+    # -- scheduling ---------------------------------------------------------------------------------
+    def _rate_ok(self) -> bool:
+        if self._bucket is None:
+            return True
+        wait = self._bucket.take()
+        if wait == 0.0:
+            return True
+        if self._rate_timer is None:
+            loop = asyncio.get_running_loop()
+            self._rate_timer = loop.call_later(wait, self._rate_wakeup)
+        return False
+
+    def _rate_wakeup(self) -> None:
+        self._rate_timer = None
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start as many queued events as ordering, the in-flight budget and the rate limit allow."""
+        if self._stopping or self._consumer is None:
+            return
+        if self._ordered:
+            for part in self._parts.values():
+                if part.in_flight == 0 and part.queue:
+                    if not self._rate_ok():
+                        return
+                    self._start(part, part.queue.popleft())
+            return
+        ready = [p for p in self._parts.values() if p.queue]
+        while ready and self._in_flight < self.max_in_flight:
+            again = []
+            for part in ready:  # round robin: one busy partition does not take the whole budget
+                if self._in_flight >= self.max_in_flight:
+                    break
+                if not self._rate_ok():
+                    return
+                self._start(part, part.queue.popleft())
+                if part.queue:
+                    again.append(part)
+            ready = again
+
+    def _start(self, part: _Partition, message: Message) -> None:
+        part.in_flight += 1
+        self._in_flight += 1
+        self._in_flight_gauge.inc()
+        task = asyncio.get_running_loop().create_task(self._deliver(part, message))
+        part.tasks.add(task)
+        task.add_done_callback(part.tasks.discard)
+
+    async def _deliver(self, part: _Partition, message: Message) -> None:
+        failures = 0
+        while True:
+            try:
+                outcome = await self._deliverer.handle(
+                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels)
+                break
+            except asyncio.CancelledError:
+                self._in_flight_gauge.dec()
+                raise
+            except Exception:
+                # A bug, not a delivery failure: never commit past it; try again after a pause.
+                failures += 1
+                log.exception("dispatching failed unexpectedly, will retry", extra=self.labels.as_dict())
+                await asyncio.sleep(min(30.0, 0.1 * 2**failures))
+        self._in_flight_gauge.dec()
+        self._outcomes[outcome].inc()
+        if self._parts.get(part.number) is not part:
+            return  # revoked meanwhile; the new owner redelivers from the committed offset
+        part.in_flight -= 1
+        self._in_flight -= 1
+        position = part.tracker.done(cast(int, message.offset()))
+        if position is not None:
+            self._store(part, position)
+        self._pump()
+        if part.paused and len(part.queue) <= part.cap // 2:
+            self._wake.set()  # let the poll loop resume the partition now rather than after its idle sleep
+
+    def _store(self, part: _Partition, position: int) -> None:
+        try:
+            self._consumer.store_offsets(offsets=[TopicPartition(self.topic, part.number, position)])
+        except KafkaException as exc:
+            log.debug("store_offsets failed", extra={**self.labels.as_dict(), "error": str(exc)})
+
+    # -- rebalance ----------------------------------------------------------------------------------
+    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
+            self._parts[tp.partition] = _Partition(tp.partition, child)
+        self._resize()
+        log.info("partitions assigned", extra={**self.labels.as_dict(), "group": self.group_id,
+                                                "partitions": [tp.partition for tp in partitions]})
+        if not self._joined:
+            # The group has been joined (an empty assignment counts: more members than partitions).
+            self._joined = True
+            self._board.set(self._subscriber.uid, self._subscriber.generation, True, "")
+
+    def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Forget the partitions; cancel their in-flight deliveries; return what may be committed."""
+        done = []
+        for tp in partitions:
+            part = self._parts.pop(tp.partition, None)
+            if part is None:
+                continue
+            self._in_flight -= part.in_flight
+            for task in list(part.tasks):
+                task.cancel()
+            if part.tracker.commit_position is not None:
+                done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
+            key = (self.group_id, str(part.number), self.topic)
+            if key in self._lag_seen:
+                self._lag_seen.discard(key)
+                self._metrics.lag.remove(*key)
+        self._resize()
+        return done
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        done = self._release(partitions)
+        log.info("partitions revoked",
+                 extra={**self.labels.as_dict(), "partitions": [tp.partition for tp in partitions]})
+        if done:
+            try:
+                consumer.commit(offsets=done, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit on revoke failed", extra={**self.labels.as_dict(), "error": str(exc)})
+
+    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Another member may own them already: committing now could move its offsets backwards.
+        self._release(partitions)
+        log.warning("partitions lost", extra={**self.labels.as_dict(),
+                                               "partitions": [tp.partition for tp in partitions]})
+
+    def _on_error(self, err: KafkaError) -> None:
+        code = err.code()
+        if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            message = f"topic {self.topic} does not exist"
+        elif err.fatal() or code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                     KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError._ALL_BROKERS_DOWN):
+            message = f"Kafka: {err.str()}"
+        else:
+            log.debug("consumer error", extra={**self.labels.as_dict(), "error": err.str()})
+            return
+        log.warning("subscription cannot consume", extra={**self.labels.as_dict(), "error": message})
+        if not self._joined:
+            self._board.set(self._subscriber.uid, self._subscriber.generation, False, message)
+
+    # -- shutdown -----------------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        """Let in-flight deliveries finish (bounded), then commit what is done."""
+        tasks = [t for p in self._parts.values() for t in p.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._grace)
+        done = []
+        for part in self._parts.values():
+            for task in list(part.tasks):
+                task.cancel()
+            if part.tracker.commit_position is not None:
+                done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
+        if done:
+            try:
+                self._consumer.commit(offsets=done, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("final commit failed", extra={**self.labels.as_dict(), "error": str(exc)})
+
+    def _drop_all(self) -> None:
+        for part in self._parts.values():
+            for task in list(part.tasks):
+                task.cancel()
+        self._parts.clear()
+        self._in_flight = 0
+
+    def _report_lag(self) -> None:
+        now = time.monotonic()
+        if now < self._next_lag:
+            return
+        self._next_lag = now + LAG_INTERVAL
+        for part in self._parts.values():
+            position = part.tracker.commit_position
+            if position is None:
+                continue
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, part.number), cached=True)
+            except KafkaException:
+                continue
+            if high < 0:
+                continue
+            key = (self.group_id, str(part.number), self.topic)
+            self._lag_seen.add(key)
+            self._metrics.lag.labels(*key).set(max(0, high - position))

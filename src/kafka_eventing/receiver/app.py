@@ -1,0 +1,312 @@
+"""The KafkaChannel ingress: HTTP CloudEvents in, Kafka records out, 202 only once Kafka has them.
+
+Routing is by the ``Host`` header (``<name>-kn-channel.<namespace>.svc...``, what a channel's address resolves
+to) or by path (``/<namespace>/<name>``, so a person can ``curl localhost:8080/default/orders``).
+
+``create_app`` builds the app from injected parts (tests use fakes); ``get_app()`` reads the environment and is
+what gunicorn runs: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf
+'kafka_eventing.receiver.app:get_app()'`` (``python -m kafka_eventing.receiver`` does exactly that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import falcon
+from prometheus_client import Counter, Histogram
+
+from kafka_eventing.core.binding import (
+    TRACE_HEADERS,
+    BindingError,
+    CloudEvent,
+    event_from_http,
+    event_to_kafka,
+    events_from_http_batch,
+    is_batch,
+)
+from kafka_eventing.core.channel_source import ChannelSource
+from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
+from kafka_eventing.core.metrics import MetricsResource
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver.sender import KafkaSender, Outcome, Producer, Result
+
+log = logging.getLogger(__name__)
+
+#: librdkafka's default ``message.max.bytes``; the body limit never exceeds what the producer will send.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+READ_CHUNK = 64 * 1024
+
+EVENTS = Counter("kafka_receiver_events_total", "Requests answered, by channel and HTTP status.",
+                 ["channel", "code"])
+BYTES_IN = Counter("kafka_receiver_bytes_in_total", "Event bytes received (request bodies), by channel.",
+                   ["channel"])
+PRODUCE_LATENCY = Histogram(
+    "kafka_receiver_produce_latency_seconds", "From produce() to the last delivery report of a request.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+
+class KafkaProbe:
+    """Readiness of the Kafka side: cluster metadata within ``timeout``, remembered for ``ttl`` seconds."""
+
+    def __init__(self, producer: Producer, timeout: float = 2.0, ttl: float = 5.0) -> None:
+        self.producer, self.timeout, self.ttl = producer, timeout, ttl
+        self._checked_at = -1e9
+        self._ok = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:  # one probe at a time; the others read its answer
+            if time.monotonic() - self._checked_at >= self.ttl:
+                try:
+                    self.producer.list_topics(timeout=self.timeout)
+                    self._ok = True
+                except Exception as exc:
+                    if self._ok:
+                        log.warning("Kafka unreachable", extra={"error": type(exc).__name__})
+                    self._ok = False
+                self._checked_at = time.monotonic()
+            return self._ok
+
+
+@dataclass
+class _Answer:
+    status: str
+    body: dict[str, Any] | None = None
+    retry_after: int | None = None
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _media_json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class ChannelResource:
+    """POST an event (or batch) to a channel; OPTIONS for the CloudEvents webhook handshake."""
+
+    def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings,
+                 max_body: int) -> None:
+        self.sender, self.channels, self.settings, self.max_body = sender, channels, settings, max_body
+
+    # -- routing ------------------------------------------------------------------------------------
+    def _key(self, req: falcon.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
+        if namespace and name:
+            return (namespace, name)
+        return channel_key_from_host(req.get_header("Host") or "")
+
+    # -- handlers -----------------------------------------------------------------------------------
+    def on_options(self, req: falcon.Request, resp: falcon.Response,
+                   namespace: str | None = None, name: str | None = None) -> None:
+        # CloudEvents HTTP webhook abuse protection: allow the origin that asks, at any rate.
+        origin = req.get_header("WebHook-Request-Origin")
+        resp.status = falcon.HTTP_200
+        resp.set_header("Allow", "POST, OPTIONS")
+        if origin:
+            resp.set_header("WebHook-Allowed-Origin", origin)
+        if req.get_header("WebHook-Request-Rate"):
+            resp.set_header("WebHook-Allowed-Rate", "*")
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response,
+                namespace: str | None = None, name: str | None = None) -> None:
+        key = self._key(req, namespace, name)
+        label = f"{key[0]}/{key[1]}" if key else ""
+        answer = self._handle(req, key)
+        if answer.status == falcon.HTTP_404:
+            label = ""  # unknown names must not create metric series
+        resp.status = answer.status
+        if answer.body is not None:
+            resp.data = _media_json(answer.body)
+            resp.content_type = falcon.MEDIA_JSON
+        if answer.retry_after is not None:
+            resp.set_header("Retry-After", str(answer.retry_after))
+        EVENTS.labels(label, answer.status[:3]).inc()
+
+    def _unavailable(self, message: str) -> _Answer:
+        return _Answer(falcon.HTTP_503, {"error": message}, self.settings.retry_after_seconds)
+
+    def _handle(self, req: falcon.Request, key: ChannelKey | None) -> _Answer:
+        if key is None:
+            return _Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
+                                             "or path /<namespace>/<name>"})
+        channel = self.channels.get(key)
+        if channel is None:
+            return _Answer(falcon.HTTP_404, {"error": f"channel {key[0]}/{key[1]} not found"})
+        if not channel.ready:
+            return self._unavailable(f"channel {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
+        try:
+            body = self._read_body(req)
+        except _BodyTooLarge:
+            return _Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
+        BYTES_IN.labels(f"{key[0]}/{key[1]}").inc(len(body))
+        headers = dict(req.headers)
+        try:
+            batch = is_batch(req.content_type)
+            events = events_from_http_batch(body) if batch else [event_from_http(headers, body)]
+        except BindingError as exc:
+            return _Answer(falcon.HTTP_400, exc.as_dict())
+        return self._produce(channel, events, req)
+
+    def _produce(self, channel: Channel, events: list[CloudEvent], req: falcon.Request) -> _Answer:
+        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
+        try:
+            records = [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
+        except (BindingError, ValueError, TypeError) as exc:
+            # Attributes the SDK accepted but cannot write as Kafka headers: the sender's to fix.
+            return _Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
+        started = time.perf_counter()
+        result = self.sender.send(channel.topic, records)
+        PRODUCE_LATENCY.observe(time.perf_counter() - started)
+        return self._answer(result, channel, len(records))
+
+    def _answer(self, result: Result, channel: Channel, count: int) -> _Answer:
+        if result.ok:
+            return _Answer(falcon.HTTP_202)
+        if result.outcome is Outcome.TOO_LARGE:
+            return _Answer(falcon.HTTP_413, {"error": result.detail})
+        # Never log event data; the channel and the librdkafka reason are enough to act on.
+        log.warning("events not accepted", extra={
+            "channel": f"{channel.namespace}/{channel.name}", "events": count,
+            "outcome": result.outcome.value, "reason": result.detail})
+        return self._unavailable(f"Kafka did not accept the event ({result.outcome.value}): {result.detail}")
+
+    def _read_body(self, req: falcon.Request) -> bytes:
+        """The body, never buffering more than the limit + 1 byte."""
+        length = req.content_length
+        if length is not None:
+            if length > self.max_body:
+                raise _BodyTooLarge
+            return req.bounded_stream.read(length) if length else b""
+        if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
+            return b""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            chunk = req.stream.read(min(READ_CHUNK, self.max_body + 1 - size))
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            size += len(chunk)
+            if size > self.max_body:
+                raise _BodyTooLarge
+
+
+class HealthResource:
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = {"status": "ok"}
+
+
+class ReadyResource:
+    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender) -> None:
+        self.channels, self.kafka_ready, self.sender = channels, kafka_ready, sender
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        checks = {"channels": self.channels.synced(), "kafka": self.kafka_ready(),
+                  "accepting": not self.sender.closing}
+        resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
+        resp.media = checks
+
+
+class _JsonErrors:
+    """Falcon's own errors (405, 404 for other paths, bad headers) as JSON like ours."""
+
+    def __call__(self, req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError,
+                 params: dict[str, Any]) -> None:
+        resp.status = ex.status
+        resp.data = _media_json({"error": ex.title + (f": {ex.description}" if ex.description else "")})
+        resp.content_type = falcon.MEDIA_JSON
+        if ex.headers:
+            resp.set_headers(ex.headers)
+
+
+def create_app(
+    producer: Producer,
+    channels: ChannelSource,
+    settings: Settings,
+    *,
+    sender: KafkaSender | None = None,
+    kafka_ready: Callable[[], bool] | None = None,
+    message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
+) -> falcon.App[falcon.Request, falcon.Response]:
+    """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app)."""
+    sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
+    sender.start()
+    app: falcon.App[falcon.Request, falcon.Response] = falcon.App()
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(falcon.HTTPError, _JsonErrors())
+    resource = ChannelResource(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes))
+    app.add_route("/", resource)
+    app.add_route("/{namespace}/{name}", resource)
+    app.add_route("/healthz", HealthResource())
+    app.add_route("/readyz", ReadyResource(channels, kafka_ready or KafkaProbe(producer), sender))
+    app.add_route("/metrics", MetricsResource())
+    return app
+
+
+# -- what gunicorn runs ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Runtime:
+    """The parts get_app() started in this worker process, so worker_exit can stop them in order."""
+
+    sender: KafkaSender
+    channels: ChannelSource
+    grace_seconds: float
+
+    def close(self) -> None:
+        self.sender.close(timeout=self.grace_seconds)
+        self.channels.stop()
+
+
+_runtime: Runtime | None = None
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    from kafka_eventing.core.kafka_config import connection_from_settings
+
+    connection = connection_from_settings(settings)
+    return connection.producer_config(**{
+        "compression.type": settings.compression_type,
+        "linger.ms": settings.linger_ms,
+        # librdkafka gives up on a record when the HTTP answer does: a 503 then means "not written".
+        "message.timeout.ms": max(1, int(settings.produce_timeout_seconds * 1000)),
+        "logger": logging.getLogger("librdkafka"),
+    })
+
+
+def get_app() -> falcon.App[falcon.Request, falcon.Response]:
+    """Build the receiver from the environment. Runs in each gunicorn worker (after fork, never preloaded)."""
+    global _runtime  # noqa: PLW0603 - one runtime per worker process, for the gunicorn hooks
+    from confluent_kafka import Producer as KafkaProducer
+
+    from kafka_eventing.core import logging as ke_logging
+    from kafka_eventing.core.channel_source import channel_source_from_settings
+
+    settings = Settings.from_env()
+    ke_logging.configure(settings.log_level, settings.log_format)
+    config = producer_config(settings)
+    producer = KafkaProducer(config)
+    channels = channel_source_from_settings(settings)
+    channels.start()
+    sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds)
+    app = create_app(producer, channels, settings, sender=sender,
+                     message_max_bytes=int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)))
+    _runtime = Runtime(sender, channels, grace_seconds=settings.produce_timeout_seconds + 2.0)
+    return app
+
+
+def shutdown() -> None:
+    """gunicorn ``worker_exit``: finish in-flight produces, flush, stop the channel watch."""
+    global _runtime  # noqa: PLW0603
+    if _runtime is not None:
+        _runtime.close()
+        _runtime = None

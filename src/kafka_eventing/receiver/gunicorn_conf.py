@@ -1,0 +1,49 @@
+"""gunicorn configuration of the receiver: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf``.
+
+Worker model (chosen by bench/receiver.py, see docs/receiver.md): ``gthread`` with many threads, because a
+request spends most of its life waiting for Kafka's delivery report while holding no CPU; the threads let
+dozens of requests wait at once while librdkafka batches their records. Command-line flags override these.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kafka_eventing.core.metrics import prepare_multiprocess_dir, worker_exited
+from kafka_eventing.core.settings import Settings
+
+_settings = Settings.from_env()
+
+bind = [f"0.0.0.0:{os.environ.get('PORT', '8080')}"]
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+worker_class = "gthread"
+threads = 32
+# The producer and its threads must be created in the worker, never inherited across fork().
+preload_app = False
+keepalive = 75  # longer than common client/LB idle timeouts, so connections are reused rather than reset
+timeout = 30
+# In-flight requests may wait a whole produce timeout for their delivery report, then the flush runs.
+graceful_timeout = int(_settings.produce_timeout_seconds * 2 + 5)
+accesslog = None  # one JSON log line per failure is ours; an access log per event would cost more than it tells
+wsgi_app = "kafka_eventing.receiver.app:get_app()"
+
+
+def on_starting(server: Any) -> None:
+    # Before any worker exists: every worker then writes its metrics to the same, freshly emptied directory.
+    prepare_multiprocess_dir()
+
+
+def post_worker_init(worker: Any) -> None:
+    # get_app() has just created this worker's producer (after fork); say so once, without any secret.
+    worker.log.info("receiver worker %s ready (producer created in-process)", worker.pid)
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    from kafka_eventing.receiver import app
+
+    app.shutdown()
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    worker_exited(worker.pid)

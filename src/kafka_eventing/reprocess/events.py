@@ -1,0 +1,170 @@
+"""Kafka records ⇄ event columns, for Spark's ``mapInArrow`` — decoding is the core binding, nothing else.
+
+Each Arrow batch from Spark's Kafka source (key, value, headers, topic, partition, offset, timestamp) goes
+through ``kafka_eventing.core.binding.event_from_kafka`` row by row, so binary (``ce_`` headers) and structured
+records decode exactly as the receiver and dispatcher see them. A record that is not a CloudEvent becomes a row
+with ``error`` set and the raw value in ``data``: counted and reported, never a crashed job.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Any
+
+from kafka_eventing.core.binding import (
+    BindingError,
+    CloudEvent,
+    ContentMode,
+    RawDataFormat,
+    event_from_kafka,
+    event_to_kafka,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+#: Attributes with their own column, in this order; every other attribute is an extension.
+CORE_ATTRIBUTES = ("id", "source", "type", "specversion", "subject", "time", "datacontenttype", "dataschema")
+KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp")
+RAW_COLUMNS = ("kafka_key", "kafka_value", "kafka_headers")
+
+_DDL = (
+    "id string, source string, type string, specversion string, subject string, time timestamp, "
+    "datacontenttype string, dataschema string, extensions map<string,string>, data binary, "
+    "topic string, partition int, offset bigint, timestamp timestamp, event_date date, error string"
+)
+_RAW_DDL = "kafka_key binary, kafka_value binary, kafka_headers array<struct<key:string,value:binary>>"
+_FORMAT = RawDataFormat()
+
+
+def event_schema(keep_raw: bool = False) -> StructType:
+    """The decoded rows' Spark schema; ``keep_raw`` adds the original key/value/headers (topic → topic replay)."""
+    from pyspark.sql.types import StructType
+
+    ddl = f"{_DDL}, {_RAW_DDL}" if keep_raw else _DDL
+    schema = StructType.fromDDL(ddl)
+    assert isinstance(schema, StructType)
+    return schema
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):  # CloudEvents' canonical string form of a Boolean
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def event_row(event: CloudEvent) -> dict[str, Any]:
+    """A decoded event's attribute columns (no Kafka columns)."""
+    attrs = event.get_attributes()
+    data = event.get_data()
+    row: dict[str, Any] = {name: attrs.get(name) for name in CORE_ATTRIBUTES}
+    row["time"] = _utc(row["time"])
+    for name in ("subject", "datacontenttype", "dataschema"):
+        if row[name] is not None:
+            row[name] = _text(row[name])
+    row["extensions"] = {k: _text(v) for k, v in attrs.items() if k not in CORE_ATTRIBUTES and v is not None}
+    row["data"] = None if data is None else _FORMAT.write_data(data, attrs.get("datacontenttype"))
+    return row
+
+
+def decode_record(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[Mapping[str, Any]] | None,
+    timestamp: datetime | None,
+) -> dict[str, Any]:
+    """One Kafka record → the event columns plus ``event_date`` and ``error`` (set when not a CloudEvent)."""
+    pairs = [(h["key"], h["value"]) for h in headers or ()]
+    kafka_ts = _utc(timestamp)
+    try:
+        row = event_row(event_from_kafka(pairs, value))
+        row["error"] = None
+    except BindingError as exc:
+        row = {name: None for name in CORE_ATTRIBUTES}
+        row.update(extensions=None, data=value, error=str(exc)[:1000])
+    when = row["time"] or kafka_ts
+    row["event_date"] = when.date() if when is not None else date(1970, 1, 1)
+    return row
+
+
+def decode_batches(batches: Iterator[pa.RecordBatch], keep_raw: bool = False) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: Spark Kafka source batches → decoded batches (schema ``event_schema(keep_raw)``)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        cols = batch.to_pydict()
+        rows = []
+        for i in range(batch.num_rows):
+            row = decode_record(cols["key"][i], cols["value"][i], cols["headers"][i], cols["timestamp"][i])
+            for name in KAFKA_COLUMNS:
+                row[name] = cols[name][i]
+            row["timestamp"] = _utc(row["timestamp"])
+            if keep_raw:
+                row["kafka_key"] = cols["key"][i]
+                row["kafka_value"] = cols["value"][i]
+                row["kafka_headers"] = cols["headers"][i]
+            rows.append(row)
+        yield pa.RecordBatch.from_pylist(rows, schema=_arrow_schema(keep_raw))
+
+
+@functools.cache
+def _arrow_schema(keep_raw: bool) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(event_schema(keep_raw), timezone="UTC", prefers_large_types=False)
+
+
+def _pairs(extensions: Any) -> Iterable[tuple[str, Any]]:
+    # A map column arrives as a dict (Spark rows, pandas) or as (key, value) pairs (Arrow's to_pylist).
+    if extensions is None:
+        return ()
+    if isinstance(extensions, Mapping):
+        return extensions.items()
+    return [(k, v) for k, v in extensions]
+
+
+def _dropped(name: str, patterns: Iterable[str]) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+def event_from_columns(row: Mapping[str, Any], drop_extensions: Iterable[str] = ()) -> CloudEvent:
+    """Rebuild the event from its columns (archive or decoded rows), minus extensions named or ``prefix*``."""
+    attrs: dict[str, Any] = {name: row.get(name) for name in CORE_ATTRIBUTES if row.get(name) is not None}
+    if "time" in attrs:
+        attrs["time"] = _utc(attrs["time"])
+    patterns = tuple(drop_extensions)
+    for name, value in _pairs(row.get("extensions")):
+        if value is not None and not _dropped(name, patterns):
+            attrs[name] = value
+    return CloudEvent(attrs, row.get("data"))
+
+
+def encode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: event columns → Kafka records in binary mode (key, value, headers)."""
+    import pyarrow as pa
+
+    schema = pa.schema([
+        ("key", pa.binary()), ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ])
+    for batch in batches:
+        out = []
+        for row in batch.to_pylist():
+            record = event_to_kafka(event_from_columns(row), ContentMode.BINARY)
+            out.append({"key": record.key, "value": record.value,
+                        "headers": [{"key": k, "value": v} for k, v in record.headers]})
+        yield pa.RecordBatch.from_pylist(out, schema=schema)
+
+
+KAFKA_RECORD_DDL = "key binary, value binary, headers array<struct<key:string,value:binary>>"

@@ -1,0 +1,421 @@
+"""Dispatcher on the real broker with real HTTP subscribers on 127.0.0.1 (small counts, short backoffs)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from kafka_eventing.core.binding import CloudEvent, event_to_kafka
+from kafka_eventing.core.channel_source import FileChannelSource
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher import Dispatcher, create_dispatcher
+from kafka_eventing.localstack._proc import free_port
+from kafka_eventing.localstack.kafka import KafkaNode
+
+pytestmark = pytest.mark.kafka
+
+NS = "default"
+KAFKA_EXTRA = "session.timeout.ms=6000,heartbeat.interval.ms=500"
+
+
+# -- a real HTTP subscriber -------------------------------------------------------------------------
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+Behaviour = Callable[[Received, int], "tuple[int, dict[str, str], bytes, float]"]
+
+
+@dataclass
+class Subscriber:
+    """aiohttp server on its own loop/thread; ``behaviours[path](request, attempt) -> (status, headers, body, delay)``."""
+
+    port: int = field(default_factory=free_port)
+    received: list[Received] = field(default_factory=list)
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    attempts: dict[tuple[str, str], int] = field(default_factory=dict)
+    active: int = 0
+    max_active: int = 0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def at(self, path: str) -> list[Received]:
+        return [r for r in list(self.received) if r.path == path]
+
+    def ids(self, path: str) -> list[str]:
+        return [r.headers.get("ce-id", "") for r in self.at(path)]
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        rec = Received(request.path, dict(request.headers), body, time.monotonic())
+        self.received.append(rec)
+        key = (request.path, rec.headers.get("ce-id", ""))
+        attempt = self.attempts[key] = self.attempts.get(key, 0) + 1
+        behaviour = self.behaviours.get(request.path, lambda _r, _a: (200, {}, b"", 0.0))
+        status, headers, out, delay = behaviour(rec, attempt)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+        finally:
+            self.active -= 1
+        return web.Response(status=status, headers=headers, body=out)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Subscriber]:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        runner_box: list[web.AppRunner] = []
+
+        async def start() -> None:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            runner_box.append(runner)
+            ready.set()
+
+        thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()),
+                                  daemon=True)
+        thread.start()
+        assert ready.wait(10)
+        try:
+            yield self
+        finally:
+            asyncio.run_coroutine_threadsafe(runner_box[0].cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
+
+
+@pytest.fixture
+def http() -> Iterator[Subscriber]:
+    with Subscriber().running() as sub:
+        yield sub
+
+
+# -- channels, events, dispatcher -------------------------------------------------------------------
+def sub_doc(uid: str, uri: str, **extra: Any) -> dict[str, Any]:
+    return {"uid": uid, "generation": 1, "subscriberUri": uri, **extra}
+
+
+def write_channel(path: Path, name: str, topic: str, subscribers: list[dict[str, Any]], *,
+                  ordered: bool = True, delivery: dict[str, Any] | None = None) -> None:
+    doc: dict[str, Any] = {
+        "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
+        "metadata": {"name": name, "namespace": NS, "annotations": {
+            "kafka.eventing.knative.dev/external.topic": topic,
+            "kafka.eventing.knative.dev/delivery.order": "ordered" if ordered else "unordered"}},
+        "spec": {"numPartitions": 3, "subscribers": subscribers, **({"delivery": delivery} if delivery else {})},
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(doc))
+    tmp.replace(path)  # atomic: the file source never reads half a file
+
+
+def produce(kafka: KafkaNode, topic: str, count: int, *, partitions: int = 3, prefix: str = "e",
+            data: bytes | None = None) -> list[str]:
+    producer = Producer({**kafka.client_config(), "linger.ms": 5})
+    ids = []
+    for i in range(count):
+        part = i % partitions
+        event = CloudEvent({"id": f"{prefix}-{i}", "source": "/test", "type": "test.event", "specversion": "1.0",
+                            "datacontenttype": "application/json", "seq": str(i // partitions)},
+                           data if data is not None else json.dumps({"i": i, "p": part}).encode())
+        rec = event_to_kafka(event)
+        producer.produce(topic, rec.value, rec.key, partition=part, headers=rec.headers)
+        ids.append(f"{prefix}-{i}")
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    return ids
+
+
+def committed(kafka: KafkaNode, topic: str, group: str, partitions: int = 3) -> list[int]:
+    consumer = Consumer({**kafka.client_config(), "group.id": group, "enable.auto.commit": False})
+    try:
+        tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return [tp.offset for tp in tps]
+    finally:
+        consumer.close()
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def make_settings(kafka: KafkaNode, name: str, **kw: Any) -> Settings:
+    return Settings(bootstrap_servers=kafka.bootstrap_servers, channel_namespace=NS, channel_name=name,
+                    kafka_extra=KAFKA_EXTRA, log_level="WARNING", **kw)
+
+
+class InProcess:
+    """A Dispatcher on its own loop in a thread; stopped by the fixture that made it."""
+
+    def __init__(self, dispatcher: Dispatcher, source: FileChannelSource) -> None:
+        self.dispatcher = dispatcher
+        self.source = source
+        self.thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), daemon=True)
+
+    def start(self) -> InProcess:
+        self.thread.start()
+        wait_for(lambda: self.dispatcher.bound_port is not None and self.dispatcher._started.is_set(), 20,
+                 "dispatcher start")
+        return self
+
+    def stop(self) -> None:
+        self.dispatcher.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.dispatcher.bound_port}{path}", timeout=5) as resp:
+            return json.loads(resp.read()) if path != "/metrics" else resp.read().decode()
+
+    def ready(self) -> bool:
+        try:
+            self.get("/readyz")
+            return True
+        except OSError:
+            return False
+
+    def subscriber_status(self) -> dict[str, dict[str, Any]]:
+        return {s["uid"]: s for s in self.get("/status")["status"]["subscribers"]}
+
+
+@pytest.fixture
+def dispatch(kafka_running: KafkaNode, tmp_path: Path) -> Iterator[Callable[..., InProcess]]:
+    started: list[InProcess] = []
+
+    def make(name: str, channels: Path, **kw: Any) -> InProcess:
+        settings = make_settings(kafka_running, name, max_in_flight=kw.pop("max_in_flight", 64))
+        source = FileChannelSource(channels, settings, poll_interval=0.1)
+        dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                       registry=CollectorRegistry(), host="127.0.0.1", port=0,
+                                       initial_offset=kw.pop("initial_offset", "earliest"), **kw)
+        running = InProcess(dispatcher, source).start()
+        started.append(running)
+        wait_for(running.ready, 30, "consumer groups joined")
+        return running
+
+    try:
+        yield make
+    finally:
+        for running in started:
+            running.stop()
+
+
+def group_of(name: str, uid: str) -> str:
+    return f"kafka.{NS}.{name}.{uid}"
+
+
+def seqs_by_partition(received: list[Received]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for rec in received:
+        body = json.loads(rec.body)
+        out.setdefault(body["p"], []).append(body["i"])
+    return out
+
+
+# -- tests ------------------------------------------------------------------------------------------
+def test_ordered_delivery_keeps_partition_order_and_commits(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    http.behaviours["/s"] = lambda _r, a: (200, {}, b"", 0.001 * (hash(_r.headers["ce-id"]) % 3))
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "ord", topic, [sub_doc("u1", http.url("/s"))])
+    d = dispatch("ord", channels)
+    ids = produce(kafka_running, topic, 300)
+    wait_for(lambda: len(http.at("/s")) >= 300, 60, "300 deliveries")
+    assert sorted(http.ids("/s")) == sorted(ids)
+    for part, seq in seqs_by_partition(http.at("/s")).items():
+        assert seq == sorted(seq), f"partition {part} out of order"
+    assert http.max_active <= 3  # one in flight per partition
+    wait_for(lambda: committed(kafka_running, topic, group_of("ord", "u1")) == [100, 100, 100], 15, "commit")
+    status = d.subscriber_status()["u1"]
+    assert status["ready"] == "True"
+    assert status["observedGeneration"] == 1
+    metrics = d.get("/metrics")
+    assert 'eventing_kafka_consumed_msg_count_total{consumer="kafka.default.ord.u1",partition="0"' in metrics
+    assert 'eventing_kafka_dispatch_attempts_total{channel="ord",code="200"' in metrics
+
+
+def test_unordered_many_in_flight_commits_low_water_mark(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    # Every 7th event is slow: later offsets finish first, yet the commit may not pass the slow ones.
+    http.behaviours["/u"] = lambda r, _a: (200, {}, b"", 0.3 if json.loads(r.body)["i"] % 7 == 0 else 0.02)
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "unord", topic, [sub_doc("u1", http.url("/u"))], ordered=False)
+    dispatch("unord", channels, max_in_flight=32)
+    ids = produce(kafka_running, topic, 240)
+    wait_for(lambda: len(http.at("/u")) >= 240, 60, "240 deliveries")
+    assert sorted(http.ids("/u")) == sorted(ids)
+    assert http.max_active > 8, http.max_active
+    wait_for(lambda: committed(kafka_running, topic, group_of("unord", "u1")) == [80, 80, 80], 15, "commit")
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("linear", [0.05, 0.10, 0.15]),
+                                                  ("exponential", [0.10, 0.20, 0.40])])
+def test_retries_follow_backoff_policy(kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,
+                                       dispatch: Any, policy: str, expected: list[float]) -> None:
+    http.behaviours["/r"] = lambda _r, a: (503 if a <= 3 else 200, {}, b"", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 3, "backoffPolicy": policy, "backoffDelay": "PT0.05S"}
+    write_channel(channels, f"retry-{policy}", topic, [sub_doc("u1", http.url("/r"), delivery=delivery)])
+    dispatch(f"retry-{policy}", channels)
+    produce(kafka_running, topic, 1)
+    wait_for(lambda: len(http.at("/r")) >= 4, 20, "4 attempts")
+    time.sleep(0.3)
+    times = [r.at for r in http.at("/r")]
+    assert len(times) == 4  # 1 + 3 retries, the 4th succeeded: no more
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    for gap, want in zip(gaps, expected, strict=True):
+        assert want * 0.9 <= gap <= want + 0.15, (gaps, expected)
+
+
+def test_exhausted_event_goes_to_dead_letter_sink_with_extensions(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    http.behaviours["/fail"] = lambda _r, _a: (500, {}, b"boom", 0.0)
+    http.behaviours["/bad"] = lambda _r, _a: (400, {}, b"bad request", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 2, "backoffDelay": "PT0.02S", "deadLetterSink": {"uri": http.url("/dls")}}
+    write_channel(channels, "dlq", topic, [sub_doc("u1", http.url("/fail")), sub_doc("u2", http.url("/bad"))],
+                  delivery=delivery)
+    dispatch("dlq", channels)
+    produce(kafka_running, topic, 1)
+    wait_for(lambda: len(http.at("/dls")) >= 2, 20, "two dead letters")
+    assert len(http.at("/fail")) == 3  # 1 + 2 retries
+    assert len(http.at("/bad")) == 1  # 400 is final
+    by_dest = {r.headers["ce-knativeerrordest"]: r for r in http.at("/dls")}
+    fail = by_dest[http.url("/fail")]
+    assert fail.headers["ce-knativeerrorcode"] == "500"
+    assert base64.b64decode(fail.headers["ce-knativeerrordata"]) == b"boom"
+    assert fail.headers["ce-id"] == "e-0"
+    assert json.loads(fail.body) == {"i": 0, "p": 0}
+    assert by_dest[http.url("/bad")].headers["ce-knativeerrorcode"] == "400"
+    wait_for(lambda: committed(kafka_running, topic, group_of("dlq", "u1"))[0] == 1, 15, "commit after DLS")
+
+
+def test_dead_letter_sink_down_blocks_commit(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    sink_up = threading.Event()
+    http.behaviours["/fail"] = lambda _r, _a: (400, {}, b"no", 0.0)
+    http.behaviours["/dls"] = lambda _r, _a: (200 if sink_up.is_set() else 503, {}, b"", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 0, "backoffDelay": "PT0.05S", "deadLetterSink": {"uri": http.url("/dls")}}
+    write_channel(channels, "dlsdown", topic, [sub_doc("u1", http.url("/fail"))], delivery=delivery)
+    dispatch("dlsdown", channels)
+    produce(kafka_running, topic, 6)  # two per partition
+    wait_for(lambda: len(http.at("/dls")) >= 12, 20, "sink retried")
+    # Ordered: the first event of each partition is stuck on the sink; nothing may be committed.
+    assert set(committed(kafka_running, topic, group_of("dlsdown", "u1"))) == {-1001}
+    assert len(http.at("/fail")) == 3
+    sink_up.set()
+    wait_for(lambda: committed(kafka_running, topic, group_of("dlsdown", "u1")) == [2, 2, 2], 20, "commit")
+    accepted = {r.headers["ce-id"] for r in http.at("/dls")}
+    assert accepted == {f"e-{i}" for i in range(6)}
+
+
+def test_reply_is_forwarded_to_reply_uri(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    reply = {"ce-id": "reply-1", "ce-source": "/replier", "ce-type": "test.reply", "ce-specversion": "1.0",
+             "Content-Type": "text/plain"}
+    http.behaviours["/s"] = lambda r, _a: (
+        200, {**reply, "ce-id": "reply-" + r.headers["ce-id"]}, b"pong", 0.0)
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "reply", topic, [sub_doc("u1", http.url("/s"), replyUri=http.url("/reply"))])
+    dispatch("reply", channels)
+    produce(kafka_running, topic, 2)
+    wait_for(lambda: len(http.at("/reply")) >= 2, 20, "replies")
+    got = http.at("/reply")
+    assert {r.headers["ce-id"] for r in got} == {"reply-e-0", "reply-e-1"}
+    assert all(r.body == b"pong" and r.headers["ce-type"] == "test.reply" for r in got)
+    assert all(r.headers.get("Prefer") == "reply" for r in http.at("/s"))
+
+
+def test_subscribers_added_changed_and_removed_at_runtime(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "live", topic, [sub_doc("a", http.url("/a"))])
+    d = dispatch("live", channels)
+    produce(kafka_running, topic, 3, prefix="one")
+    wait_for(lambda: len(http.at("/a")) >= 3, 20, "a gets the first events")
+
+    write_channel(channels, "live", topic, [sub_doc("a", http.url("/a")), sub_doc("b", http.url("/b"))])
+    wait_for(lambda: d.subscriber_status().get("b", {}).get("ready") == "True", 30, "b joined")
+    produce(kafka_running, topic, 3, prefix="two")
+    wait_for(lambda: len(http.at("/b")) >= 6 and len(http.at("/a")) >= 6, 20, "both get the second events")
+    assert sorted(http.ids("/b")) == sorted(f"{p}-{i}" for p in ("one", "two") for i in range(3))
+
+    # Change a's URI live (no restart: nothing redelivered), remove b.
+    write_channel(channels, "live", topic, [sub_doc("a", http.url("/a2"), generation=2)])
+    wait_for(lambda: "b" not in d.subscriber_status(), 20, "b removed")
+    assert d.subscriber_status()["a"]["observedGeneration"] == 2
+    produce(kafka_running, topic, 3, prefix="three")
+    wait_for(lambda: len(http.at("/a2")) >= 3, 20, "a's new URI used")
+    time.sleep(0.3)
+    assert sorted(http.ids("/a2")) == ["three-0", "three-1", "three-2"]
+    assert len(http.at("/b")) == 6
+    assert len(http.at("/a")) == 6
+
+
+def test_failing_subscriber_does_not_slow_another(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    http.behaviours["/bad"] = lambda _r, _a: (503, {}, b"", 0.2)
+    count = 300
+
+    def rate(prefix: str, start: float) -> float:
+        def got() -> list[Received]:
+            return [r for r in http.at("/good") if r.headers["ce-id"].startswith(prefix + "-")]
+        wait_for(lambda: len(got()) >= count, 60, f"{count} {prefix} events")
+        return count / (max(r.at for r in got()) - start)
+
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "iso", topic, [sub_doc("good", http.url("/good"))], ordered=False)
+    d = dispatch("iso", channels)
+    start = time.monotonic()
+    produce(kafka_running, topic, count, prefix="alone")
+    alone = rate("alone", start)
+
+    delivery = {"retry": 5, "backoffDelay": "PT0.1S"}
+    write_channel(channels, "iso", topic, [sub_doc("good", http.url("/good")),
+                                           sub_doc("bad", http.url("/bad"), delivery=delivery)], ordered=False)
+    wait_for(lambda: d.subscriber_status().get("bad", {}).get("ready") == "True", 30, "bad joined")
+    wait_for(lambda: len(http.at("/bad")) >= 20, 20, "bad subscriber failing")
+    start = time.monotonic()
+    produce(kafka_running, topic, count, prefix="with")
+    beside = rate("with", start)
+    assert http.active > 0 or len(http.at("/bad")) > 20  # the bad one was busy failing meanwhile
+    assert beside >= 0.5 * alone, (alone, beside)

@@ -1,0 +1,352 @@
+"""Controller pieces without an API server: desired objects, conditions, work queue, topic logic, connection."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Mapping
+from importlib import resources as importlib_resources
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import KafkaError, KafkaException
+
+from kafka_eventing.controller import conditions as cond
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.conditions import Condition
+from kafka_eventing.controller.connection import SECRET_LABEL, AdminPool, resolve
+from kafka_eventing.controller.topics import (
+    ShrinkRefused,
+    TopicError,
+    TopicNotFound,
+    TopicSpec,
+    TopicState,
+    ensure_topic,
+    explain,
+)
+from kafka_eventing.controller.workqueue import WorkQueue
+from kafka_eventing.core.kafka_config import KafkaConfigError
+from kafka_eventing.core.settings import Settings
+
+SETTINGS = Settings(system_namespace="knative-eventing", dispatcher_replicas=3, dispatcher_image="disp:1")
+
+
+# -- CRD --------------------------------------------------------------------------------------------
+def _crd() -> dict[str, Any]:
+    text = importlib_resources.files("kafka_eventing.controller").joinpath("crds/kafkachannels.yaml").read_text()
+    return dict(yaml.safe_load(text))
+
+
+def test_crd_serves_v1beta1_storage_and_v1_with_one_schema() -> None:
+    crd = _crd()
+    assert crd["metadata"]["name"] == "kafkachannels.messaging.knative.dev"
+    assert crd["metadata"]["labels"]["messaging.knative.dev/subscribable"] == "true"
+    assert crd["metadata"]["labels"]["duck.knative.dev/addressable"] == "true"
+    names = crd["spec"]["names"]
+    assert names["shortNames"] == ["kc"]
+    assert set(names["categories"]) == {"all", "knative", "messaging", "channel"}
+    versions = {v["name"]: v for v in crd["spec"]["versions"]}
+    assert versions["v1beta1"]["storage"] and not versions["v1"]["storage"]
+    assert versions["v1"]["schema"] == versions["v1beta1"]["schema"]
+    for v in versions.values():
+        assert v["served"] and v["subresources"] == {"status": {}}
+        assert [c["name"] for c in v["additionalPrinterColumns"]] == ["Ready", "Reason", "URL", "Age"]
+    spec = versions["v1beta1"]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["numPartitions"]["default"] == 1 and spec["numPartitions"]["minimum"] == 1
+    assert spec["replicationFactor"]["default"] == 1 and spec["replicationFactor"]["minimum"] == 1
+    assert spec["retentionDuration"]["default"] == "PT168H"
+    sub = spec["subscribers"]["items"]["properties"]
+    assert {"uid", "generation", "subscriberUri", "replyUri", "delivery", "deliveryOrder", "rateLimit"} <= set(sub)
+
+
+@pytest.mark.parametrize(("value", "ok"), [("PT168H", True), ("P7D", True), ("PT1.5S", True), ("P1DT2H30M", True),
+                                           ("168h", False), ("P1Y", False), ("7 days", False)])
+def test_crd_retention_pattern(value: str, ok: bool) -> None:
+    import re
+
+    spec = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert bool(re.match(spec["retentionDuration"]["pattern"], value)) is ok
+
+
+# -- names and desired objects ----------------------------------------------------------------------
+def test_dispatcher_name_plain_when_it_fits() -> None:
+    assert res.dispatcher_name("default", "orders") == "orders-default-dispatcher"
+
+
+def test_dispatcher_name_hashed_when_long_or_invalid_and_deterministic() -> None:
+    long_name = "a" * 60
+    name = res.dispatcher_name("team-payments", long_name)
+    assert len(name) <= 63 and res.is_dns1035(name) and name.endswith("-dispatcher")
+    assert name == res.dispatcher_name("team-payments", long_name)
+    assert name != res.dispatcher_name("team-payment", long_name)  # the hash tells them apart
+    dotted = res.dispatcher_name("ns", "1.orders")
+    assert res.is_dns1035(dotted) and dotted.startswith("kc-")
+
+
+def test_channel_service_points_at_shared_receiver() -> None:
+    svc = res.channel_service(res.ChannelRef("team", "orders", "uid-1"), SETTINGS)
+    assert svc["metadata"]["name"] == "orders-kn-channel" and svc["metadata"]["namespace"] == "team"
+    assert svc["spec"] == {"type": "ExternalName", "sessionAffinity": "None",
+                           "externalName": "kafka-channel-receiver.knative-eventing.svc.cluster.local"}
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert res.channel_url("team", "orders") == "http://orders-kn-channel.team.svc.cluster.local"
+
+
+def _deployment(partitions: int, secret: str | None = "kafka", checksum: str = "c1") -> dict[str, Any]:
+    config = res.DispatcherConfig(replicas=3, checksum=checksum, secret_name=secret, bootstrap_servers="k:9092")
+    return res.dispatcher_deployment(res.ChannelRef("team", "orders"), SETTINGS, config, partitions)
+
+
+def test_dispatcher_replicas_never_above_partitions() -> None:
+    assert _deployment(1)["spec"]["replicas"] == 1
+    assert _deployment(2)["spec"]["replicas"] == 2
+    assert _deployment(10)["spec"]["replicas"] == 3
+
+
+def test_dispatcher_pod_is_restricted_and_configured() -> None:
+    dep = _deployment(3)
+    assert dep["metadata"]["namespace"] == "knative-eventing"
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                  "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["KE_CHANNEL_SOURCE"] == "kube"
+    assert (env["KE_CHANNEL_NAMESPACE"], env["KE_CHANNEL_NAME"]) == ("team", "orders")
+    assert env["KE_KAFKA_SECRET_DIR"] == res.SECRET_MOUNT and env["KE_BOOTSTRAP_SERVERS"] == "k:9092"
+    Settings.from_env({k: v for k, v in env.items() if k.startswith("KE_")})  # the dispatcher can read them all
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/tmp"] == "tmp" and mounts[res.SECRET_MOUNT] == "kafka-secret"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+    assert volumes["kafka-secret"]["secret"]["secretName"] == "kafka"
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_no_secret_means_no_mount() -> None:
+    dep = _deployment(1, secret=None)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "KE_KAFKA_SECRET_DIR" not in {e["name"] for e in container["env"]}
+    assert [v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+
+
+def test_config_checksum_rolls_the_template_and_spec_hash() -> None:
+    a, b = _deployment(1, checksum="c1"), _deployment(1, checksum="c2")
+    assert a["spec"]["template"]["metadata"]["annotations"][res.ANNOTATION_CONFIG_CHECKSUM] == "c1"
+    assert res.needs_update(a, b) and not res.needs_update(a, _deployment(1, checksum="c1"))
+    assert res.needs_update(None, a)
+
+
+def test_deployment_available_needs_a_replica() -> None:
+    assert res.deployment_available(None)[0] is False
+    # replicas=1 with maxUnavailable 25% reports Available=True with zero replicas up: not enough for us.
+    zero = {"status": {"availableReplicas": 0, "conditions": [{"type": "Available", "status": "True"}]}}
+    assert res.deployment_available(zero)[0] is False
+    one = {"status": {"availableReplicas": 1, "conditions": [{"type": "Available", "status": "True"}]}}
+    assert res.deployment_available(one) == (True, "")
+
+
+# -- conditions -------------------------------------------------------------------------------------
+def test_merge_keeps_transition_time_unless_status_changes() -> None:
+    first = cond.merge(None, [Condition.false(cond.TOPIC_READY, "KafkaUnreachable", "down")], now="t1")
+    same = cond.merge(first, [Condition.false(cond.TOPIC_READY, "KafkaUnreachable", "still down")], now="t2")
+    assert same[0]["lastTransitionTime"] == "t1" and same[0]["message"] == "still down"
+    flipped = cond.merge(same, [Condition.true(cond.TOPIC_READY)], now="t3")
+    assert flipped[0]["lastTransitionTime"] == "t3" and flipped[0]["status"] == "True"
+
+
+def test_ready_reports_the_first_false_dependent() -> None:
+    all_true = [Condition.true(kind) for kind in cond.DEPENDENTS]
+    assert cond.ready_condition(all_true).is_true
+    some = [*all_true[1:], Condition.false(cond.TOPIC_READY, "TopicQuotaExceeded", "quota")]
+    ready = cond.ready_condition(some)
+    assert (ready.status, ready.reason, ready.message) == ("False", "TopicQuotaExceeded", "quota")
+    missing = cond.ready_condition(all_true[:-1])
+    assert missing.status == "Unknown"
+    with_dls = cond.ready_condition([*all_true, Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "X", "y")])
+    assert with_dls.status == "False" and with_dls.reason == "X"
+
+
+# -- work queue -------------------------------------------------------------------------------------
+def test_queue_dedups_and_never_hands_one_key_to_two_workers() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    q.add("a")
+    q.add("b")
+    assert len(q) == 2
+    assert q.get(0) == "a"
+    q.add("a")  # changed while processing: queued again only after done()
+    assert q.get(0) == "b"
+    assert q.get(0) is None
+    q.done("a")
+    assert q.get(0) == "a"
+
+
+def test_queue_rate_limit_grows_and_forget_resets() -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay=1.0, max_delay=5.0)
+    delays = [q.add_rate_limited("k") for _ in range(5)]
+    assert delays[0] == pytest.approx(1.0, rel=0.11) and delays[1] == pytest.approx(2.0, rel=0.11)
+    assert max(delays) <= 5.5 and q.failures("k") == 5
+    q.forget("k")
+    assert q.failures("k") == 0
+
+
+def test_queue_add_after_is_delivered_when_due() -> None:
+    now = [0.0]
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0])
+    q.add_after("late", 10)
+    q.add_after("early", 1)
+    assert q.get(0) is None
+    now[0] = 5
+    assert q.get(0) == "early"
+    now[0] = 11
+    assert q.get(0) == "late"
+
+
+def test_queue_shutdown_wakes_waiters() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    got: list[str | None] = []
+    t = threading.Thread(target=lambda: got.append(q.get()))
+    t.start()
+    q.shutdown()
+    t.join(2)
+    assert got == [None]
+
+
+# -- topics -----------------------------------------------------------------------------------------
+class FakeAdmin:
+    def __init__(self, topics: dict[str, TopicState] | None = None, fail: TopicError | None = None) -> None:
+        self.topics = topics or {}
+        self.fail = fail
+        self.calls: list[str] = []
+
+    def describe(self, name: str) -> TopicState:
+        if self.fail:
+            raise self.fail
+        if name not in self.topics:
+            raise TopicNotFound(name)
+        return self.topics[name]
+
+    def create(self, spec: TopicSpec) -> None:
+        self.calls.append("create")
+        self.topics[spec.name] = TopicState(spec.name, spec.partitions, spec.retention_ms)
+
+    def set_partitions(self, name: str, partitions: int) -> None:
+        self.calls.append(f"partitions={partitions}")
+        self.topics[name] = TopicState(name, partitions, self.topics[name].retention_ms)
+
+    def set_retention(self, name: str, retention_ms: int) -> None:
+        self.calls.append(f"retention={retention_ms}")
+        self.topics[name] = TopicState(name, self.topics[name].partitions, retention_ms)
+
+    def delete(self, name: str) -> None:
+        self.topics.pop(name, None)
+
+
+def test_ensure_topic_creates_then_is_idempotent() -> None:
+    admin = FakeAdmin()
+    spec = TopicSpec("ns.c", 3, 1, 1000)
+    assert ensure_topic(admin, spec, manage=True).created
+    assert ensure_topic(admin, spec, manage=True) == ensure_topic(admin, spec, manage=True)
+    assert admin.calls == ["create"]
+
+
+def test_ensure_topic_grows_partitions_and_sets_retention() -> None:
+    admin = FakeAdmin({"t": TopicState("t", 2, 1000)})
+    out = ensure_topic(admin, TopicSpec("t", 4, 1, 2000), manage=True)
+    assert out.partitions_added == 2 and out.retention_changed
+    assert admin.topics["t"] == TopicState("t", 4, 2000)
+
+
+def test_ensure_topic_refuses_to_shrink_and_changes_nothing() -> None:
+    admin = FakeAdmin({"t": TopicState("t", 4, 1000)})
+    with pytest.raises(ShrinkRefused) as info:
+        ensure_topic(admin, TopicSpec("t", 2, 1, 5000), manage=True)
+    assert info.value.reason == "PartitionsShrinkRefused" and not info.value.retriable
+    assert admin.calls == []
+
+
+def test_external_topic_is_checked_never_created_or_altered() -> None:
+    admin = FakeAdmin()
+    with pytest.raises(TopicError, match="does not exist") as info:
+        ensure_topic(admin, TopicSpec("hub", 1, 1, 1), manage=False)
+    assert info.value.reason == "TopicNotFound"
+    admin.topics["hub"] = TopicState("hub", 32, 1)
+    ensure_topic(admin, TopicSpec("hub", 1, 1, 99), manage=False)
+    assert admin.calls == []
+
+
+@pytest.mark.parametrize(("code", "reason"), [
+    (KafkaError._TRANSPORT, "KafkaUnreachable"),
+    (KafkaError.POLICY_VIOLATION, "TopicQuotaExceeded"),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, "TopicNotAuthorized"),
+    (KafkaError.INVALID_REPLICATION_FACTOR, "InvalidReplicationFactor"),
+    (KafkaError.UNKNOWN_TOPIC_OR_PART, "TopicNotFound"),
+    (KafkaError.INVALID_CONFIG, "TopicFailed"),
+])
+def test_explain_maps_provider_errors_to_readable_reasons(code: int, reason: str) -> None:
+    err = explain(KafkaException(KafkaError(code, "broker says no")), "ns.c", "create", "k:9092")
+    assert err.reason == reason
+    assert "ns.c" in err.message
+
+
+# -- connection -------------------------------------------------------------------------------------
+class DictStore:
+    def __init__(self, *objs: Mapping[str, Any]) -> None:
+        self.objs = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objs}
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.objs.get((namespace, name))
+
+    def items(self) -> list[Mapping[str, Any]]:
+        return list(self.objs.values())
+
+
+def _secret(name: str, data: dict[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "knative-eventing", "labels": labels or {}},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+
+
+def test_connection_from_named_secret_and_configmap() -> None:
+    cm = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"},
+          "data": {"bootstrap.servers": "b:9093", "auth.secret.ref.name": "creds"}}
+    secret = _secret("creds", {"protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "user": "u", "password": "p"})
+    got = resolve(SETTINGS, DictStore(cm), DictStore(secret))
+    assert got.secret_name == "creds" and got.bootstrap_servers == "b:9093"
+    assert got.connection.config["sasl.username"] == "u"
+    rotated = resolve(SETTINGS, DictStore(cm), DictStore({**secret, "data": {
+        **secret["data"], "password": base64.b64encode(b"p2").decode()}}))
+    assert rotated.checksum != got.checksum
+
+
+def test_connection_secret_found_by_label_else_settings() -> None:
+    labelled = _secret("any", {"protocol": "PLAINTEXT"}, {SECRET_LABEL: "true"})
+    got = resolve(SETTINGS, DictStore(), DictStore(_secret("other", {}), labelled))
+    assert got.secret_name == "any" and got.bootstrap_servers == SETTINGS.bootstrap_servers
+    plain = resolve(SETTINGS, DictStore(), DictStore())
+    assert plain.secret_name is None and plain.connection.config["bootstrap.servers"] == SETTINGS.bootstrap_servers
+
+
+def test_connection_named_secret_missing_is_a_readable_error() -> None:
+    cm = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"},
+          "data": {"auth.secret.ref.name": "nope"}}
+    with pytest.raises(KafkaConfigError, match="knative-eventing/nope"):
+        resolve(SETTINGS, DictStore(cm), DictStore())
+
+
+def test_admin_pool_replaces_the_client_when_the_connection_changes() -> None:
+    made: list[str] = []
+
+    def factory(conn: Any) -> FakeAdmin:
+        made.append(conn.config["bootstrap.servers"])
+        return FakeAdmin()
+
+    pool = AdminPool(factory)
+    one = resolve(SETTINGS, DictStore(), DictStore())
+    assert pool.get(one) is pool.get(one)
+    two = resolve(Settings(bootstrap_servers="other:9092"), DictStore(), DictStore())
+    pool.get(two)
+    assert made == ["127.0.0.1:9092", "other:9092"]
