@@ -45,7 +45,7 @@ test-unit: ## Unit tests (fakes allowed).
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
-	$(PYTEST) tests/integration -q -m "not docker and not e2e"
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e"
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

@@ -34,19 +34,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.connection import SECRET_LABEL
+from kafka_eventing.controller.crd import install_crd
+from kafka_eventing.controller.main import api_client
+from kafka_eventing.localstack._proc import free_port
+from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
+from kafka_eventing.localstack.kube import KubeControlPlane
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from kubernetes import client, watch  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
-
-from kafka_eventing.controller import resources as res  # noqa: E402
-from kafka_eventing.controller.connection import SECRET_LABEL  # noqa: E402
-from kafka_eventing.controller.crd import install_crd  # noqa: E402
-from kafka_eventing.controller.main import api_client  # noqa: E402
-from kafka_eventing.localstack._proc import free_port  # noqa: E402
-from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode  # noqa: E402
-from kafka_eventing.localstack.kube import KubeControlPlane  # noqa: E402
 
 GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
 SYSTEM, CHANNELS_NS, RECEIVER = "knative-eventing", "bench", "kafka-channel-receiver"
@@ -158,7 +157,7 @@ def prepare(api: client.ApiClient, kafka: KafkaNode) -> None:
 
 
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()  # noqa: S310
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -200,7 +199,7 @@ def run(channels: int, workers: int, out_dir: Path, timeout: float) -> dict[str,
             with log_path.open("wb") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "kafka_eventing.controller", "--workers", str(workers),
-                     "--health-port", str(port), "--lease-duration", "15"],
+                     "--health-port", str(port), "--health-address", "127.0.0.1"],
                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             result = measure(api, proc, port, channels, timeout)
             result["controller_log_tail"] = log_path.read_text(errors="replace").splitlines()[-5:]
@@ -295,7 +294,8 @@ def measure(api: client.ApiClient, proc: subprocess.Popen[bytes], port: int, n: 
         "all_ready_seconds": round(all_ready, 2) if all_ready else None,
         "ready_count": len(ready),
         "median_channel_ready_seconds": round(statistics.median(ready.values()), 2) if ready else None,
-        "median_channel_topic_ready_seconds": round(statistics.median(topic_ready.values()), 2) if topic_ready else None,
+        "median_channel_topic_ready_seconds": (
+            round(statistics.median(topic_ready.values()), 2) if topic_ready else None),
         "ratio_all_ready_to_create": round(all_ready / created, 2) if all_ready else None,
         "channels_per_second": round(n / all_ready, 1) if all_ready else None,
         "controller_rss_mib": round(rss, 1),
@@ -333,7 +333,7 @@ def plot(result: dict[str, Any], samples: list[tuple[float, float, int, int]], p
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--channels", type=int, default=500)
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     args = p.parse_args()

@@ -12,8 +12,10 @@
 #                    python3 from the Debian archive, because this machine reaches no registry). Users with
 #                    registry access pass BASE_IMAGE=python:3.11-slim-bookworm, the Dockerfiles' own default.
 #   IMAGE_PREFIX     repository prefix (default kafka-eventing-) → kafka-eventing-receiver:<tag>
-#   BUILD_NETWORK    network of RUN steps (default: host for the private engine, whose bridge is off, so pip
-#                    reaches the package index; the engine's default otherwise)
+#   PREFETCH_WHEELS  1: download the wheels on the host into build/wheelhouse and build with --network none
+#                    (default 1 with the private engine, 0 with DOCKER_HOST)
+#   BUILD_NETWORK    network of RUN steps (default: none with prefetched wheels; host for the private engine
+#                    without them, since its bridge is off; the engine's default otherwise)
 #   PIP_INDEX_URL    passed to the builder stage when set
 set -euo pipefail
 
@@ -78,22 +80,49 @@ else
   fi
 fi
 
-network_args=()
-BUILD_NETWORK="${BUILD_NETWORK:-${private_engine:+host}}"
-[[ -z "$BUILD_NETWORK" ]] || network_args=(--network "$BUILD_NETWORK")
-
 if [[ -z "${BASE_IMAGE:-}" ]]; then
   t0=$SECONDS
   BASE_IMAGE="$("$ROOT/hack/base-image.sh")"
   log "base image $BASE_IMAGE ready in $((SECONDS - t0))s"
 fi
 
+mkdir -p "$DOCKER_DIR"  # build logs
 REVISION="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml" | head -n1)"
-SOURCE="${IMAGE_SOURCE:-https://github.com/kafka-eventing/kafka-eventing}"
+SOURCE="${IMAGE_SOURCE:-https://github.com/kafka-eventing/kafka-eventing}"  # as charts/kafka-eventing/Chart.yaml
 build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "REVISION=$REVISION" --build-arg "VERSION=$VERSION"
   --build-arg "SOURCE=$SOURCE")
 [[ -z "${PIP_INDEX_URL:-}" ]] || build_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
+
+# Prefetch every wheel the images install (runtime dependencies pinned by the lock, plus setuptools for building this
+# repo's wheel) with the host's pip and its configuration (index, proxy CA): the build itself then runs without
+# network. On by default with the private engine, whose containers have no bridge and may not trust the host's CA.
+PREFETCH_WHEELS="${PREFETCH_WHEELS:-${private_engine:-0}}"
+if [[ "$PREFETCH_WHEELS" == 1 ]]; then
+  PY="${PYTHON:-$ROOT/.venv/bin/python}"
+  [[ -x "$PY" ]] || PY=python3
+  wheelhouse="$ROOT/build/wheelhouse"
+  t0=$SECONDS
+  rm -rf "$wheelhouse.tmp"
+  mkdir -p "$wheelhouse.tmp"
+  "$PY" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+    "$ROOT/pyproject.toml" >"$wheelhouse.tmp/runtime.in"
+  # Wheels are chosen for this interpreter and platform: it must be the images' Python (3.11 on Linux x86_64/arm64).
+  "$PY" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
+    --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/runtime.in" "setuptools>=68"
+  rm -f "$wheelhouse.tmp/runtime.in"
+  rm -rf "$wheelhouse"
+  mv "$wheelhouse.tmp" "$wheelhouse"
+  log "prefetched $(find "$wheelhouse" -name '*.whl' | wc -l) wheels into build/wheelhouse in $((SECONDS - t0))s"
+  build_args+=(--build-arg PIP_NO_INDEX=1)
+  BUILD_NETWORK="${BUILD_NETWORK:-none}"
+else
+  rm -rf "$ROOT/build/wheelhouse"  # stale wheels would shadow the index
+  # The private engine has no bridge network: RUN steps share the host's to reach the package index.
+  BUILD_NETWORK="${BUILD_NETWORK:-${private_engine:+host}}"
+fi
+network_args=()
+[[ -z "$BUILD_NETWORK" ]] || network_args=(--network "$BUILD_NETWORK")
 
 built=()
 for role in "${ROLES[@]}"; do

@@ -1,3 +1,34 @@
-"""Shared pytest setup: real-part fixtures live in tests/fixtures/ and load as plugins."""
+"""Shared pytest setup: real-part fixtures live in tests/fixtures/ and load as plugins.
 
-pytest_plugins = ["fixtures.kafka", "fixtures.kube"]
+With ``KAFKA_EVENTING_REQUIRE_REAL_TIERS=1`` (set by ``make test``), a skipped test of a real-component tier
+(kafka, kube, spark) fails the run: a skip there means a real part was missing, which CI must not hide.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+pytest_plugins = ["fixtures.kafka", "fixtures.kube", "fixtures.spark"]
+
+REAL_TIERS = ("kafka", "kube", "spark")
+_SKIPPED_REAL = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and any(item.get_closest_marker(m) for m in REAL_TIERS):
+        item.session.stash.setdefault(_SKIPPED_REAL, []).append(f"{item.nodeid}: {report.longrepr}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    skipped = session.stash.get(_SKIPPED_REAL, [])
+    if skipped and os.environ.get("KAFKA_EVENTING_REQUIRE_REAL_TIERS") == "1":
+        print("\nReal-component tests were skipped; CI requires them to run:")
+        for line in skipped:
+            print(f"  {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

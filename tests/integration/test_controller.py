@@ -36,8 +36,9 @@ GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
 RECEIVER = "kafka-channel-receiver"
 T = TypeVar("T")
 
-FAST = ControllerOptions(workers=2, resync_seconds=2, watch_timeout_seconds=30, lease_duration=4, renew_deadline=3,
-                         retry_period=0.5, kafka_timeout=3, base_backoff=0.2, max_backoff=2)
+FAST = ControllerOptions(workers=2, resync_seconds=2, topic_recheck_seconds=1, watch_timeout_seconds=30,
+                         lease_duration=4, renew_deadline=3, retry_period=0.5, kafka_timeout=3, base_backoff=0.2,
+                         max_backoff=2)
 
 
 def eventually(check: Callable[[], T | None], timeout: float = 30, what: str = "condition") -> T:

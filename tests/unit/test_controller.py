@@ -350,3 +350,30 @@ def test_admin_pool_replaces_the_client_when_the_connection_changes() -> None:
     two = resolve(Settings(bootstrap_servers="other:9092"), DictStore(), DictStore())
     pool.get(two)
     assert made == ["127.0.0.1:9092", "other:9092"]
+
+
+def test_batcher_coalesces_concurrent_calls_into_one_request() -> None:
+    from concurrent.futures import Future
+
+    from kafka_eventing.controller.topics import _Batcher
+
+    requests: list[list[str]] = []
+
+    def send(items: list[str]) -> dict[str, Future[str]]:
+        requests.append(items)
+        out: dict[str, Future[str]] = {}
+        for item in items:
+            out[item] = Future()
+            out[item].set_result(item.upper())
+        return out
+
+    batcher = _Batcher(send, window=0.2)
+    results: dict[str, str] = {}
+    threads = [threading.Thread(target=lambda n=n: results.update({n: batcher.submit(n).result(5)}))
+               for n in ("a", "b", "a", "c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert results == {"a": "A", "b": "B", "c": "C"}
+    assert len(requests) == 1 and sorted(requests[0]) == ["a", "b", "c"]  # the duplicate is sent once

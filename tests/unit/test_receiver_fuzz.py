@@ -61,13 +61,26 @@ def app_and_producer() -> Iterator[tuple[Any, FakeProducer]]:
     sender.close(1.0)
 
 
+random_requests = st.tuples(
+    st.one_of(st.just({}), st.dictionaries(ce_names, header_text, max_size=8)), content_types, bodies,
+    st.sampled_from(["POST", "POST", "POST", "GET", "OPTIONS", "PUT"]),
+    st.sampled_from(["/", "/shop/orders", "/x", "/shop/orders/extra"]),
+)
+# Structured and batched requests to a known channel: these reach the produce path most of the time.
+structured_requests = st.one_of(
+    st.tuples(st.just({}), st.just("application/cloudevents+json"), near_valid.map(lambda d: json.dumps(d).encode()),
+              st.just("POST"), st.just("/shop/orders")),
+    st.tuples(st.just({}), st.just("application/cloudevents-batch+json"),
+              st.lists(near_valid, max_size=3).map(lambda items: json.dumps(items).encode()),
+              st.just("POST"), st.just("/shop/orders")),
+)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(headers=st.one_of(st.just({}), st.dictionaries(ce_names, header_text, max_size=8)),
-       content_type=content_types, body=bodies,
-       method=st.sampled_from(["POST", "POST", "POST", "GET", "OPTIONS", "PUT"]),
-       path=st.sampled_from(["/", "/shop/orders", "/x", "/shop/orders/extra"]))
-def test_never_a_server_error(app_and_producer: tuple[Any, FakeProducer], headers: dict[str, str],
-                              content_type: str, body: bytes, method: str, path: str) -> None:
+@given(request=st.one_of(random_requests, structured_requests))
+def test_never_a_server_error(app_and_producer: tuple[Any, FakeProducer],
+                              request: tuple[dict[str, str], str, bytes, str, str]) -> None:
+    headers, content_type, body, method, path = request
     app, producer = app_and_producer
     hdrs = {"Host": "orders-kn-channel.shop.svc", **headers}
     if content_type:

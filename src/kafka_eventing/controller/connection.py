@@ -88,6 +88,3 @@ class AdminPool:
             if self._current is None or self._current[0] != resolved.checksum:
                 self._current = (resolved.checksum, self._factory(resolved.connection))
             return self._current[1]
-
-
-__all__ = ["DEFAULT_CONFIG_MAP", "SECRET_LABEL", "AdminPool", "KafkaConfigError", "ResolvedConnection", "resolve"]

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kafka_eventing.controller import resources as res
-from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool
+from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
 from kafka_eventing.controller.informer import Informer
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import LostLeadership, Reconciler, Result, Stores
@@ -40,8 +40,9 @@ MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 class ControllerOptions:
     """Knobs of the controller process itself (the shared ``Settings`` hold the rest)."""
 
-    workers: int = 4
+    workers: int = 8
     resync_seconds: float = 300.0
+    topic_recheck_seconds: float = 60.0
     watch_timeout_seconds: int = 240
     lease_name: str = "kafka-channel-controller"
     lease_duration: float = 15.0
@@ -89,10 +90,10 @@ class Controller:
                                     watch_timeout_seconds=wt, namespace=system)
         self.services = Informer("services", core.list_service_for_all_namespaces, self._on_owned,
                                  watch_timeout_seconds=wt, label_selector=MANAGED)
-        self.config_maps = Informer("configmaps", core.list_namespaced_config_map, self._on_config,
+        self.config_maps = Informer("configmaps", core.list_namespaced_config_map, self._on_config_map,
                                     watch_timeout_seconds=wt, namespace=system,
                                     field_selector=f"metadata.name={opts.config_map}")
-        self.secrets = Informer("secrets", core.list_namespaced_secret, self._on_config,
+        self.secrets = Informer("secrets", core.list_namespaced_secret, self._on_secret,
                                 watch_timeout_seconds=wt, namespace=system)
         self.informers = (self.channels, self.deployments, self.services, self.config_maps, self.secrets)
         self.elector = LeaderElector(api_client, system, opts.lease_name, self.identity,
@@ -103,7 +104,7 @@ class Controller:
             Stores(channels=self.channels, deployments=self.deployments, services=self.services,
                    config_maps=self.config_maps, secrets=self.secrets),
             admins=admins or AdminPool(timeout=opts.kafka_timeout), config_map=opts.config_map,
-            may_write=lambda: self.elector.is_leader)
+            may_write=lambda: self.elector.is_leader, topic_recheck_seconds=opts.topic_recheck_seconds)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -123,9 +124,17 @@ class Controller:
         elif meta.get("name") == self.settings.receiver_service and self.channels.synced():
             self._enqueue_all()  # the shared receiver's availability is part of every channel's status
 
-    def _on_config(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def _on_config_map(self, kind: str, obj: Mapping[str, Any]) -> None:
         if self.channels.synced() and kind != "RELISTED":
             self._enqueue_all()  # a new connection: topics re-checked, dispatchers rolled
+
+    def _on_secret(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        cm = self.config_maps.get(self.settings.system_namespace, self.options.config_map) or {}
+        named = ((cm.get("data") or {}).get(KEY_SECRET_NAME) or "").strip()
+        # Only the connection Secret matters, not every token or release Secret of the namespace.
+        if (meta.get("labels") or {}).get(SECRET_LABEL) == "true" or meta.get("name") == named:
+            self._on_config_map(kind, obj)
 
     def _on_leader(self) -> None:
         self._enqueue_all()

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kafka_eventing.controller", description=__doc__)
-    p.add_argument("--workers", type=int, default=4, help="parallel reconciles (default 4)")
+    p.add_argument("--workers", type=int, default=8, help="parallel reconciles (default 8)")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="re-check every channel this often")
     p.add_argument("--health-port", type=int, default=None,
                    help="port of /healthz, /readyz, /metrics (default: KE_METRICS_PORT)")
@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-period", type=float, default=2.0)
     p.add_argument("--config-map", default=DEFAULT_CONFIG_MAP,
                    help="ConfigMap in the system namespace with bootstrap.servers / auth.secret.ref.name")
+    p.add_argument("--topic-recheck-seconds", type=float, default=60.0,
+                   help="re-check an unchanged channel's topic in Kafka at most this often")
     p.add_argument("--kafka-timeout", type=float, default=10.0, help="seconds per Kafka Admin API call")
     p.add_argument("--identity", default=os.environ.get("POD_NAME", ""),
                    help="leader-election identity (default: POD_NAME, else hostname + random)")
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = ControllerOptions(
         workers=args.workers, resync_seconds=args.resync_seconds,
         health_port=settings.metrics_port if args.health_port is None else args.health_port,
-        health_address=args.health_address,
+        health_address=args.health_address, topic_recheck_seconds=args.topic_recheck_seconds,
         lease_name=args.lease_name, lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
         retry_period=args.retry_period, config_map=args.config_map, kafka_timeout=args.kafka_timeout,
         identity=args.identity,

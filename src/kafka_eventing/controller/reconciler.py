@@ -8,6 +8,7 @@ only the fields the controller owns, so ``status.subscribers`` (written by the d
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,6 +64,7 @@ class Reconciler:
         admins: AdminPool | None = None,
         config_map: str = DEFAULT_CONFIG_MAP,
         may_write: Callable[[], bool] = lambda: True,
+        topic_recheck_seconds: float = 60.0,
     ) -> None:
         self.settings = settings
         self.stores = stores
@@ -72,6 +74,10 @@ class Reconciler:
         self.admins = admins or AdminPool()
         self.config_map = config_map
         self.may_write = may_write
+        self.topic_recheck_seconds = topic_recheck_seconds
+        # channel → (what was verified, when): events about a channel's Deployment or Services need no Kafka
+        # round trip; a spec or connection change, an error, or the recheck interval brings one.
+        self._verified: dict[tuple[str, str], tuple[tuple[Any, ...], float]] = {}
         self.topic_ops: dict[str, int] = {}
 
     # -- entry --------------------------------------------------------------------------------------
@@ -158,6 +164,14 @@ class Reconciler:
                                    "retentionDuration must be longer than zero"), Result()
         want = TopicSpec(topic, int(spec.get("numPartitions") or 1), int(spec.get("replicationFactor") or 1),
                          retention_ms)
+        key = (meta["namespace"], meta["name"])
+        fingerprint = (want, manage, connection.checksum)
+        mode = "managed" if manage else "external"
+        ok = Condition.true(cond.TOPIC_READY, "TopicReady", f"topic {topic} ({mode})")
+        seen = self._verified.get(key)
+        if seen and seen[0] == fingerprint and time.monotonic() - seen[1] < self.topic_recheck_seconds:
+            return ok, Result()
+        self._verified.pop(key, None)
         try:
             outcome = ensure_topic(self.admins.get(connection), want, manage=manage)
         except TopicError as exc:
@@ -172,8 +186,8 @@ class Reconciler:
                              ("retention", outcome.retention_changed)):
             if happened:
                 self.topic_ops[op] = self.topic_ops.get(op, 0) + 1
-        mode = "managed" if manage else "external"
-        return Condition.true(cond.TOPIC_READY, "TopicReady", f"topic {topic} ({mode})"), Result()
+        self._verified[key] = (fingerprint, time.monotonic())
+        return ok, Result()
 
     def _channel_service(self, ref: res.ChannelRef) -> tuple[Condition, str | None]:
         name = res.channel_service_name(ref.name)
@@ -251,6 +265,8 @@ class Reconciler:
         live = self.stores.services.get(ns, name)
         if live is not None and not res.needs_update(live, desired):
             return live
+        if not self.may_write():
+            raise LostLeadership
         if live is None:
             try:
                 self.core.create_namespaced_service(ns, desired, _request_timeout=(5, 30), _preload_content=False)
@@ -265,11 +281,17 @@ class Reconciler:
         return desired
 
     def _apply_deployment(self, desired: dict[str, Any]) -> Mapping[str, Any] | None:
-        """The live Deployment (cached, with status) or None when it was just written."""
+        """The live Deployment as cached (with its status), or None when it was created just now.
+
+        After an update the cached object is returned: the old ReplicaSet keeps serving during the rollout,
+        so a rotated Secret does not flip the channel to not-Ready.
+        """
         ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
         live = self.stores.deployments.get(ns, name)
         if live is not None and not res.needs_update(live, desired):
             return live
+        if not self.may_write():
+            raise LostLeadership
         if live is None:
             try:
                 self.apps.create_namespaced_deployment(ns, desired, _request_timeout=(5, 30), _preload_content=False)
@@ -280,7 +302,7 @@ class Reconciler:
         patch = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
         self.apps.patch_namespaced_deployment(name, ns, patch, _content_type=MERGE_PATCH,
                                               _request_timeout=(5, 30), _preload_content=False)
-        return None
+        return live
 
     def _add_finalizer(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         meta = obj["metadata"]
@@ -306,6 +328,7 @@ class Reconciler:
     # -- deletion -----------------------------------------------------------------------------------
     def _finalize(self, obj: Mapping[str, Any]) -> Result:
         meta = obj["metadata"]
+        self._verified.pop((meta["namespace"], meta["name"]), None)
         if FINALIZER not in (meta.get("finalizers") or ()):
             return Result()
         namespace, name = meta["namespace"], meta["name"]

@@ -223,7 +223,7 @@ def needs_update(existing: Mapping[str, Any] | None, desired: Mapping[str, Any])
 def deployment_available(dep: Mapping[str, Any] | None) -> tuple[bool, str]:
     """(available, why not). Available when the Available condition is True and a replica is up."""
     if dep is None:
-        return False, "Deployment does not exist"
+        return False, "created, no status reported yet"
     status = dep.get("status") or {}
     for cond in status.get("conditions") or ():
         if cond.get("type") == "Available":

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -109,15 +111,86 @@ class TopicAdmin(Protocol):
     def delete(self, name: str) -> None: ...
 
 
+class _Batcher:
+    """Coalesces concurrent single-item Admin calls into one request.
+
+    A broker handles one CreateTopics request of 100 topics about six times faster than 100 requests of one,
+    so when many channels are reconciled at once (a fresh install, a controller restart) the workers' calls
+    are gathered for ``window`` seconds and sent together. A lone call pays only the window.
+    """
+
+    def __init__(self, send: Callable[[list[Any]], Mapping[Any, Future[Any]]], window: float) -> None:
+        self._send = send
+        self._window = window
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Any, Future[Any]]] = []
+
+    def submit(self, item: Any) -> Future[Any]:
+        mine: Future[Any] = Future()
+        with self._lock:
+            self._pending.append((item, mine))
+            first = len(self._pending) == 1
+        if first:
+            # The first caller of a window sends the batch for everyone who joined meanwhile.
+            time.sleep(self._window)
+            with self._lock:
+                batch, self._pending = self._pending, []
+            self._dispatch(batch)
+        return mine
+
+    def _dispatch(self, batch: list[tuple[Any, Future[Any]]]) -> None:
+        unique = list({_key(item): item for item, _ in batch}.values())  # two channels may share a topic
+        try:
+            sent = self._send(unique)
+        except Exception as exc:
+            for _, fut in batch:
+                fut.set_exception(exc)
+            return
+        for item, fut in batch:
+            upstream = sent[_key(item)]
+            upstream.add_done_callback(_relay_to(fut))
+
+
+def _key(item: Any) -> Any:
+    return item.topic if isinstance(item, NewTopic) else item
+
+
+def _relay_to(fut: Future[Any]) -> Callable[[Future[Any]], None]:
+    def relay(done: Future[Any]) -> None:
+        exc = done.exception()
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(done.result())
+
+    return relay
+
+
 class KafkaTopicAdmin:
     """``TopicAdmin`` on a confluent-kafka AdminClient; one per connection config, safe across threads."""
 
-    def __init__(self, config: Mapping[str, Any], timeout: float = 10.0) -> None:
+    def __init__(self, config: Mapping[str, Any], timeout: float = 10.0, batch_window: float = 0.02) -> None:
         self.servers = str(config.get("bootstrap.servers", ""))
         self.timeout = timeout
         # librdkafka logs every failed reconnect; the reconciler reports them through conditions instead.
-        self._admin = AdminClient({**config, "log_level": 3, "socket.timeout.ms": int(timeout * 1000)})
-        self._lock = threading.Lock()
+        self._admin = AdminClient({**config, "log_level": 2, "socket.timeout.ms": int(timeout * 1000)})
+        self._describe = _Batcher(self._describe_many, batch_window)
+        self._create = _Batcher(self._create_many, batch_window)
+        self._configs = _Batcher(self._configs_many, batch_window)
+
+    def _describe_many(self, names: list[str]) -> Mapping[str, Future[Any]]:
+        result: Mapping[str, Future[Any]] = self._admin.describe_topics(TopicCollection(names),
+                                                                        request_timeout=self.timeout)
+        return result
+
+    def _configs_many(self, resources: list[Any]) -> Mapping[Any, Future[Any]]:
+        result: Mapping[Any, Future[Any]] = self._admin.describe_configs(resources, request_timeout=self.timeout)
+        return result
+
+    def _create_many(self, topics: list[Any]) -> Mapping[str, Future[Any]]:
+        result: Mapping[str, Future[Any]] = self._admin.create_topics(
+            topics, operation_timeout=self.timeout, request_timeout=self.timeout)
+        return result
 
     def _wait(self, future: Any, topic: str, action: str) -> Any:
         try:
@@ -126,11 +199,9 @@ class KafkaTopicAdmin:
             raise explain(exc, topic, action, self.servers) from exc
 
     def describe(self, name: str) -> TopicState:
-        futures = self._admin.describe_topics(TopicCollection([name]), request_timeout=self.timeout)
-        desc = self._wait(futures[name], name, "describe")
+        desc = self._wait(self._describe.submit(name), name, "describe")
         resource = ConfigResource(ResourceType.TOPIC, name)
-        configs = self._admin.describe_configs([resource], request_timeout=self.timeout)
-        entries = self._wait(configs[resource], name, "read the configuration of")
+        entries = self._wait(self._configs.submit(resource), name, "read the configuration of")
         entry = entries.get(RETENTION_MS)
         retention = int(entry.value) if entry is not None and entry.value is not None else None
         return TopicState(name=name, partitions=len(desc.partitions), retention_ms=retention)
@@ -138,9 +209,8 @@ class KafkaTopicAdmin:
     def create(self, spec: TopicSpec) -> None:
         topic = NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=spec.replication_factor,
                          config={RETENTION_MS: str(spec.retention_ms)})
-        futures = self._admin.create_topics([topic], operation_timeout=self.timeout, request_timeout=self.timeout)
         try:
-            futures[spec.name].result(timeout=self.timeout + 2)
+            self._create.submit(topic).result(timeout=self.timeout + 2)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
@@ -186,20 +256,17 @@ def ensure_topic(admin: TopicAdmin, spec: TopicSpec, *, manage: bool) -> TopicOu
                              "create it with the provider's tools (topics are not created in external mode)") from None
         admin.create(spec)
         log.info("topic created", extra={"topic": spec.name, "partitions": spec.partitions})
-        state = admin.describe(spec.name)
-        created = True
-    else:
-        created = False
+        # Created as specified; describing it at once may still answer "unknown topic" while metadata spreads.
+        return TopicOutcome(created=True)
     if not manage:
         return TopicOutcome()
-    added = 0
+    added, changed = 0, False
     if state.partitions > spec.partitions:
         raise ShrinkRefused(spec.name, state.partitions, spec.partitions)
     if state.partitions < spec.partitions:
         admin.set_partitions(spec.name, spec.partitions)
         added = spec.partitions - state.partitions
-    changed = False
     if state.retention_ms != spec.retention_ms:
         admin.set_retention(spec.name, spec.retention_ms)
-        changed = not created
-    return TopicOutcome(created=created, partitions_added=added, retention_changed=changed)
+        changed = True
+    return TopicOutcome(partitions_added=added, retention_changed=changed)

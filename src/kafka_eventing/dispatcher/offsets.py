@@ -14,21 +14,25 @@ from collections import deque
 class OffsetTracker:
     """Per-partition bookkeeping; ``commit_position`` is the next offset to read after a restart."""
 
-    __slots__ = ("_done", "_pending", "commit_position")
+    __slots__ = ("_done", "_last", "_pending", "commit_position")
 
     def __init__(self) -> None:
         self._pending: deque[int] = deque()  # received, in offset order, not yet below the mark
         self._done: set[int] = set()
+        self._last = -1
         #: Kafka's commit convention: the offset of the next event to consume (last finished + 1).
         self.commit_position: int | None = None
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, offset: int) -> None:
-        if self._pending and offset <= self._pending[-1]:
-            raise ValueError(f"offset {offset} received after {self._pending[-1]}: offsets must increase")
+    def add(self, offset: int) -> bool:
+        """Track a received offset; False (and ignored) if it is not past every offset seen before."""
+        if offset <= self._last:
+            return False
+        self._last = offset
         self._pending.append(offset)
+        return True
 
     def done(self, offset: int) -> int | None:
         """Mark ``offset`` finished; return the new commit position if the mark moved, else None."""

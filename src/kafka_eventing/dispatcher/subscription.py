@@ -96,6 +96,7 @@ class SubscriptionConsumer:
         self._subscriber = subscriber
         self._ordered = subscriber.ordered  # channels.py already defaults it to the channel's order
         self._config = {**consumer_config, "error_cb": self._on_error}
+        self._initial = str(consumer_config.get("auto.offset.reset", "latest"))
         self._deliverer = deliverer
         self._metrics = metrics
         self._board = board
@@ -197,7 +198,9 @@ class SubscriptionConsumer:
         part = self._parts.get(number) if number is not None else None
         if part is None or offset is None:
             return  # revoked between fetch and now: the new owner reads it
-        part.tracker.add(offset)
+        if not part.tracker.add(offset):
+            log.debug("record below an offset already seen, skipped", extra={"offset": offset})
+            return
         part.queue.append(message)
         part.consumed.inc()
 
@@ -310,7 +313,8 @@ class SubscriptionConsumer:
             log.debug("store_offsets failed", extra={**self.labels.as_dict(), "error": str(exc)})
 
     # -- rebalance ----------------------------------------------------------------------------------
-    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._position(consumer, partitions)
         for tp in partitions:
             child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
             self._parts[tp.partition] = _Partition(tp.partition, child)
@@ -321,6 +325,37 @@ class SubscriptionConsumer:
             # The group has been joined (an empty assignment counts: more members than partitions).
             self._joined = True
             self._board.set(self._subscriber.uid, self._subscriber.generation, True, "")
+
+    def _position(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Pin where a new group starts and commit it, before reporting the group as joined.
+
+        Left to ``auto.offset.reset``, "latest" is resolved lazily after the assignment: events produced in
+        between — or while the dispatcher is down before its first commit — would be skipped. Committed
+        offsets always win; only partitions without one get the initial position.
+        """
+        if not partitions:
+            return
+        try:
+            positions = consumer.committed(partitions, timeout=10)
+            start: list[TopicPartition] = []
+            for tp in positions:
+                if tp.offset < 0:
+                    low, high = consumer.get_watermark_offsets(tp, timeout=10)
+                    tp.offset = high if self._initial == "latest" else low
+                    start.append(TopicPartition(tp.topic, tp.partition, tp.offset))
+        except KafkaException as exc:
+            log.warning("could not pin start offsets; falling back to auto.offset.reset",
+                        extra={**self.labels.as_dict(), "error": str(exc)})
+            return
+        try:
+            consumer.incremental_assign(positions)
+        except KafkaException:
+            consumer.assign(positions)  # an eager assignment strategy configured through KE_KAFKA_EXTRA
+        if start:
+            try:
+                consumer.commit(offsets=start, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit of start offsets failed", extra={**self.labels.as_dict(), "error": str(exc)})
 
     def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Forget the partitions; cancel their in-flight deliveries; return what may be committed."""

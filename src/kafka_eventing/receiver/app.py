@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import falcon
+import falcon.asgi
 from prometheus_client import Counter, Histogram
 
 from kafka_eventing.core.binding import (
     TRACE_HEADERS,
     BindingError,
-    CloudEvent,
+    KafkaRecord,
     event_from_http,
     event_to_kafka,
     events_from_http_batch,
@@ -90,22 +91,80 @@ def _media_json(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-class ChannelResource:
-    """POST an event (or batch) to a channel; OPTIONS for the CloudEvents webhook handshake."""
+class Ingress:
+    """What a POST does, apart from reading the body and waiting: shared by the WSGI and ASGI apps."""
 
-    def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings,
-                 max_body: int) -> None:
+    def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings, max_body: int) -> None:
         self.sender, self.channels, self.settings, self.max_body = sender, channels, settings, max_body
 
-    # -- routing ------------------------------------------------------------------------------------
-    def _key(self, req: falcon.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
+    @staticmethod
+    def key(req: falcon.Request | falcon.asgi.Request, namespace: str | None,
+            name: str | None) -> ChannelKey | None:
         if namespace and name:
             return (namespace, name)
         return channel_key_from_host(req.get_header("Host") or "")
 
-    # -- handlers -----------------------------------------------------------------------------------
-    def on_options(self, req: falcon.Request, resp: falcon.Response,
-                   namespace: str | None = None, name: str | None = None) -> None:
+    def unavailable(self, message: str) -> _Answer:
+        return _Answer(falcon.HTTP_503, {"error": message}, self.settings.retry_after_seconds)
+
+    def too_large(self) -> _Answer:
+        return _Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
+
+    def lookup(self, key: ChannelKey | None) -> Channel | _Answer:
+        if key is None:
+            return _Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
+                                             "or path /<namespace>/<name>"})
+        channel = self.channels.get(key)
+        if channel is None:
+            return _Answer(falcon.HTTP_404, {"error": f"channel {key[0]}/{key[1]} not found"})
+        if not channel.ready:
+            return self.unavailable(f"channel {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
+        return channel
+
+    def decode(self, channel: Channel, req: falcon.Request | falcon.asgi.Request,
+               body: bytes) -> list[KafkaRecord] | _Answer:
+        """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""
+        BYTES_IN.labels(f"{channel.namespace}/{channel.name}").inc(len(body))
+        try:
+            if is_batch(req.content_type):
+                events = events_from_http_batch(body)
+            else:
+                events = [event_from_http(dict(req.headers), body)]
+        except BindingError as exc:
+            return _Answer(falcon.HTTP_400, exc.as_dict())
+        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
+        try:
+            return [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
+        except (BindingError, ValueError, TypeError) as exc:
+            # Attributes the SDK accepted but cannot write as Kafka headers: the sender's to fix.
+            return _Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
+
+    def finish(self, result: Result, channel: Channel, count: int, started: float) -> _Answer:
+        PRODUCE_LATENCY.observe(time.perf_counter() - started)
+        if result.ok:
+            return _Answer(falcon.HTTP_202)
+        if result.outcome is Outcome.TOO_LARGE:
+            return _Answer(falcon.HTTP_413, {"error": result.detail})
+        # Never log event data; the channel and the librdkafka reason are enough to act on.
+        log.warning("events not accepted", extra={
+            "channel": f"{channel.namespace}/{channel.name}", "events": count,
+            "outcome": result.outcome.value, "reason": result.detail})
+        return self.unavailable(f"Kafka did not accept the event ({result.outcome.value}): {result.detail}")
+
+    @staticmethod
+    def respond(resp: falcon.Response | falcon.asgi.Response, answer: _Answer, key: ChannelKey | None) -> None:
+        resp.status = answer.status
+        if answer.body is not None:
+            resp.data = _media_json(answer.body)
+            resp.content_type = falcon.MEDIA_JSON
+        if answer.retry_after is not None:
+            resp.set_header("Retry-After", str(answer.retry_after))
+        # Unknown names must not create metric series.
+        label = f"{key[0]}/{key[1]}" if key and answer.status != falcon.HTTP_404 else ""
+        EVENTS.labels(label, answer.status[:3]).inc()
+
+    @staticmethod
+    def options(req: falcon.Request | falcon.asgi.Request, resp: falcon.Response | falcon.asgi.Response) -> None:
         # CloudEvents HTTP webhook abuse protection: allow the origin that asks, at any rate.
         origin = req.get_header("WebHook-Request-Origin")
         resp.status = falcon.HTTP_200
@@ -115,74 +174,44 @@ class ChannelResource:
         if req.get_header("WebHook-Request-Rate"):
             resp.set_header("WebHook-Allowed-Rate", "*")
 
+
+class ChannelResource:
+    """POST an event (or batch) to a channel; OPTIONS for the CloudEvents webhook handshake (WSGI)."""
+
+    def __init__(self, ingress: Ingress) -> None:
+        self.ingress = ingress
+
+    def on_options(self, req: falcon.Request, resp: falcon.Response,
+                   namespace: str | None = None, name: str | None = None) -> None:
+        self.ingress.options(req, resp)
+
     def on_post(self, req: falcon.Request, resp: falcon.Response,
                 namespace: str | None = None, name: str | None = None) -> None:
-        key = self._key(req, namespace, name)
-        label = f"{key[0]}/{key[1]}" if key else ""
-        answer = self._handle(req, key)
-        if answer.status == falcon.HTTP_404:
-            label = ""  # unknown names must not create metric series
-        resp.status = answer.status
-        if answer.body is not None:
-            resp.data = _media_json(answer.body)
-            resp.content_type = falcon.MEDIA_JSON
-        if answer.retry_after is not None:
-            resp.set_header("Retry-After", str(answer.retry_after))
-        EVENTS.labels(label, answer.status[:3]).inc()
-
-    def _unavailable(self, message: str) -> _Answer:
-        return _Answer(falcon.HTTP_503, {"error": message}, self.settings.retry_after_seconds)
+        key = self.ingress.key(req, namespace, name)
+        self.ingress.respond(resp, self._handle(req, key), key)
 
     def _handle(self, req: falcon.Request, key: ChannelKey | None) -> _Answer:
-        if key is None:
-            return _Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
-                                             "or path /<namespace>/<name>"})
-        channel = self.channels.get(key)
-        if channel is None:
-            return _Answer(falcon.HTTP_404, {"error": f"channel {key[0]}/{key[1]} not found"})
-        if not channel.ready:
-            return self._unavailable(f"channel {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
+        ingress = self.ingress
+        channel = ingress.lookup(key)
+        if isinstance(channel, _Answer):
+            return channel
         try:
             body = self._read_body(req)
         except _BodyTooLarge:
-            return _Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
-        BYTES_IN.labels(f"{key[0]}/{key[1]}").inc(len(body))
-        headers = dict(req.headers)
-        try:
-            batch = is_batch(req.content_type)
-            events = events_from_http_batch(body) if batch else [event_from_http(headers, body)]
-        except BindingError as exc:
-            return _Answer(falcon.HTTP_400, exc.as_dict())
-        return self._produce(channel, events, req)
-
-    def _produce(self, channel: Channel, events: list[CloudEvent], req: falcon.Request) -> _Answer:
-        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
-        try:
-            records = [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
-        except (BindingError, ValueError, TypeError) as exc:
-            # Attributes the SDK accepted but cannot write as Kafka headers: the sender's to fix.
-            return _Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
+            return ingress.too_large()
+        records = ingress.decode(channel, req, body)
+        if isinstance(records, _Answer):
+            return records
         started = time.perf_counter()
-        result = self.sender.send(channel.topic, records)
-        PRODUCE_LATENCY.observe(time.perf_counter() - started)
-        return self._answer(result, channel, len(records))
-
-    def _answer(self, result: Result, channel: Channel, count: int) -> _Answer:
-        if result.ok:
-            return _Answer(falcon.HTTP_202)
-        if result.outcome is Outcome.TOO_LARGE:
-            return _Answer(falcon.HTTP_413, {"error": result.detail})
-        # Never log event data; the channel and the librdkafka reason are enough to act on.
-        log.warning("events not accepted", extra={
-            "channel": f"{channel.namespace}/{channel.name}", "events": count,
-            "outcome": result.outcome.value, "reason": result.detail})
-        return self._unavailable(f"Kafka did not accept the event ({result.outcome.value}): {result.detail}")
+        result = ingress.sender.send(channel.topic, records)
+        return ingress.finish(result, channel, len(records), started)
 
     def _read_body(self, req: falcon.Request) -> bytes:
         """The body, never buffering more than the limit + 1 byte."""
+        limit = self.ingress.max_body
         length = req.content_length
         if length is not None:
-            if length > self.max_body:
+            if length > limit:
                 raise _BodyTooLarge
             return req.bounded_stream.read(length) if length else b""
         if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
@@ -190,12 +219,12 @@ class ChannelResource:
         parts: list[bytes] = []
         size = 0
         while True:
-            chunk = req.stream.read(min(READ_CHUNK, self.max_body + 1 - size))
+            chunk = req.stream.read(min(READ_CHUNK, limit + 1 - size))
             if not chunk:
                 return b"".join(parts)
             parts.append(chunk)
             size += len(chunk)
-            if size > self.max_body:
+            if size > limit:
                 raise _BodyTooLarge
 
 
@@ -242,7 +271,7 @@ def create_app(
     app: falcon.App[falcon.Request, falcon.Response] = falcon.App()
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(falcon.HTTPError, _JsonErrors())
-    resource = ChannelResource(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes))
+    resource = ChannelResource(Ingress(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes)))
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
@@ -256,14 +285,17 @@ def create_app(
 
 @dataclass
 class Runtime:
-    """The parts get_app() started in this worker process, so worker_exit can stop them in order."""
+    """The parts built in this worker process, so worker_exit can stop them in order."""
 
-    sender: KafkaSender
+    settings: Settings
+    producer: Producer
     channels: ChannelSource
-    grace_seconds: float
+    sender: KafkaSender
+    message_max_bytes: int
 
     def close(self) -> None:
-        self.sender.close(timeout=self.grace_seconds)
+        # In-flight requests may each wait a whole produce timeout; then the flush gets what is left.
+        self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
         self.channels.stop()
 
 
@@ -283,8 +315,12 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     })
 
 
-def get_app() -> falcon.App[falcon.Request, falcon.Response]:
-    """Build the receiver from the environment. Runs in each gunicorn worker (after fork, never preloaded)."""
+def build_runtime() -> Runtime:
+    """Settings from the environment; producer, channel source and sender created (and started) here.
+
+    Called from get_app(), i.e. in each gunicorn worker after fork (the config never preloads the app), so
+    librdkafka's threads belong to the process that uses them.
+    """
     global _runtime  # noqa: PLW0603 - one runtime per worker process, for the gunicorn hooks
     from confluent_kafka import Producer as KafkaProducer
 
@@ -298,15 +334,21 @@ def get_app() -> falcon.App[falcon.Request, falcon.Response]:
     channels = channel_source_from_settings(settings)
     channels.start()
     sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds)
-    app = create_app(producer, channels, settings, sender=sender,
-                     message_max_bytes=int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)))
-    _runtime = Runtime(sender, channels, grace_seconds=settings.produce_timeout_seconds + 2.0)
-    return app
+    _runtime = Runtime(settings, producer, channels, sender,
+                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)))
+    return _runtime
+
+
+def get_app() -> falcon.App[falcon.Request, falcon.Response]:
+    """Build the receiver from the environment: what gunicorn runs."""
+    parts = build_runtime()
+    return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
+                      message_max_bytes=parts.message_max_bytes)
 
 
 def shutdown() -> None:
-    """gunicorn ``worker_exit``: finish in-flight produces, flush, stop the channel watch."""
-    global _runtime  # noqa: PLW0603
-    if _runtime is not None:
-        _runtime.close()
-        _runtime = None
+    """gunicorn ``worker_exit`` / ASGI lifespan shutdown: finish in-flight produces, flush, stop watching."""
+    global _runtime
+    runtime, _runtime = _runtime, None
+    if runtime is not None:
+        runtime.close()

@@ -7,11 +7,12 @@ is decided by the delivery report alone — a record is "accepted" only after th
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -138,18 +139,24 @@ class KafkaSender:
                 return _produce_error(exc)
         return pending
 
-    def send(self, topic: str, records: Sequence[KafkaRecord]) -> Result:
+    @contextlib.contextmanager
+    def tracked(self) -> Iterator[None]:
+        """Count a request as in flight, so close() waits for its answer before flushing."""
         with self._in_flight_lock:
             self._in_flight += 1
         try:
+            yield
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+
+    def send(self, topic: str, records: Sequence[KafkaRecord]) -> Result:
+        with self.tracked():
             pending = self.submit(topic, records)
             if isinstance(pending, Result):
                 return pending
             pending.wait(self.timeout)
             return pending.result()
-        finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
 
     def close(self, timeout: float) -> int:
         """Accept nothing new, let in-flight requests get their reports, flush, stop polling.

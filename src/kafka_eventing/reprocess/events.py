@@ -31,23 +31,36 @@ CORE_ATTRIBUTES = ("id", "source", "type", "specversion", "subject", "time", "da
 KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp")
 RAW_COLUMNS = ("kafka_key", "kafka_value", "kafka_headers")
 
-_DDL = (
-    "id string, source string, type string, specversion string, subject string, time timestamp, "
-    "datacontenttype string, dataschema string, extensions map<string,string>, data binary, "
-    "topic string, partition int, offset bigint, timestamp timestamp, event_date date, error string"
+# (name, Spark type) of the decoded rows; built without a session, as Python workers have none.
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "string"), ("source", "string"), ("type", "string"), ("specversion", "string"),
+    ("subject", "string"), ("time", "timestamp"), ("datacontenttype", "string"), ("dataschema", "string"),
+    ("extensions", "map"), ("data", "binary"),
+    ("topic", "string"), ("partition", "int"), ("offset", "long"), ("timestamp", "timestamp"),
+    ("event_date", "date"), ("error", "string"),
 )
-_RAW_DDL = "kafka_key binary, kafka_value binary, kafka_headers array<struct<key:string,value:binary>>"
+_RAW: tuple[tuple[str, str], ...] = (("kafka_key", "binary"), ("kafka_value", "binary"), ("kafka_headers", "headers"))
 _FORMAT = RawDataFormat()
+
+
+def _spark_type(kind: str) -> Any:
+    from pyspark.sql import types as T
+
+    simple = {"string": T.StringType(), "timestamp": T.TimestampType(), "binary": T.BinaryType(),
+              "int": T.IntegerType(), "long": T.LongType(), "date": T.DateType()}
+    if kind == "map":
+        return T.MapType(T.StringType(), T.StringType())
+    if kind == "headers":
+        return T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))
+    return simple[kind]
 
 
 def event_schema(keep_raw: bool = False) -> StructType:
     """The decoded rows' Spark schema; ``keep_raw`` adds the original key/value/headers (topic → topic replay)."""
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
-    ddl = f"{_DDL}, {_RAW_DDL}" if keep_raw else _DDL
-    schema = StructType.fromDDL(ddl)
-    assert isinstance(schema, StructType)
-    return schema
+    columns = _COLUMNS + _RAW if keep_raw else _COLUMNS
+    return StructType([StructField(name, _spark_type(kind)) for name, kind in columns])
 
 
 def _text(value: Any) -> str:
@@ -118,11 +131,24 @@ def decode_batches(batches: Iterator[pa.RecordBatch], keep_raw: bool = False) ->
         yield pa.RecordBatch.from_pylist(rows, schema=_arrow_schema(keep_raw))
 
 
+def _arrow_type(kind: str) -> pa.DataType:
+    import pyarrow as pa
+
+    if kind == "map":
+        return pa.map_(pa.string(), pa.string())
+    if kind == "headers":
+        return pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    simple = {"string": pa.string(), "timestamp": pa.timestamp("us", tz="UTC"), "binary": pa.binary(),
+              "int": pa.int32(), "long": pa.int64(), "date": pa.date32()}
+    return simple[kind]
+
+
 @functools.cache
 def _arrow_schema(keep_raw: bool) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
+    import pyarrow as pa
 
-    return to_arrow_schema(event_schema(keep_raw), timezone="UTC", prefers_large_types=False)
+    columns = _COLUMNS + _RAW if keep_raw else _COLUMNS
+    return pa.schema([(name, _arrow_type(kind)) for name, kind in columns])
 
 
 def _pairs(extensions: Any) -> Iterable[tuple[str, Any]]:

@@ -48,6 +48,9 @@ def build_session(
     if local:
         # The driver must not bind to (or advertise) anything but loopback on a shared machine.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # PySpark starts its Python workers from PYSPARK_PYTHON (default: whatever `python3` is on PATH), and the
+    # workers must import this very package: use the interpreter that runs the driver.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -56,9 +59,6 @@ def build_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
-        # Python workers must import this very package: use the interpreter that runs the driver.
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )

@@ -1,0 +1,166 @@
+"""Helpers every benchmark shares: machine facts, medians/percentiles, process CPU/RSS, JSON + PNG output.
+
+Kept small and generic on purpose; role-specific load generation lives in each bench/<name>.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = ROOT / "docs" / "benchmarks"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- machine facts ------------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_facts(packages: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
+    """CPU model, cores, memory, OS, Python, the given packages' versions, librdkafka, the date."""
+    facts: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_at_start": list(os.getloadavg()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        facts["memory_gib"] = round(pages * size / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    facts["packages"] = {name: _version(name) for name in packages}
+    try:
+        import confluent_kafka
+
+        facts["librdkafka"] = confluent_kafka.libversion()[0]
+    except ImportError:
+        pass
+    try:
+        facts["git_sha"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                          text=True, check=False).stdout.strip() or None
+    except OSError:
+        facts["git_sha"] = None
+    facts.update(extra)
+    return facts
+
+
+# -- statistics ---------------------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else math.nan
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) — no interpolation, so p99 is a latency that really happened."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+# -- processes ----------------------------------------------------------------------------------------------
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (from /proc), e.g. a gunicorn master and its workers."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, ()))
+    return out
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU seconds used so far by these processes (all their threads)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / CLK_TCK
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+# -- output -------------------------------------------------------------------------------------------------
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def new_figure(ncols: int = 1, width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+
+
+def save_png(fig: Any, name: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

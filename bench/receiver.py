@@ -1,0 +1,340 @@
+"""Receiver benchmark (``make bench-receiver``): side by side on one local broker, in one run —
+
+(a) the raw confluent-kafka producer in one process (acks=all),
+(b) a bare falcon endpoint answering 202 without Kafka, under the same gunicorn worker model and count,
+(c) the receiver,
+
+for 1 KB and 20 KB binary-mode events, loaded by ``wrk`` (Lua script) at saturation and at half of it, for two
+worker models: gthread (WSGI, 2 workers x 32 threads) and uvicorn workers (ASGI falcon, 2 workers).
+Results: docs/benchmarks/receiver.json and receiver.png. Not a test; takes about 4-5 minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402 - bench/ is not a package
+    cpu_seconds,
+    machine_facts,
+    new_figure,
+    percentile,
+    process_tree,
+    rss_bytes,
+    save_png,
+    write_json,
+)
+
+SIZES = (1024, 20 * 1024)
+WORKERS = 2
+THREADS = 32
+SATURATION_CONNECTIONS = 64
+HALF_CONNECTIONS = 16
+DURATION = int(os.environ.get("BENCH_SECONDS", "8"))
+MODELS = {
+    "gthread": {"args": ["--threads", str(THREADS)], "receiver": "kafka_eventing.receiver.app:get_app()",
+                "bare": "receiver:bare_wsgi()"},
+    "uvicorn": {"args": ["-k", "uvicorn.workers.UvicornWorker"], "receiver": "kafka_eventing.receiver.asgi:get_app()",
+                "bare": "receiver:bare_asgi()"},
+}
+CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",
+              "content-type": "application/octet-stream"}
+
+
+# -- the bare endpoints (b): gunicorn imports this file as module `receiver` -------------------------------
+
+
+def bare_wsgi() -> Any:
+    import falcon
+
+    class Accept:
+        def on_post(self, req: Any, resp: Any) -> None:
+            req.bounded_stream.read()
+            resp.status = falcon.HTTP_202
+
+    app = falcon.App()
+    app.add_route("/{namespace}/{name}", Accept())
+    app.add_route("/readyz", Accept())
+    return app
+
+
+def bare_asgi() -> Any:
+    import falcon
+    import falcon.asgi
+
+    class Accept:
+        async def on_post(self, req: Any, resp: Any) -> None:
+            await req.stream.read()
+            resp.status = falcon.HTTP_202
+
+    app = falcon.asgi.App()
+    app.add_route("/{namespace}/{name}", Accept())
+    app.add_route("/readyz", Accept())
+    return app
+
+
+# -- load generation ----------------------------------------------------------------------------------------
+
+
+def lua_script(path: Path, size: int, delay_ms: float | None) -> Path:
+    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in CE_HEADERS.items())
+    delay = f"function delay()\n  return {delay_ms:.3f}\nend\n" if delay_ms is not None else ""
+    path.write_text(f'wrk.method = "POST"\nwrk.body = string.rep("x", {size})\n{headers}\n{delay}')
+    return path
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    if not match:
+        raise ValueError(f"unparsable wrk latency {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: int) -> dict[str, Any]:
+    pids = process_tree(server_pid)
+    cpu_before = cpu_seconds(pids)
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        capture_output=True, text=True, check=True, timeout=seconds + 30,
+    ).stdout
+    cpu = cpu_seconds(pids) - cpu_before
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    pct = {m.group(1): _ms(m.group(2)) for m in re.finditer(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M)}
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    ok = total - (int(non2xx.group(1)) if non2xx else 0)
+    return {
+        "events_per_s": rate, "requests": total, "non_2xx": total - ok, "socket_errors": errors.group(1) if errors
+        else None, "p50_ms": pct.get("50"), "p99_ms": pct.get("99"),
+        "cpu_s_per_1000": round(cpu / max(ok, 1) * 1000, 4), "server_cpu_s": round(cpu, 2),
+        "server_cores_busy": round(cpu / seconds, 2), "rss_mib": round(rss_bytes(pids) / 2**20, 1),
+    }
+
+
+# -- servers ------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model: str, kind: str, env: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    spec = MODELS[model]
+    cmd = [sys.executable, "-m", "gunicorn", "-c", "python:kafka_eventing.receiver.gunicorn_conf",
+           "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS), *spec["args"],
+           "--pythonpath", str(Path(__file__).resolve().parent), spec[kind]]
+    log = (workdir / f"{model}-{kind}.log").open("ab")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{model}/{kind} exited; see {log.name}")
+        try:
+            method = "GET" if kind == "receiver" else "POST"
+            with urllib.request.urlopen(urllib.request.Request(url + "/readyz", method=method), timeout=2) as r:
+                if r.status < 300:
+                    return proc, url
+        except OSError:
+            time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"{model}/{kind} not ready")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    proc, url = start_server(model, kind, env, workdir)
+    try:
+        target = url + "/bench/events"
+        full = lua_script(workdir / f"full-{size}.lua", size, None)
+        run_wrk(target, full, SATURATION_CONNECTIONS, 2, proc.pid)  # warm-up: connections, JIT-less caches, metadata
+        saturated = run_wrk(target, full, SATURATION_CONNECTIONS, DURATION, proc.pid)
+        half_rate = saturated["events_per_s"] / 2
+        # wrk paces each connection with delay(): connections / delay ≈ the target rate (a little under it,
+        # since each request's own latency adds to the gap).
+        half_script = lua_script(workdir / f"half-{size}.lua", size, HALF_CONNECTIONS / half_rate * 1000)
+        half = run_wrk(target, half_script, HALF_CONNECTIONS, DURATION, proc.pid)
+        half["target_events_per_s"] = round(half_rate, 1)
+        return {"saturated": saturated, "half_saturation": half}
+    finally:
+        stop_server(proc)
+
+
+# -- (a) the raw producer -----------------------------------------------------------------------------------
+
+
+def raw_producer(bootstrap: str, topic: str, size: int, seconds: float) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 5})
+    value = b"x" * size
+    headers = [(f"ce_{k[3:]}" if k.startswith("ce-") else k, v.encode()) for k, v in CE_HEADERS.items()]
+    latencies: list[float] = []
+    errors = [0]
+
+    def report(err: Any, _msg: Any, sent: float) -> None:
+        if err is not None:
+            errors[0] += 1
+        else:
+            latencies.append((time.perf_counter() - sent) * 1000)
+
+    cpu0, start = time.process_time(), time.perf_counter()
+    sent = 0
+    while time.perf_counter() - start < seconds:
+        now = time.perf_counter()
+        try:
+            producer.produce(topic, value, headers=headers, on_delivery=lambda e, m, t=now: report(e, m, t))
+            sent += 1
+        except BufferError:
+            producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(30)
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
+    own = [os.getpid()]
+    return {"saturated": {
+        "events_per_s": round(len(latencies) / elapsed, 1), "requests": sent, "errors": errors[0],
+        "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
+        "latency_note": "enqueue to delivery report while producing flat out (queueing included)",
+        "cpu_s_per_1000": round(cpu / max(len(latencies), 1) * 1000, 4), "server_cpu_s": round(cpu, 2),
+        "rss_mib": round(rss_bytes(own) / 2**20, 1),
+    }}
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
+
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk not found: `apt-get install -y wrk` (make setup installs it)")
+    facts = machine_facts(["confluent-kafka", "falcon", "gunicorn", "uvicorn", "uvloop", "httptools",
+                           "cloudevents"], kafka=KAFKA_VERSION, load_generator="wrk (Debian), 1 thread, Lua script")
+    results: dict[str, Any] = {"machine": facts, "config": {
+        "workers": WORKERS, "gthread_threads": THREADS, "saturation_connections": SATURATION_CONNECTIONS,
+        "half_connections": HALF_CONNECTIONS, "duration_s": DURATION, "sizes": list(SIZES),
+        "producer": "acks=all, idempotent, linger.ms=5, compression none"}, "runs": {}}
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
+        workdir = Path(tmp)
+        node = KafkaNode(workdir / "kafka", heap="768m")
+        node.start()
+        try:
+            admin = AdminClient(node.client_config())
+            for fut in admin.create_topics([NewTopic("bench.events", 3, 1)]).values():
+                fut.result(30)
+            channels = workdir / "channels.yaml"
+            channels.write_text("apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
+                                "metadata: {name: events, namespace: bench}\n")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KE_") or k == "KE_CACHE"}
+            env.update({"KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_CHANNELS_FILE": str(channels),
+                        "KE_LOG_LEVEL": "WARNING", "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prom")})
+            for size in SIZES:
+                label = f"{size // 1024}KB"
+                print(f"[{time.monotonic() - began:5.0f}s] raw producer {label}", flush=True)
+                results["runs"][f"raw_producer/{label}"] = raw_producer(node.bootstrap_servers, "bench.events",
+                                                                          size, DURATION)
+                for model in MODELS:
+                    for kind in ("bare", "receiver"):
+                        print(f"[{time.monotonic() - began:5.0f}s] {model} {kind} {label}", flush=True)
+                        results["runs"][f"{model}/{kind}/{label}"] = measure_server(model, kind, size, env, workdir)
+        finally:
+            node.stop()
+    results["summary"] = summarize(results["runs"])
+    results["elapsed_s"] = round(time.monotonic() - began)
+    path = write_json("receiver", results)
+    plot(results)
+    print_table(results)
+    print(f"wrote {path} and receiver.png in {results['elapsed_s']} s")
+
+
+def summarize(runs: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model in MODELS:
+        for size in SIZES:
+            label = f"{size // 1024}KB"
+            rec = runs[f"{model}/receiver/{label}"]
+            bare = runs[f"{model}/bare/{label}"]
+            cores = rec["saturated"]["server_cores_busy"] or 1
+            out[f"{model}/{label}"] = {
+                "receiver_vs_bare_rate": round(rec["saturated"]["events_per_s"] / bare["saturated"]["events_per_s"], 3),
+                "receiver_vs_raw_producer_rate": round(
+                    rec["saturated"]["events_per_s"] / runs[f"raw_producer/{label}"]["saturated"]["events_per_s"], 3),
+                "receiver_events_per_s_per_busy_core": round(rec["saturated"]["events_per_s"] / cores, 1),
+                "receiver_events_per_cpu_second": round(1000 / rec["saturated"]["cpu_s_per_1000"], 1),
+                "receiver_p99_ms_at_half_saturation": rec["half_saturation"]["p99_ms"],
+            }
+    return out
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{'run':34} {'ev/s':>9} {'p50ms':>7} {'p99ms':>7} {'cpu/1k':>7} {'rss':>7} {'half p99':>9} {'non2xx':>7}")
+    for name, run in results["runs"].items():
+        sat, half = run["saturated"], run.get("half_saturation", {})
+        print(f"{name:34} {sat['events_per_s']:9.0f} {sat['p50_ms']:7.2f} {sat['p99_ms']:7.2f} "
+              f"{sat['cpu_s_per_1000']:7.3f} {sat['rss_mib']:7.0f} {half.get('p99_ms', float('nan')):9.2f} "
+              f"{sat.get('non_2xx', 0):7}")
+    for name, row in results["summary"].items():
+        print(name, row)
+
+
+def plot(results: dict[str, Any]) -> None:
+    runs = results["runs"]
+    fig, axes = new_figure(ncols=3, width=5.2, height=4.2)
+    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver"))]
+    for col, (metric, title) in enumerate([("events_per_s", "events/s at saturation"),
+                                           ("cpu_s_per_1000", "server CPU s per 1,000 events"),
+                                           ("p99_ms", "p99 latency at half saturation (ms)")]):
+        ax = axes[0][col]
+        width = 0.8 / len(SIZES)
+        for i, size in enumerate(SIZES):
+            label = f"{size // 1024}KB"
+            values = []
+            for name in names:
+                run = runs[f"{name}/{label}"]
+                block = run["saturated"] if metric != "p99_ms" else run.get("half_saturation", {})
+                values.append(block.get(metric) or 0)
+            ax.bar([x + i * width for x in range(len(names))], values, width, label=label)
+        ax.set_xticks([x + width / 2 for x in range(len(names))], names, rotation=35, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"receiver benchmark — {results['machine']['cpu_model']}, {results['machine']['cores']} cores",
+                 fontsize=10)
+    save_png(fig, "receiver")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Renders one install manifest per Kafka provider from the Kustomize overlays:
+#   kustomize/overlays/<provider>  ->  dist/install-<provider>.yaml
+# `kubectl apply -f dist/install-<provider>.yaml` installs the same objects as `kubectl apply -k` of the overlay.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${KE_CACHE:-$ROOT/.cache}/bin
+KUSTOMIZE=${KUSTOMIZE:-$BIN/kustomize}
+OUT=${OUT:-$ROOT/dist}
+CANONICAL_CRD=$ROOT/src/kafka_eventing/controller/crds/kafkachannels.yaml
+
+[[ -x $KUSTOMIZE ]] || { echo "kustomize not found at $KUSTOMIZE (run: make setup)" >&2; exit 1; }
+
+# The Kustomize base and the chart carry copies of the canonical CRD (neither tool may read outside its tree);
+# a stale copy would ship an old schema, so refuse to render one.
+for copy in "$ROOT/kustomize/base/crds/kafkachannels.yaml" "$ROOT/charts/kafka-eventing/files/crds/kafkachannels.yaml"; do
+  if ! cmp -s "$CANONICAL_CRD" "$copy"; then
+    echo "stale CRD copy: $copy differs from $CANONICAL_CRD (cp the canonical file over it)" >&2
+    exit 1
+  fi
+done
+
+mkdir -p "$OUT"
+version=$(awk '$1 == "version:" { print $2; exit }' "$ROOT/charts/kafka-eventing/Chart.yaml")
+for overlay in "$ROOT"/kustomize/overlays/*/; do
+  provider=$(basename "$overlay")
+  target=$OUT/install-$provider.yaml
+  {
+    echo "# generated, do not edit: rendered by hack/manifests.sh from kustomize/overlays/$provider"
+    echo "# (kafka-eventing chart $version). Edit the overlay, then run \`make manifests\`."
+    "$KUSTOMIZE" build "$overlay"
+  } >"$target.tmp"
+  mv "$target.tmp" "$target"
+  echo "wrote ${target#"$ROOT"/} ($(grep -c '^kind:' "$target") objects)"
+done

@@ -1,0 +1,277 @@
+"""`kafka-eventing run` (`make run`): the whole data path on this machine, then a round trip to watch.
+
+Starts a local Kafka node, writes a channels YAML (KafkaChannel ``default/demo``, 3 partitions, one
+subscriber), creates its topic with the Admin API, starts the receiver (gunicorn) and the channel's
+dispatcher as child processes plus a demo subscriber that prints every CloudEvent it gets, sends a few
+events through the receiver and shows them arriving. Then it prints a ``curl`` to send more and stays up
+until Ctrl-C (or exits after the round trip with ``--exit-after-demo``). Every child is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import yaml
+
+from kafka_eventing.core.binding import event_from_http
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.localstack import _proc
+from kafka_eventing.localstack.kafka import KafkaNode
+from kafka_eventing.localstack.tools import cache_dir
+
+NAMESPACE, CHANNEL = "default", "demo"
+PARTITIONS = 3
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+class DemoSubscriber:
+    """A tiny HTTP subscriber on 127.0.0.1 that prints each CloudEvent and answers 200."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self._lock = threading.Lock()
+        demo = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    event = event_from_http(dict(self.headers.items()), body)
+                    data = event.get_data()
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else json.dumps(data)
+                    line = (f"[subscriber] received CloudEvent id={event.get_id()} type={event.get_type()} "
+                            f"source={event.get_source()} data={text}")
+                    with demo._lock:
+                        demo.received.append(event.get_id())
+                    status = 200
+                except ValueError as exc:
+                    line, status = f"[subscriber] not a CloudEvent: {exc}", 400
+                say(line)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def got(self, ids: list[str]) -> bool:
+        with self._lock:
+            return set(ids) <= set(self.received)
+
+
+def channels_yaml(subscriber_uri: str) -> str:
+    channel = {
+        "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
+        "metadata": {"name": CHANNEL, "namespace": NAMESPACE},
+        "spec": {"numPartitions": PARTITIONS, "replicationFactor": 1,
+                 "delivery": {"retry": 5, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S"},
+                 "subscribers": [{"uid": "demo-subscriber", "generation": 1, "subscriberUri": subscriber_uri}]},
+    }
+    return "# Written by `kafka-eventing run`: the channel the demo's receiver and dispatcher serve.\n" + \
+        yaml.safe_dump(channel, sort_keys=False)
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # no __all__
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)]).values():
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+class Children:
+    """Child processes in their own process groups, stopped (SIGTERM, then SIGKILL) in reverse order."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def check(self) -> None:
+        for name, proc, log in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; its log ({log}):\n{_proc.tail(log)}")
+
+    def stop(self) -> None:
+        for _name, proc, _log in reversed(self.procs):
+            _proc.terminate(proc, timeout=20)
+        self.procs.clear()
+
+
+def wait_http(url: str, children: Children, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children.check()
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - http://127.0.0.1 only
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready within {timeout:.0f}s ({url})")
+
+
+def send_event(port: int, event_id: str, number: int) -> int:
+    body = json.dumps({"message": f"hello from kafka-eventing #{number}"}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/{NAMESPACE}/{CHANNEL}", data=body, method="POST",
+        headers={"ce-specversion": "1.0", "ce-id": event_id, "ce-type": "dev.example.demo",
+                 "ce-source": "/kafka-eventing/demo", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 - http://127.0.0.1 only
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM both end the demo through the same cleanup path."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        raise _Interrupted
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kafka-eventing run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8080, help="receiver port on 127.0.0.1 (default 8080)")
+    parser.add_argument("--events", type=int, default=3, help="events sent in the demo round trip")
+    parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed for the round trip")
+    parser.add_argument("--exit-after-demo", action="store_true", help="exit after the round trip (0 = delivered)")
+    parser.add_argument("--workdir", type=Path, default=cache_dir() / "run", help="state and logs (wiped first)")
+    args = parser.parse_args(argv)
+
+    workdir: Path = args.workdir
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    node = KafkaNode(workdir / "kafka")
+    subscriber = DemoSubscriber()
+    children = Children()
+    try:
+        with _signals():
+            return _run(args, workdir, node, subscriber, children)
+    except _Interrupted:
+        say("\nstopping (interrupted)...")
+        return 0 if not args.exit_after_demo else 130
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        say(f"demo failed: {exc}")
+        return 1
+    finally:
+        with _signals(), contextlib.suppress(_Interrupted):  # a second Ctrl-C must not skip the cleanup
+            children.stop()
+            subscriber.stop()
+            node.stop()
+        say(f"all stopped; logs are in {workdir}")
+
+
+def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: DemoSubscriber,
+         children: Children) -> int:
+    say(f"starting a local Kafka node (logs: {node.log_path})...")
+    node.start()
+    topic = Settings().topic_for(NAMESPACE, CHANNEL)
+    create_topic(node.bootstrap_servers, topic)
+    say(f"kafka ready at {node.bootstrap_servers}; topic {topic} ({PARTITIONS} partitions) created")
+
+    subscriber.start()
+    sub_uri = f"http://127.0.0.1:{subscriber.port}/"
+    channels = workdir / "channels.yaml"
+    channels.write_text(channels_yaml(sub_uri))
+    say(f"channels file: {channels} (KafkaChannel {NAMESPACE}/{CHANNEL}, subscriber {sub_uri})")
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+           "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(channels),
+           "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
+           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
+    if os.environ.get("KE_CACHE"):
+        env["KE_CACHE"] = os.environ["KE_CACHE"]
+    children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
+                                "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
+                   env, workdir / "receiver.log")
+    dispatcher_port = _proc.free_port()
+    children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                   {**env, "KE_CHANNEL_NAMESPACE": NAMESPACE, "KE_CHANNEL_NAME": CHANNEL,
+                    "KE_METRICS_PORT": str(dispatcher_port)},
+                   workdir / "dispatcher.log")
+    wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
+    say(f"receiver listening on http://127.0.0.1:{args.port} (logs: {workdir / 'receiver.log'})")
+    # The subscription starts at the latest offset: send only once its consumer group has joined.
+    wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
+    say(f"dispatcher ready; status at http://127.0.0.1:{dispatcher_port}/status "
+        f"(logs: {workdir / 'dispatcher.log'})")
+
+    ids = [f"demo-{i}-{int(time.time())}" for i in range(1, args.events + 1)]
+    for number, event_id in enumerate(ids, 1):
+        code = send_event(args.port, event_id, number)
+        say(f"[sender] POST /{NAMESPACE}/{CHANNEL} ce-id={event_id} -> {code}")
+        if code != 202:
+            raise RuntimeError(f"the receiver answered {code} for {event_id}; see {workdir / 'receiver.log'}")
+    deadline = time.monotonic() + args.deadline
+    while not subscriber.got(ids):
+        children.check()
+        if time.monotonic() > deadline:
+            say(f"NOT DELIVERED within {args.deadline:.0f}s: {sorted(set(ids) - set(subscriber.received))}")
+            return 1
+        time.sleep(0.05)
+    say(f"round trip complete: {len(ids)} events went receiver -> Kafka -> dispatcher -> subscriber")
+    say("\nsend more with:\n"
+        f"  curl -i -X POST http://127.0.0.1:{args.port}/{NAMESPACE}/{CHANNEL} \\\n"
+        "    -H 'ce-specversion: 1.0' -H 'ce-id: my-1' -H 'ce-type: dev.example.demo' \\\n"
+        "    -H 'ce-source: /curl' -H 'content-type: application/json' -d '{\"hello\": \"world\"}'")
+    if args.exit_after_demo:
+        return 0
+    say("\nrunning; press Ctrl-C to stop")
+    while True:
+        children.check()
+        time.sleep(0.5)

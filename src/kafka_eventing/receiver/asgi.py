@@ -1,0 +1,157 @@
+"""The same receiver as an ASGI app (falcon.asgi), for uvicorn workers under gunicorn.
+
+Kept beside the WSGI app because the worker model was chosen by measurement (docs/receiver.md): here a request
+waiting for its delivery report is a suspended coroutine, woken from the poll thread through
+``loop.call_soon_threadsafe``. Routing, parsing, limits and answers are the WSGI app's own (``Ingress``).
+
+Run: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf -k uvicorn.workers.UvicornWorker
+'kafka_eventing.receiver.asgi:get_app()'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+from kafka_eventing.core.channel_source import ChannelSource
+from kafka_eventing.core.channels import ChannelKey
+from kafka_eventing.core.metrics import exposition
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver import app as wsgi
+from kafka_eventing.receiver.app import READ_CHUNK, Ingress, KafkaProbe, _Answer, _BodyTooLarge
+from kafka_eventing.receiver.sender import KafkaSender, Pending, Producer
+
+AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
+
+
+class AsyncChannelResource:
+    def __init__(self, ingress: Ingress) -> None:
+        self.ingress = ingress
+
+    async def on_options(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                         namespace: str | None = None, name: str | None = None) -> None:
+        self.ingress.options(req, resp)
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+                      namespace: str | None = None, name: str | None = None) -> None:
+        key = self.ingress.key(req, namespace, name)
+        self.ingress.respond(resp, await self._handle(req, key), key)
+
+    async def _handle(self, req: falcon.asgi.Request, key: ChannelKey | None) -> _Answer:
+        ingress = self.ingress
+        channel = ingress.lookup(key)
+        if isinstance(channel, _Answer):
+            return channel
+        try:
+            body = await self._read_body(req)
+        except _BodyTooLarge:
+            return ingress.too_large()
+        records = ingress.decode(channel, req, body)
+        if isinstance(records, _Answer):
+            return records
+        started = time.perf_counter()
+        with ingress.sender.tracked():
+            pending = ingress.sender.submit(channel.topic, records)
+            if isinstance(pending, Pending):
+                await _wait(pending, ingress.sender.timeout)
+                result = pending.result()
+            else:
+                result = pending
+        return ingress.finish(result, channel, len(records), started)
+
+    async def _read_body(self, req: falcon.asgi.Request) -> bytes:
+        limit = self.ingress.max_body
+        length = req.content_length
+        if length is not None and length > limit:
+            raise _BodyTooLarge
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await req.stream.read(min(READ_CHUNK, limit + 1 - size))
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge
+
+
+async def _wait(pending: Pending, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def resolve() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def wake() -> None:  # runs in the poll thread
+        loop.call_soon_threadsafe(resolve)
+
+    pending.add_done_callback(wake)
+    try:
+        await asyncio.wait_for(done, timeout)
+    except TimeoutError:
+        pass
+
+
+class AsyncHealth:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = {"status": "ok"}
+
+
+class AsyncReady:
+    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender) -> None:
+        self.channels, self.kafka_ready, self.sender = channels, kafka_ready, sender
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        kafka = await asyncio.to_thread(self.kafka_ready)  # a metadata request may block for its timeout
+        checks = {"channels": self.channels.synced(), "kafka": kafka, "accepting": not self.sender.closing}
+        resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
+        resp.media = checks
+
+
+class AsyncMetrics:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.data, resp.content_type = exposition()
+
+
+class _Shutdown:
+    """ASGI lifespan shutdown (after uvicorn drained its connections): flush and stop."""
+
+    async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        await asyncio.to_thread(wsgi.shutdown)
+
+
+def create_app(
+    producer: Producer,
+    channels: ChannelSource,
+    settings: Settings,
+    *,
+    sender: KafkaSender | None = None,
+    kafka_ready: Callable[[], bool] | None = None,
+    message_max_bytes: int = wsgi.DEFAULT_MESSAGE_MAX_BYTES,
+) -> AsgiApp:
+    sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
+    sender.start()
+    app: AsgiApp = falcon.asgi.App(middleware=[_Shutdown()])  # type: ignore[arg-type]
+    app.req_options.strip_url_path_trailing_slash = True
+    resource = AsyncChannelResource(Ingress(sender, channels, settings,
+                                            min(settings.max_event_bytes, message_max_bytes)))
+    app.add_route("/", resource)
+    app.add_route("/{namespace}/{name}", resource)
+    app.add_route("/healthz", AsyncHealth())
+    app.add_route("/readyz", AsyncReady(channels, kafka_ready or KafkaProbe(producer), sender))
+    app.add_route("/metrics", AsyncMetrics())
+    return app
+
+
+def get_app() -> AsgiApp:
+    """Like the WSGI get_app(): settings from the environment, producer created in this worker."""
+    parts = wsgi.build_runtime()
+    return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
+                      message_max_bytes=parts.message_max_bytes)

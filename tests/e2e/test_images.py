@@ -1,0 +1,188 @@
+"""The role images, built by hack/images.sh and run the way Kubernetes runs them under the chart's securityContext.
+
+Each container runs with ``--network none --read-only --tmpfs /tmp --user 65532``: no network (this machine has
+none to give), a read-only root filesystem with /tmp as the only writable path (the emptyDir in the chart), and
+the numeric non-root UID that ``runAsNonRoot`` verifies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import tomllib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e._engine import ROLES, ROOT, Engine, build_role_images, docker_engine, git_sha
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
+
+UID = "65532"
+RUN_FLAGS = ("--network", "none", "--read-only", "--tmpfs", "/tmp", "--user", UID)
+ROLE_MARKER = re.compile(r"^# ---- role: (\w+) -+$", re.MULTILINE)
+# What the role images must not carry: the [spark] extra and the dev tools that requirements.lock also pins.
+NOT_IN_ROLE_IMAGES = ("pyspark", "pyarrow", "pandas", "matplotlib", "pytest", "mypy", "ruff", "hypothesis", "pip")
+
+PROBE = """
+import importlib.util, json, os, sys
+import confluent_kafka, kafka_eventing
+try:
+    open("/opt/venv/written-at-runtime", "w")
+    root_writable = True
+except OSError:
+    root_writable = False
+tmp_file = "/tmp/probe"
+open(tmp_file, "w").write("ok")
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(), "home": os.environ.get("HOME"),
+    "python": "%d.%d" % sys.version_info[:2], "librdkafka": confluent_kafka.libversion()[0],
+    "package": kafka_eventing.__file__, "root_writable": root_writable, "tmp_writable": open(tmp_file).read() == "ok",
+    "main_module": importlib.util.find_spec(sys.argv[1] + ".__main__") is not None,
+    "present": [m for m in sys.argv[2:] if importlib.util.find_spec(m) is not None],
+}))
+"""
+
+
+def _dockerfile(role: str) -> str:
+    return (ROOT / "images" / role / "Dockerfile").read_text()
+
+
+def test_role_dockerfiles_differ_only_in_the_role_stage() -> None:
+    """One package, one recipe: everything before ``# ---- role:`` is the same in every role's Dockerfile."""
+    shared: dict[str, str] = {}
+    for role in ROLES:
+        text = _dockerfile(role)
+        marker = ROLE_MARKER.search(text)
+        assert marker is not None and marker.group(1) == role, f"images/{role}/Dockerfile lacks '# ---- role: {role}'"
+        # The two header comment lines name the role; the build recipe after them must match byte for byte.
+        recipe = text[text.index("ARG BASE_IMAGE="):marker.start()]
+        shared[role] = recipe
+        assert f'ENTRYPOINT ["python", "-m", "kafka_eventing.{role}"]' in text[marker.end():]
+        assert "USER 65532:65532" in recipe
+        assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in recipe
+    assert len(set(shared.values())) == 1, "the shared stages of images/*/Dockerfile have drifted apart"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    with docker_engine() as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def images(engine: Engine) -> dict[str, str]:
+    return build_role_images(engine, f"e2e-{git_sha()}")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_image_runs_as_numeric_nonroot_on_a_read_only_root(engine: Engine, images: dict[str, str], role: str) -> None:
+    image = images[role]
+    config = json.loads(engine.docker("image", "inspect", "--format", "{{json .Config}}", image).stdout)
+    # runAsNonRoot can only verify a numeric USER; the image must not rely on --user to be non-root.
+    assert config["User"] == f"{UID}:{UID}"
+    assert config["Entrypoint"] == ["python", "-m", f"kafka_eventing.{role}"]
+    assert config["Labels"]["org.opencontainers.image.title"] == f"kafka-eventing-{role}"
+
+    proc = engine.docker("run", "--rm", *RUN_FLAGS, "--entrypoint", "python", image,
+                         "-c", PROBE, f"kafka_eventing.{role}", *NOT_IN_ROLE_IMAGES)
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts["uid"] == int(UID) and facts["gid"] == int(UID)
+    assert facts["home"] == "/tmp"
+    assert facts["python"] == "3.11"
+    assert facts["package"].startswith("/opt/venv/lib/python3.11/site-packages/kafka_eventing/")
+    assert facts["librdkafka"]
+    assert facts["root_writable"] is False
+    assert facts["tmp_writable"] is True
+    assert facts["main_module"] is True, f"kafka_eventing.{role} has no __main__ for the ENTRYPOINT"
+    assert facts["present"] == [], f"{role} image carries {facts['present']}"
+
+    # Without --user the image's own USER applies.
+    whoami = engine.docker("run", "--rm", "--network", "none", "--entrypoint", "python", image,
+                           "-c", "import os; print(os.getuid())")
+    assert whoami.stdout.strip() == UID
+
+
+def test_images_are_labelled_with_source_revision_and_version(engine: Engine, images: dict[str, str]) -> None:
+    revision = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for role, image in images.items():
+        labels = json.loads(engine.docker("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout)
+        assert labels["org.opencontainers.image.revision"] == revision, role
+        assert labels["org.opencontainers.image.version"] == version, role
+        assert labels["org.opencontainers.image.source"].startswith("https://"), role
+        tags = json.loads(engine.docker("image", "inspect", "--format", "{{json .RepoTags}}", image).stdout)
+        assert not any(t.endswith(":latest") for t in tags), tags
+
+
+def test_receiver_answers_healthz_in_standalone_file_mode(
+        engine: Engine, images: dict[str, str], tmp_path: Path) -> None:
+    """The receiver's real entrypoint (gunicorn) starts under the restricted flags and serves /healthz.
+
+    There is no Kafka in a ``--network none`` container, so /healthz (alive) answers 200 while /readyz (connected
+    to Kafka) must not claim readiness: the two probes stay distinct in the image too.
+    """
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "channels.yaml").write_text(
+        "apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
+        "metadata: {name: demo, namespace: default}\nspec: {numPartitions: 1}\n")
+    config.chmod(0o755)
+    (config / "channels.yaml").chmod(0o644)
+    name = f"ke-e2e-receiver-{uuid.uuid4().hex[:8]}"
+    engine.docker("run", "--detach", "--name", name, *RUN_FLAGS,
+                  "--volume", f"{config}:/config:ro",
+                  "--env", "KE_CHANNEL_SOURCE=file", "--env", "KE_CHANNELS_FILE=/config/channels.yaml",
+                  "--env", "WEB_CONCURRENCY=1",
+                  images["receiver"])
+    try:
+        status = _wait_for_status(engine, name, "/healthz", deadline_s=60)
+        assert status == 200, f"/healthz answered {status}\n{_logs(engine, name)}"
+        ready = _http_status(engine, name, "/readyz")
+        assert ready is not None and ready != 200, f"/readyz claimed ready without Kafka ({ready})"
+        state = engine.docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+        assert state == "true", _logs(engine, name)
+    finally:
+        engine.docker("rm", "--force", name, check=False)
+
+
+HTTP_PROBE = """
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen("http://127.0.0.1:8080" + sys.argv[1], timeout=5).status)
+except urllib.error.HTTPError as err:
+    print(err.code)
+except OSError:
+    print("down")
+"""
+
+
+def _http_status(engine: Engine, name: str, path: str) -> int | None:
+    # --network none: the only way in is through the container's own loopback, via docker exec.
+    proc = engine.docker("exec", name, "python", "-c", HTTP_PROBE, path, check=False, timeout=30)
+    out = proc.stdout.strip()
+    return int(out) if out.isdigit() else None
+
+
+def _wait_for_status(engine: Engine, name: str, path: str, deadline_s: float) -> int | None:
+    deadline = time.monotonic() + deadline_s
+    status = None
+    while time.monotonic() < deadline:
+        running = engine.docker("inspect", "--format", "{{.State.Running}}", name, check=False).stdout.strip()
+        if running != "true":
+            pytest.fail(f"receiver container exited before answering {path}:\n{_logs(engine, name)}")
+        status = _http_status(engine, name, path)
+        if status is not None:
+            return status
+        time.sleep(0.5)
+    return status
+
+
+def _logs(engine: Engine, name: str) -> str:
+    proc = engine.docker("logs", "--tail", "40", name, check=False)
+    return proc.stdout + proc.stderr
