@@ -51,7 +51,10 @@ stop_private_dockerd() {
 }
 
 private_engine=""
-if [[ -n "${DOCKER_HOST:-}" ]] && engine_up; then
+if [[ "${DOCKER_HOST:-}" == "unix://$PRIVATE_SOCK" ]] && engine_up; then
+  log "using the private dockerd at $PRIVATE_SOCK"
+  private_engine=1
+elif [[ -n "${DOCKER_HOST:-}" ]] && engine_up; then
   log "using DOCKER_HOST=$DOCKER_HOST"
 else
   [[ -z "${DOCKER_HOST:-}" ]] || log "DOCKER_HOST=$DOCKER_HOST does not answer; using a private dockerd"

@@ -272,6 +272,23 @@ def test_ordered_delivery_keeps_partition_order_and_commits(
     assert 'eventing_kafka_dispatch_attempts_total{channel="ord",code="200"' in metrics
 
 
+def test_new_subscription_starts_at_latest_and_missing_topic_is_reported(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    produce(kafka_running, topic, 3, prefix="old")
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "latest", topic, [sub_doc("u1", http.url("/s"))])
+    d = dispatch("latest", channels, initial_offset="latest")
+    assert committed(kafka_running, topic, group_of("latest", "u1")) == [1, 1, 1]  # the start is pinned
+    produce(kafka_running, topic, 3, prefix="new")
+    wait_for(lambda: len(http.at("/s")) >= 3, 20, "new events")
+    time.sleep(0.3)
+    assert sorted(http.ids("/s")) == ["new-0", "new-1", "new-2"]
+
+    write_channel(channels, "latest", "no.such.topic", [sub_doc("u1", http.url("/s"))])
+    wait_for(lambda: "does not exist" in d.subscriber_status()["u1"].get("message", ""), 30, "not ready")
+    assert d.subscriber_status()["u1"]["ready"] == "False"
+
+
 def test_unordered_many_in_flight_commits_low_water_mark(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     # Every 7th event is slow: later offsets finish first, yet the commit may not pass the slow ones.

@@ -219,16 +219,13 @@ def rbac_rules(docs: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], dic
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_rbac_least_privilege(name: str) -> None:
     docs = scenario(name)
-    secret = merged_values(name)["kafka"]["existingSecret"] or (
-        "kafka-eventing-kafka" if merged_values(name)["kafka"]["secret"]["create"] else "")
     for role, rule in rbac_rules(docs):
         for field in ("apiGroups", "resources", "verbs", "resourceNames"):
             assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
         if "secrets" in rule["resources"]:
-            # Only the connection Secret, by name, only in the release namespace, read-only.
+            # Only in the release namespace (where the connection Secret is), read-only.
             assert role["kind"] == "Role" and role["metadata"]["namespace"] == NAMESPACE, rule
-            assert rule["resourceNames"] == [secret], rule
-            assert set(rule["verbs"]) <= {"get", "watch"}, rule
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
     # Every binding points at a role of this render and at ServiceAccounts of this render.
     roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
     accounts = {d["metadata"]["name"] for d in of_kind(docs, "ServiceAccount")}
@@ -260,7 +257,8 @@ def test_rbac_grants_what_each_role_needs() -> None:
     local = rules_of(docs, "Role", "kafka-eventing-controller")
     assert {("apps", "deployments", v) for v in ("create", "update", "delete")} <= local
     assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= local
-    assert ("", "secrets", "get") in local and ("", "secrets", "list") not in local
+    assert {("", r, v) for r in ("secrets", "configmaps") for v in ("get", "list", "watch")} <= local
+    assert not {v for _, r, v in local if r == "secrets"} - {"get", "list", "watch"}
     assert rules_of(docs, "ClusterRole", "kafka-eventing-receiver") == {
         ("messaging.knative.dev", "kafkachannels", v) for v in ("get", "list", "watch")}
     dispatcher = rules_of(docs, "ClusterRole", "kafka-eventing-dispatcher")
@@ -308,7 +306,6 @@ def test_image_references() -> None:
                       "controller": f"ghcr.io/kafka-eventing/kafka-eventing-controller:{app_version}"}
     config = one(docs, "ConfigMap", "kafka-eventing-config")["data"]
     assert config["KE_DISPATCHER_IMAGE"] == f"ghcr.io/kafka-eventing/kafka-eventing-dispatcher:{app_version}"
-    assert one(docs, "ConfigMap", "kafka-channel-dispatcher")["data"]["image"] == config["KE_DISPATCHER_IMAGE"]
     docs = helm(sets=("image.tag=abc1234", "image.registry=registry.local:5000/ke"))
     images = {c["image"] for _, s in pod_specs(docs) for c in s["containers"] if c["name"] != "send-event"}
     assert images == {"registry.local:5000/ke/kafka-eventing-receiver:abc1234",
@@ -336,10 +333,15 @@ def test_env_is_what_settings_accept(name: str) -> None:
         spec = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]
         mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
         volumes = {v["name"]: v for v in spec["volumes"]}
-        if settings.kafka_secret_dir is not None:
-            secret_volume = volumes[mounts[str(settings.kafka_secret_dir)]]
-            assert secret_volume["secret"]["secretName"] == one(docs, "ConfigMap", "kafka-channel-dispatcher")[
-                "data"]["kafkaSecretName"]
+        secret_name = one(docs, "ConfigMap", "config-kafka")["data"]["auth.secret.ref.name"]
+        if deployment == "kafka-eventing-receiver" and secret_name:
+            # The receiver reads the Secret the controller is told about, as files.
+            assert settings.kafka_secret_dir is not None
+            assert volumes[mounts[str(settings.kafka_secret_dir)]]["secret"]["secretName"] == secret_name
+        else:
+            # The controller reads the Secret through the API (informer), never from a mount.
+            assert settings.kafka_secret_dir is None and "kafka-secret" not in volumes
+        assert (deployment == "kafka-eventing-controller") == ("POD_NAME" in env)  # leader-election identity
         # /tmp (gunicorn heartbeats, the metrics dir) must be writable on a read-only root filesystem.
         assert "emptyDir" in volumes[mounts["/tmp"]]
         if "PROMETHEUS_MULTIPROC_DIR" in env:
@@ -395,9 +397,9 @@ def test_preset_wiring(name: str) -> None:
     assert config["KE_BOOTSTRAP_SERVERS"] == values["kafka"]["bootstrapServers"]
     assert f"enable.idempotence={str(values['kafka']['idempotence']).lower()}" in config["KE_KAFKA_EXTRA"]
     assert not of_kind(docs, "Secret"), "presets reference an existing Secret, never create one"
-    for deployment in ("kafka-eventing-receiver", "kafka-eventing-controller"):
-        volumes = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["volumes"]
-        assert {"name": "kafka-secret", "secret": {"secretName": "kafka-connection"}} in volumes
+    volumes = one(docs, "Deployment", "kafka-eventing-receiver")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "kafka-secret", "secret": {"secretName": "kafka-connection"}} in volumes
+    assert one(docs, "ConfigMap", "config-kafka")["data"]["auth.secret.ref.name"] == "kafka-connection"
     if values["kafka"]["provider"] == "azure-event-hubs":
         assert config["KE_TOPIC_MANAGEMENT"] == "external"
     if values["kafka"]["connection"]["saslMechanism"] == "OAUTHBEARER":
@@ -426,11 +428,11 @@ def test_values_schema_rejects_typos() -> None:
 def test_capability_guarded_optins() -> None:
     without = helm("ci/all-optins-values.yaml")
     assert not of_kind(without, "ServiceMonitor")
-    assert one(without, "ConfigMap", "kafka-channel-dispatcher")["data"]["keda.enabled"] == "false"
+    assert one(without, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "false"
     assert not any(r for _, r in rbac_rules(without) if "keda.sh" in r["apiGroups"])
     with_apis = helm("ci/all-optins-values.yaml", apis=OPTIONAL_APIS)
     assert len(of_kind(with_apis, "ServiceMonitor")) == 2
-    assert one(with_apis, "ConfigMap", "kafka-channel-dispatcher")["data"]["keda.enabled"] == "true"
+    assert one(with_apis, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
     assert len(of_kind(with_apis, "PodDisruptionBudget")) == 2
     assert len(of_kind(with_apis, "NetworkPolicy")) == 3
     (hpa,) = of_kind(with_apis, "HorizontalPodAutoscaler")
@@ -592,6 +594,29 @@ def test_helm_and_kustomize_render_the_same_objects(preset: str, overlay: str) -
     assert sorted(h) == sorted(k)
     for key in h:
         assert key_fields(h[key], helm_docs) == key_fields(k[key], kust_docs), key
+
+
+def test_kustomize_optin_components_match_the_chart_optins(tmp_path: Path) -> None:
+    # An overlay of the user's own (outside the repo) adding the opt-in components, as docs/install.md shows.
+    rel = os.path.relpath(KUSTOMIZE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/overlays/strimzi"],
+        "components": [f"{rel}/components/{c}" for c in ("pdb", "networkpolicy", "servicemonitor")],
+    }))
+    kust_docs = parse(run([tool("kustomize"), "build", str(tmp_path)]).stdout)
+    for d in kust_docs:
+        validate(d)
+    helm_docs = helm("values-strimzi.yaml", sets=("receiver.pdb.enabled=true", "controller.pdb.enabled=true",
+                                                  "networkPolicy.enabled=true", "metrics.serviceMonitor.enabled=true"),
+                     apis=OPTIONAL_APIS)
+    h, k = comparable(helm_docs), comparable(kust_docs)
+    optin = {key for key in h if key[0] in ("PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor")}
+    assert len(optin) == 7 and optin <= set(k)
+    for key in optin:
+        hs, ks = copy.deepcopy(h[key]["spec"]), copy.deepcopy(k[key]["spec"])
+        hs.pop("namespaceSelector", None)  # Helm pins the ServiceMonitor to the release namespace explicitly
+        assert hs == ks, key
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -77,10 +77,6 @@ Call with (dict "root" $ "role" .Values.receiver).
 {{- include "kafka-eventing.componentName" (dict "root" . "component" "config") }}
 {{- end }}
 
-{{- define "kafka-eventing.dispatcherConfigName" -}}
-{{- include "kafka-eventing.componentName" (dict "root" . "component" "dispatcher") }}
-{{- end }}
-
 {{/*
 Name of the connection Secret: the existing one, or the dev Secret the chart creates. Empty when neither.
 */}}
@@ -92,7 +88,7 @@ Name of the connection Secret: the existing one, or the dev Secret the chart cre
 {{- end }}
 {{- end }}
 
-{{/* Where the connection Secret is mounted; the controller mounts it at the same path in dispatchers. */}}
+{{/* Where the receiver mounts the connection Secret (the controller uses the same path in dispatchers). */}}
 {{- define "kafka-eventing.kafkaSecretDir" -}}
 /etc/kafka-secret
 {{- end }}
@@ -115,7 +111,8 @@ KE_KAFKA_EXTRA: extraConfig plus enable.idempotence, as "k=v,k=v" sorted by key 
 {{- end }}
 
 {{/*
-Connection Secret volume + mount, shared by the receiver and the controller.
+Connection Secret volume + mount of the receiver (the controller reads the Secret through the API, and mounts it
+into the dispatchers itself).
 */}}
 {{- define "kafka-eventing.kafkaSecretVolume" -}}
 {{- with include "kafka-eventing.kafkaSecretName" . }}
@@ -130,19 +127,5 @@ Connection Secret volume + mount, shared by the receiver and the controller.
 - name: kafka-secret
   mountPath: {{ include "kafka-eventing.kafkaSecretDir" . }}
   readOnly: true
-{{- end }}
-{{- end }}
-
-{{/*
-Env shared by the roles that read Settings: the namespace they run in and where the connection Secret is.
-*/}}
-{{- define "kafka-eventing.commonEnv" -}}
-- name: KE_SYSTEM_NAMESPACE
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.namespace
-{{- if include "kafka-eventing.kafkaSecretName" . }}
-- name: KE_KAFKA_SECRET_DIR
-  value: {{ include "kafka-eventing.kafkaSecretDir" . }}
 {{- end }}
 {{- end }}

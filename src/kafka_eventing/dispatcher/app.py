@@ -37,14 +37,16 @@ def consumer_settings(settings: Settings, connection: KafkaConnection, group_id:
     librdkafka's prefetch queue is bounded by ``queued.max.messages.kbytes`` (per consumer with the
     high-level consumer); one fetch response by ``fetch.max.bytes``. Properties in ``KE_KAFKA_EXTRA`` win.
     """
-    kbytes = max(256, settings.queued_max_messages_kbytes)
-    fetch_max = min(kbytes * 1024, 4 * 1024 * 1024)
+    kbytes = max(128, settings.queued_max_messages_kbytes)
+    # One fetch response is at most half the queue budget; librdkafka requires message.max.bytes <= it.
+    fetch_max = max(64 * 1024, min(kbytes * 1024 // 2, 1024 * 1024))
     defaults: dict[str, Any] = {
         "auto.offset.reset": initial_offset,
         "queued.max.messages.kbytes": kbytes,
         "queued.min.messages": 1000,
         "fetch.max.bytes": fetch_max,
-        "max.partition.fetch.bytes": max(64 * 1024, fetch_max // max(1, partitions)),
+        "message.max.bytes": fetch_max,
+        "max.partition.fetch.bytes": max(32 * 1024, fetch_max // max(1, partitions)),
         "auto.commit.interval.ms": 1000,
         "client.id": f"kafka-eventing-dispatcher-{group_id}"[:200],
         "log_level": 3,

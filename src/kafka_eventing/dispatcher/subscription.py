@@ -321,10 +321,21 @@ class SubscriptionConsumer:
         self._resize()
         log.info("partitions assigned", extra={**self.labels.as_dict(), "group": self.group_id,
                                                 "partitions": [tp.partition for tp in partitions]})
-        if not self._joined:
+        self._joined = True
+        sub = self._subscriber
+        if partitions or self._topic_exists(consumer):
             # The group has been joined (an empty assignment counts: more members than partitions).
-            self._joined = True
-            self._board.set(self._subscriber.uid, self._subscriber.generation, True, "")
+            self._board.set(sub.uid, sub.generation, True, "")
+        else:
+            self._board.set(sub.uid, sub.generation, False, f"topic {self.topic} does not exist")
+
+    def _topic_exists(self, consumer: Any) -> bool:
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=5)
+        except KafkaException:
+            return True  # unknown: do not report a problem we could not see
+        found = metadata.topics.get(self.topic)
+        return found is not None and found.error is None and bool(found.partitions)
 
     def _position(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Pin where a new group starts and commit it, before reporting the group as joined.
@@ -403,7 +414,7 @@ class SubscriptionConsumer:
             log.debug("consumer error", extra={**self.labels.as_dict(), "error": err.str()})
             return
         log.warning("subscription cannot consume", extra={**self.labels.as_dict(), "error": message})
-        if not self._joined:
+        if not self._joined or code == KafkaError.UNKNOWN_TOPIC_OR_PART:
             self._board.set(self._subscriber.uid, self._subscriber.generation, False, message)
 
     # -- shutdown -----------------------------------------------------------------------------------

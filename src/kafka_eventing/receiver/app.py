@@ -10,6 +10,7 @@ what gunicorn runs: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -51,6 +52,18 @@ PRODUCE_LATENCY = Histogram(
     "kafka_receiver_produce_latency_seconds", "From produce() to the last delivery report of a request.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+
+
+@functools.lru_cache(maxsize=4096)
+def _events(channel: str, code: str) -> Any:
+    # labels() validates and locks on every call; a child per (channel, code) is looked up once. Only known
+    # channel names reach here (404s use ""), so the cache is bounded by the channels that exist.
+    return EVENTS.labels(channel, code)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bytes_in(channel: str) -> Any:
+    return BYTES_IN.labels(channel)
 
 
 class KafkaProbe:
@@ -124,7 +137,7 @@ class Ingress:
     def decode(self, channel: Channel, req: falcon.Request | falcon.asgi.Request,
                body: bytes) -> list[KafkaRecord] | _Answer:
         """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""
-        BYTES_IN.labels(f"{channel.namespace}/{channel.name}").inc(len(body))
+        _bytes_in(f"{channel.namespace}/{channel.name}").inc(len(body))
         try:
             if is_batch(req.content_type):
                 events = events_from_http_batch(body)
@@ -161,7 +174,7 @@ class Ingress:
             resp.set_header("Retry-After", str(answer.retry_after))
         # Unknown names must not create metric series.
         label = f"{key[0]}/{key[1]}" if key and answer.status != falcon.HTTP_404 else ""
-        EVENTS.labels(label, answer.status[:3]).inc()
+        _events(label, answer.status[:3]).inc()
 
     @staticmethod
     def options(req: falcon.Request | falcon.asgi.Request, resp: falcon.Response | falcon.asgi.Response) -> None:

@@ -1,8 +1,10 @@
 """gunicorn configuration of the receiver: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf``.
 
-Worker model (chosen by bench/receiver.py, see docs/receiver.md): ``gthread`` with many threads, because a
-request spends most of its life waiting for Kafka's delivery report while holding no CPU; the threads let
-dozens of requests wait at once while librdkafka batches their records. Command-line flags override these.
+Worker model (chosen by bench/receiver.py, see docs/receiver.md): uvicorn workers running the ASGI app. A
+request spends most of its life waiting for Kafka's delivery report; as a suspended coroutine it costs no
+thread, so hundreds wait at once while librdkafka batches their records, for less CPU per event than gthread.
+``python -m kafka_eventing.receiver --worker-model gthread`` runs the WSGI app on gthread workers instead.
+Command-line flags override everything here.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ _settings = Settings.from_env()
 
 bind = [f"0.0.0.0:{os.environ.get('PORT', '8080')}"]
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-worker_class = "gthread"
-threads = 32
+worker_class = "uvicorn.workers.UvicornWorker"
+wsgi_app = "kafka_eventing.receiver.asgi:get_app()"
+threads = 32  # used by the gthread model only
 # The producer and its threads must be created in the worker, never inherited across fork().
 preload_app = False
 keepalive = 75  # longer than common client/LB idle timeouts, so connections are reused rather than reset
@@ -26,7 +29,6 @@ timeout = 30
 # In-flight requests may wait a whole produce timeout for their delivery report, then the flush runs.
 graceful_timeout = int(_settings.produce_timeout_seconds * 2 + 5)
 accesslog = None  # one JSON log line per failure is ours; an access log per event would cost more than it tells
-wsgi_app = "kafka_eventing.receiver.app:get_app()"
 
 
 def on_starting(server: Any) -> None:
@@ -40,6 +42,7 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
+    # gthread: after in-flight requests finished; uvicorn: the ASGI lifespan shutdown already did it (no-op).
     from kafka_eventing.receiver import app
 
     app.shutdown()

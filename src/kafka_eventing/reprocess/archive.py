@@ -58,7 +58,7 @@ def run_archive(
     import time
 
     from pyspark.sql import functions as F
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
     result = ArchiveResult(topic=topic, output=output)
     decoded = read_topic_stream(
@@ -108,7 +108,7 @@ def run_archive(
             .queryName(f"archive-{topic}")
             .start()
         )
-        finished = query.awaitTermination(timeout) if timeout else query.awaitTermination()
+        finished = query.awaitTermination(int(timeout)) if timeout else query.awaitTermination()
         if finished is False:
             query.stop()
             raise TimeoutError(f"archive of {topic} did not finish within {timeout}s")

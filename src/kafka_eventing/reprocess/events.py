@@ -111,7 +111,7 @@ def decode_record(
     return row
 
 
-def decode_batches(batches: Iterator[pa.RecordBatch], keep_raw: bool = False) -> Iterator[pa.RecordBatch]:
+def decode_batches(batches: Iterable[pa.RecordBatch], keep_raw: bool = False) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: Spark Kafka source batches → decoded batches (schema ``event_schema(keep_raw)``)."""
     import pyarrow as pa
 
@@ -151,7 +151,7 @@ def _arrow_schema(keep_raw: bool) -> pa.Schema:
     return pa.schema([(name, _arrow_type(kind)) for name, kind in columns])
 
 
-def _pairs(extensions: Any) -> Iterable[tuple[str, Any]]:
+def ext_pairs(extensions: Any) -> Iterable[tuple[str, Any]]:
     # A map column arrives as a dict (Spark rows, pandas) or as (key, value) pairs (Arrow's to_pylist).
     if extensions is None:
         return ()
@@ -160,23 +160,18 @@ def _pairs(extensions: Any) -> Iterable[tuple[str, Any]]:
     return [(k, v) for k, v in extensions]
 
 
-def _dropped(name: str, patterns: Iterable[str]) -> bool:
-    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
-
-
-def event_from_columns(row: Mapping[str, Any], drop_extensions: Iterable[str] = ()) -> CloudEvent:
-    """Rebuild the event from its columns (archive or decoded rows), minus extensions named or ``prefix*``."""
+def event_from_columns(row: Mapping[str, Any]) -> CloudEvent:
+    """Rebuild the event from its columns (archive or decoded rows)."""
     attrs: dict[str, Any] = {name: row.get(name) for name in CORE_ATTRIBUTES if row.get(name) is not None}
     if "time" in attrs:
         attrs["time"] = _utc(attrs["time"])
-    patterns = tuple(drop_extensions)
-    for name, value in _pairs(row.get("extensions")):
-        if value is not None and not _dropped(name, patterns):
+    for name, value in ext_pairs(row.get("extensions")):
+        if value is not None:
             attrs[name] = value
     return CloudEvent(attrs, row.get("data"))
 
 
-def encode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def encode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: event columns → Kafka records in binary mode (key, value, headers)."""
     import pyarrow as pa
 

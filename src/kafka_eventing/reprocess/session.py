@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kafka_eventing.localstack.kafka import cache_dir
+from kafka_eventing.localstack.tools import cache_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,0 +1,425 @@
+"""Dispatcher benchmark (`make bench-dispatcher`): Kafka's headroom, the HTTP ceiling, the dispatcher, RSS.
+
+Measured in one run on one local Kafka node, against the same subscriber process:
+
+1. raw confluent-kafka consumer rate over the backlog (Kafka's headroom);
+2. a bare aiohttp client posting the same events with the same concurrency, no Kafka (the real ceiling);
+3. the dispatcher (``python -m kafka_eventing.dispatcher``) to that instant subscriber, unordered and ordered;
+4. the dispatcher to a subscriber answering after a fixed 10 ms, unordered and ordered;
+5. RSS of one dispatcher process with 15 subscriptions × 4 partitions × 10 KB events under growing backlogs.
+
+Rates are taken at the subscriber (first to last request), so startup is excluded the same way everywhere.
+The subscriber is a minimal asyncio HTTP/1.1 server in its own process (``--serve``), so it is not the
+bottleneck being measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _common import ROOT, cpu_seconds, machine_facts, median, new_figure, rss_bytes, save_png, write_json
+
+from kafka_eventing.core.binding import CloudEvent, event_to_http, event_to_kafka
+from kafka_eventing.localstack._proc import free_port, terminate
+from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
+
+NAME = "dispatcher"
+DISPATCHER_ENV: dict[str, str] = {}
+NS = "bench"
+
+
+# -- the subscriber process -----------------------------------------------------------------------------
+class _Sink(asyncio.Protocol):
+    """HTTP/1.1 keep-alive, no pipelining needed (clients wait for each answer); ``/slow<ms>/...`` answers late."""
+
+    stats: dict[str, list[float]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1")
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            if len(self.buf) < end + 4 + length:
+                return
+            self.buf = self.buf[end + 4 + length:]
+            method, path = head.split(" ", 2)[:2]
+            self._answer(method, path)
+
+    def _answer(self, method: str, path: str) -> None:
+        if method == "GET":
+            body = json.dumps(self.stats).encode()
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+            return
+        now = time.monotonic()
+        entry = self.stats.get(path)
+        if entry is None:
+            self.stats[path] = [1, now, now]
+        else:
+            entry[0] += 1
+            entry[2] = now
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        if path.startswith("/slow"):
+            delay = int(path[5:].split("/", 1)[0]) / 1000
+            asyncio.get_running_loop().call_later(delay, self.transport.write, reply)
+        else:
+            self.transport.write(reply)
+
+
+def serve(port: int) -> None:
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_Sink, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+class SinkProcess:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(self.port)], start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                self.stats()
+                return
+            time.sleep(0.1)
+        raise RuntimeError("subscriber process did not start")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stats(self) -> dict[str, list[float]]:
+        with urllib.request.urlopen(self.url("/"), timeout=5) as resp:  # noqa: S310 - 127.0.0.1 only
+            data: dict[str, list[float]] = json.loads(resp.read())
+            return data
+
+    def wait(self, paths: list[str], count: int, timeout: float) -> dict[str, float]:
+        """Wait until every path got ``count`` requests; return each path's rate (events/s)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if all(stats.get(p, [0])[0] >= count for p in paths):
+                return {p: (stats[p][0] - 1) / max(1e-9, stats[p][2] - stats[p][1]) for p in paths}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"subscriber got {[stats.get(p, [0])[0] for p in paths]} of {count}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        terminate(self.proc, timeout=10)  # type: ignore[arg-type]
+
+
+# -- events -------------------------------------------------------------------------------------------------
+def make_event(i: int, size: int) -> CloudEvent:
+    data = json.dumps({"i": i, "pad": "x" * max(0, size - 30)}).encode()
+    return CloudEvent({"id": f"bench-{i}", "source": "/bench", "type": "bench.event", "specversion": "1.0",
+                       "datacontenttype": "application/json"}, data)
+
+
+def create_topic(node: KafkaNode, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient(node.client_config())
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)]).values():
+        fut.result(timeout=30)
+
+
+def produce(node: KafkaNode, topic: str, start: int, count: int, size: int) -> float:
+    """Produce events ``start..start+count`` round-robin over partitions; returns seconds taken."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**node.client_config(), "linger.ms": 20, "batch.size": 1_000_000,
+                         "compression.type": "none", "queue.buffering.max.kbytes": 256 * 1024})
+    began = time.monotonic()
+    template = event_to_kafka(make_event(0, size))
+    for i in range(start, start + count):
+        headers = [(k, f"bench-{i}".encode()) if k == "ce_id" else (k, v) for k, v in template.headers]
+        while True:
+            try:
+                producer.produce(topic, template.value, None, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(300)
+    return time.monotonic() - began
+
+
+# -- measurements -------------------------------------------------------------------------------------------
+def raw_consumer_rate(node: KafkaNode, topic: str, count: int) -> float:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({**node.client_config(), "group.id": f"raw-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    got, first, last = 0, 0.0, 0.0
+    deadline = time.monotonic() + 120
+    try:
+        while got < count and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 1.0):
+                if msg.error() is None:
+                    got += 1
+                    last = time.monotonic()
+                    first = first or last
+    finally:
+        consumer.close()
+    return (got - 1) / max(1e-9, last - first)
+
+
+async def _bare(url: str, count: int, concurrency: int, size: int) -> None:
+    import aiohttp
+
+    requests = []
+    for i in range(count):
+        headers, body = event_to_http(make_event(i, size))
+        headers["Prefer"] = "reply"
+        requests.append((headers, body))
+    it = iter(requests)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            for headers, body in it:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def bare_http_rate(sink: SinkProcess, count: int, concurrency: int, size: int) -> float:
+    path = f"/bare-{uuid.uuid4().hex[:8]}"
+    asyncio.run(_bare(sink.url(path), count, concurrency, size))
+    return sink.wait([path], count, 30)[path]
+
+
+class DispatcherRun:
+    """One dispatcher process for a fresh channel over ``topic`` with the given subscribers."""
+
+    def __init__(self, node: KafkaNode, workdir: Path, topic: str, subscribers: list[tuple[str, str]], *,
+                 ordered: bool, max_in_flight: int, partitions: int) -> None:
+        self.name = f"c{uuid.uuid4().hex[:8]}"
+        channels = workdir / f"{self.name}.yaml"
+        channels.write_text(yaml.safe_dump({
+            "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
+            "metadata": {"name": self.name, "namespace": NS, "annotations": {
+                "kafka.eventing.knative.dev/external.topic": topic,
+                "kafka.eventing.knative.dev/delivery.order": "ordered" if ordered else "unordered"}},
+            "spec": {"numPartitions": partitions,
+                     "subscribers": [{"uid": uid, "subscriberUri": uri} for uid, uri in subscribers]}}))
+        self.log = workdir / f"{self.name}.log"
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+               "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(channels), "KE_CHANNEL_NAMESPACE": NS,
+               "KE_CHANNEL_NAME": self.name, "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers,
+               "KE_KAFKA_EXTRA": "auto.offset.reset=earliest", "KE_MAX_IN_FLIGHT": str(max_in_flight),
+               "KE_METRICS_PORT": str(free_port()), "KE_LOG_LEVEL": "WARNING", **DISPATCHER_ENV}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.cpu_start = 0.0
+
+    def rss(self) -> int:
+        return rss_bytes([self.proc.pid])
+
+    def cpu(self) -> float:
+        return cpu_seconds([self.proc.pid])
+
+    def stop(self) -> None:
+        terminate(self.proc, timeout=30)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def dispatcher(*args: Any, **kwargs: Any) -> Iterator[DispatcherRun]:
+    run = DispatcherRun(*args, **kwargs)
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+def dispatcher_rate(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: str, count: int, *, ordered: bool,
+                    max_in_flight: int, partitions: int, delay_ms: int = 0) -> dict[str, float]:
+    path = (f"/slow{delay_ms}" if delay_ms else "") + f"/disp-{uuid.uuid4().hex[:8]}"
+    with dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered,
+                    max_in_flight=max_in_flight, partitions=partitions) as run:
+        cpu0 = run.cpu()
+        rate = sink.wait([path], count, 300)[path]
+        return {"rate": rate, "cpu_seconds": run.cpu() - cpu0, "rss_mib": run.rss() / 2**20}
+
+
+def rss_under_backlog(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: str, *, subscriptions: int,
+                      partitions: int, seconds: float) -> dict[str, Any]:
+    subs = [(f"s{i}", sink.url(f"/rss-{uuid.uuid4().hex[:6]}-{i}")) for i in range(subscriptions)]
+    samples: list[tuple[float, float]] = []
+    with dispatcher(node, workdir, topic, subs, ordered=True, max_in_flight=64, partitions=partitions) as run:
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            samples.append((time.monotonic() - began, run.rss() / 2**20))
+            time.sleep(0.5)
+        stats = sink.stats()
+        delivered = sum(stats.get(uri.split(str(sink.port), 1)[1], [0])[0] for _, uri in subs)
+    rss = [r for _, r in samples if r > 0]
+    return {"samples": samples, "peak_mib": max(rss), "median_mib": median(rss[len(rss) // 2:]),
+            "delivered_during_sampling": delivered}
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, default=20000, help="events for the instant-subscriber runs")
+    parser.add_argument("--size", type=int, default=512, help="event data bytes for the rate runs")
+    parser.add_argument("--in-flight", type=int, default=64, help="max in flight (unordered) and bare concurrency")
+    parser.add_argument("--slow-in-flight", type=int, default=16, help="max in flight for the 10 ms subscriber")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backlogs", default="20000,100000,300000", help="10 KB-event backlogs for the RSS runs")
+    parser.add_argument("--rss-seconds", type=float, default=40.0)
+    parser.add_argument("--dispatcher-env", action="append", default=[], metavar="K=V",
+                        help="extra environment for the dispatcher processes (e.g. KE_QUEUED_MAX_MESSAGES_KBYTES=1024)")
+    parser.add_argument("--rss-only", action="store_true", help="skip the rate runs (for tuning memory)")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return 0
+    DISPATCHER_ENV.update(item.split("=", 1) for item in args.dispatcher_env)
+
+    workdir = ROOT / ".cache" / "bench-dispatcher"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    partitions = 4
+    facts = machine_facts(["confluent-kafka", "aiohttp", "tenacity", "cloudevents"], kafka=KAFKA_VERSION,
+                          event_bytes=args.size, partitions=partitions)
+    result: dict[str, Any] = {"machine": facts, "settings": vars(args)}
+    node = KafkaNode(workdir / "kafka", heap="1g")
+    node.start()
+    sink = SinkProcess()
+    try:
+        topic = "bench.rates"
+        create_topic(node, topic, partitions)
+        if args.rss_only:
+            args.count, args.repeats = 0, 0
+        slow_count = max(args.slow_in_flight * 100 * 4, 2000)
+        total = max(args.count, slow_count)
+        produce(node, topic, 0, total if args.count else 0, args.size)
+        print(f"produced {total} events of {args.size} B into {topic} ({partitions} partitions)", flush=True)
+
+        runs: dict[str, list[float]] = {k: [] for k in (
+            "raw_consumer", "bare_http", "dispatcher_unordered", "dispatcher_ordered",
+            "dispatcher_unordered_10ms", "dispatcher_ordered_10ms")}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
+        for rep in range(args.repeats):
+            runs["raw_consumer"].append(raw_consumer_rate(node, topic, args.count))
+            runs["bare_http"].append(bare_http_rate(sink, args.count, args.in_flight, args.size))
+            for key, ordered, inflight, delay, count in (
+                    ("dispatcher_unordered", False, args.in_flight, 0, args.count),
+                    ("dispatcher_ordered", True, args.in_flight, 0, args.count),
+                    ("dispatcher_unordered_10ms", False, args.slow_in_flight, 10, slow_count),
+                    ("dispatcher_ordered_10ms", True, args.slow_in_flight, 10, 2000)):
+                out = dispatcher_rate(node, workdir, sink, topic, count, ordered=ordered, max_in_flight=inflight,
+                                      partitions=partitions, delay_ms=delay)
+                runs[key].append(out["rate"])
+                cpu[key].append(out["cpu_seconds"] / count * 1e6)
+            print(f"repeat {rep + 1}: " + ", ".join(f"{k}={v[-1]:.0f}/s" for k, v in runs.items()), flush=True)
+
+        med = {k: median(v) if v else float("nan") for k, v in runs.items()}
+        ideal_unordered = args.slow_in_flight / 0.010
+        ideal_ordered = partitions / 0.010
+        result["rates"] = {k: {"runs": v, "median": med[k]} for k, v in runs.items()}
+        result["dispatcher_cpu_us_per_event_median"] = {k: median(v) for k, v in cpu.items() if v}
+        result["ratios"] = {
+            "unordered_vs_bare_http": med["dispatcher_unordered"] / med["bare_http"],
+            "ordered_vs_bare_http": med["dispatcher_ordered"] / med["bare_http"],
+            "raw_consumer_vs_dispatcher_unordered": med["raw_consumer"] / med["dispatcher_unordered"],
+            "unordered_10ms_vs_ideal": med["dispatcher_unordered_10ms"] / ideal_unordered,
+            "ordered_10ms_vs_ideal": med["dispatcher_ordered_10ms"] / ideal_ordered,
+        }
+        result["ideal_10ms"] = {"unordered": ideal_unordered, "ordered": ideal_ordered}
+
+        # RSS: 15 subscriptions × 4 partitions × 10 KB events, backlog growing between runs.
+        rss_topic = "bench.rss"
+        create_topic(node, rss_topic, partitions)
+        produced, rss_runs = 0, []
+        for backlog in (int(b) for b in args.backlogs.split(",")):
+            took = produce(node, rss_topic, produced, backlog - produced, 10 * 1024)
+            print(f"backlog {backlog} × 10 KB produced (+{backlog - produced} in {took:.0f}s)", flush=True)
+            produced = backlog
+            out = rss_under_backlog(node, workdir, sink, rss_topic, subscriptions=15, partitions=partitions,
+                                    seconds=args.rss_seconds)
+            out["backlog_events"] = backlog
+            out["backlog_gib"] = backlog * 10 * 1024 / 2**30
+            out["produce_seconds"] = took
+            rss_runs.append(out)
+            print(f"backlog {backlog}: RSS peak {out['peak_mib']:.0f} MiB, "
+                  f"median {out['median_mib']:.0f} MiB", flush=True)
+        result["rss"] = rss_runs
+        result["targets"] = {
+            "unordered_vs_bare_http >= 0.60": result["ratios"]["unordered_vs_bare_http"] >= 0.60,
+            "unordered_10ms_vs_ideal >= 0.90": result["ratios"]["unordered_10ms_vs_ideal"] >= 0.90,
+            "ordered_10ms_vs_ideal >= 0.90": result["ratios"]["ordered_10ms_vs_ideal"] >= 0.90,
+            "rss_peak <= 128 MiB": all(r["peak_mib"] <= 128 for r in rss_runs),
+        }
+    finally:
+        sink.stop()
+        node.stop()
+    write_json(NAME, result)
+    plot(result)
+    print(json.dumps({k: result[k] for k in ("ratios", "targets")}, indent=2))
+    print({k: round(v["median"]) for k, v in result["rates"].items()})
+    return 0
+
+
+def plot(result: dict[str, Any]) -> None:
+    fig, axes = new_figure(ncols=2, width=6.5)
+    rates = result["rates"]
+    names = list(rates)
+    ax = axes[0][0]
+    ax.bar(range(len(names)), [rates[n]["median"] for n in names], color="#4878a8")
+    for i, n in enumerate(names):
+        ax.scatter([i] * len(rates[n]["runs"]), rates[n]["runs"], color="black", s=8, zorder=3)
+    ax.axhline(result["ideal_10ms"]["unordered"], color="#c44", ls=":", lw=1, label="10 ms ideal, unordered")
+    ax.axhline(result["ideal_10ms"]["ordered"], color="#c84", ls=":", lw=1, label="10 ms ideal, ordered")
+    ax.set_xticks(range(len(names)), [n.replace("dispatcher_", "disp.\n") for n in names], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("events/s (median of runs, dots = runs)")
+    ax.set_title("Throughput, same run, same subscriber")
+    ax.legend(fontsize=7)
+    ax = axes[0][1]
+    for run in result["rss"]:
+        xs, ys = zip(*run["samples"], strict=True)
+        ax.plot(xs, ys, label=f"backlog {run['backlog_events']:,} × 10 KB ({run['backlog_gib']:.1f} GiB)")
+    ax.axhline(128, color="#c44", ls="--", lw=1, label="128 MiB target")
+    ax.set_xlabel("seconds since dispatcher start")
+    ax.set_ylabel("dispatcher RSS (MiB)")
+    ax.set_title("RSS, 15 subscriptions × 4 partitions")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    save_png(fig, NAME)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Reprocessing jobs on a real local Spark (``local[2]``) against the real broker.
+
+One Spark session serves the whole module (a start costs ~10 s); N stays small so the file fits a busy box.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from fixtures.spark import spark  # noqa: F401  (session fixture; the lead registers fixtures.spark globally)
+
+from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
+from kafka_eventing.core.delivery import DeliverySpec
+from kafka_eventing.core.kafka_config import connection_from_secret
+from kafka_eventing.localstack.kafka import KafkaNode
+from kafka_eventing.reprocess.archive import run_archive
+from kafka_eventing.reprocess.http_sink import HttpSinkPolicy
+from kafka_eventing.reprocess.kafka_options import spark_kafka_options
+from kafka_eventing.reprocess.replay import Filters, HttpTarget, TopicTarget, run_redrive, run_replay
+from kafka_eventing.reprocess.sources import Window, read_topic
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(300)]
+
+BASE = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def _event(i: int, **extra: Any) -> CloudEvent:
+    attrs: dict[str, Any] = {
+        "id": f"ev-{i}", "source": "/tests/reprocess", "type": f"com.example.t{i % 2}", "specversion": "1.0",
+        "time": BASE + timedelta(days=i % 3, seconds=i), "traceid": f"trace-{i}", **extra,
+    }
+    if i % 4 == 1:
+        attrs["subject"] = f"subject-{i}"
+    if i % 2:
+        attrs["datacontenttype"] = "application/json"
+        return CloudEvent(attrs, {"n": i, "text": "é"})
+    return CloudEvent(attrs, bytes([i % 256]) * 17 + b"\x00\xff")
+
+
+def _produce(
+    node: KafkaNode, topic: str, events: list[CloudEvent], *, timestamp_ms: int | None = None,
+    structured_every: int = 3, extra_headers: list[tuple[str, bytes]] | None = None,
+) -> None:
+    producer = Producer(node.client_config())
+    for i, ev in enumerate(events):
+        mode = ContentMode.STRUCTURED if i % structured_every == 2 else ContentMode.BINARY
+        rec = event_to_kafka(ev, mode)
+        kwargs: dict[str, Any] = {"timestamp": timestamp_ms} if timestamp_ms is not None else {}
+        producer.produce(topic, rec.value, rec.key, headers=rec.headers + (extra_headers or []), **kwargs)
+    assert producer.flush(30) == 0
+
+
+def _produce_raw(node: KafkaNode, topic: str, value: bytes) -> None:
+    producer = Producer(node.client_config())
+    producer.produce(topic, value, headers=[("content-type", b"text/plain")])
+    assert producer.flush(30) == 0
+
+
+@pytest.fixture
+def plain_options(kafka_running: KafkaNode) -> dict[str, str]:
+    return dict(spark_kafka_options(connection_from_secret(kafka_running.connection_secret())))
+
+
+class Sink:
+    """A local HTTP target that records every request; ``script[id]`` lists statuses to answer in turn."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.script: dict[str, list[int]] = {}
+        self.lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with sink.lock:
+                    sink.requests.append((self.path, headers, body))
+                    queue = sink.script.get(headers.get("ce-id", ""), [])
+                    status = queue.pop(0) if queue else 202
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def ids(self, path: str | None = None) -> list[str]:
+        return [h.get("ce-id", "") for p, h, _ in self.requests if path is None or p == path]
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    s = Sink()
+    s.thread.start()
+    try:
+        yield s
+    finally:
+        s.server.shutdown()
+        s.server.server_close()
+
+
+def test_archive_round_trip_incremental_and_malformed(
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], tmp_path: Path,  # noqa: F811
+) -> None:
+    first = [_event(i) for i in range(12)]
+    _produce(kafka_running, topic, first)
+    _produce_raw(kafka_running, topic, b"this is not a cloudevent")
+    out, ckpt = str(tmp_path / "archive"), str(tmp_path / "checkpoint")
+
+    result = run_archive(spark, topic=topic, output=out, checkpoint=ckpt, kafka_options=plain_options, timeout=240)
+    assert (result.records, result.archived, result.malformed) == (13, 12, 1)
+
+    rows = {r["id"]: r.asDict() for r in spark.read.parquet(out).where("error IS NULL").collect()}
+    assert set(rows) == {ev.get_id() for ev in first}
+    for ev in first:
+        row = rows[ev.get_id()]
+        attrs = ev.get_attributes()
+        for name in ("source", "type", "specversion", "subject", "datacontenttype"):
+            assert row[name] == attrs.get(name), name
+        assert row["time"].replace(tzinfo=UTC) == attrs["time"]
+        assert row["event_date"] == attrs["time"].date()
+        assert dict(row["extensions"]) == {"traceid": attrs["traceid"]}
+        data = ev.get_data()
+        if isinstance(data, bytes):
+            assert bytes(row["data"]) == data  # byte for byte
+        else:
+            assert json.loads(bytes(row["data"])) == data
+        assert row["topic"] == topic and row["offset"] >= 0
+    bad = spark.read.parquet(out).where("error IS NOT NULL").collect()
+    assert len(bad) == 1 and bytes(bad[0]["data"]) == b"this is not a cloudevent" and bad[0]["type"] is None
+    assert "not a CloudEvent" in bad[0]["error"]
+    # Partitioned by event date and type.
+    assert {p.name for p in Path(out).glob("event_date=2024-*")} == {
+        "event_date=2024-05-01", "event_date=2024-05-02", "event_date=2024-05-03"}
+    assert list(Path(out).glob("event_date=2024-05-01/type=com.example.t1/*.parquet"))
+
+    more = [_event(i) for i in range(100, 105)]
+    _produce(kafka_running, topic, more)
+    again = run_archive(spark, topic=topic, output=out, checkpoint=ckpt, kafka_options=plain_options, timeout=240)
+    assert (again.records, again.malformed) == (5, 0)
+    ids = [r["id"] for r in spark.read.parquet(out).where("error IS NULL").select("id").collect()]
+    assert sorted(ids) == sorted(ev.get_id() for ev in first + more)  # every offset exactly once
+
+
+def test_replay_time_window_to_http_with_retries(
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    t0 = int(time.time() * 1000) - 3_600_000
+    before, inside, after = ([_event(i) for i in range(k, k + 4)] for k in (0, 10, 20))
+    _produce(kafka_running, topic, before, timestamp_ms=t0)
+    _produce(kafka_running, topic, inside, timestamp_ms=t0 + 60_000)
+    _produce(kafka_running, topic, after, timestamp_ms=t0 + 120_000)
+    sink.script = {"ev-10": [503, 202], "ev-11": [400]}  # one retried then accepted, one refused for good
+    window = Window(start=datetime.fromtimestamp((t0 + 30_000) / 1000, UTC),
+                    end=datetime.fromtimestamp((t0 + 90_000) / 1000, UTC))
+    policy = HttpSinkPolicy(delivery=DeliverySpec(retry=2, backoff_delay=timedelta(milliseconds=20)),
+                            concurrency=4, rate=200)
+
+    manifest = run_replay(
+        spark, read_topic(spark, topic, plain_options, window), HttpTarget(url=sink.url + "/in", policy=policy),
+        run_dir=tmp_path / "run", source={"topic": topic, **window.describe()},
+    )
+    assert sorted(set(sink.ids("/in"))) == sorted(ev.get_id() for ev in inside)
+    assert sink.ids().count("ev-10") == 2 and sink.ids().count("ev-11") == 1  # 400 is not retried
+    assert manifest.counts["selected"] == 4
+    assert (manifest.counts["sent"], manifest.counts["succeeded"], manifest.counts["failed"]) == (4, 3, 1)
+    assert [f["id"] for f in manifest.failed] == ["ev-11"] and manifest.failed[0]["code"] == 400
+    written = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert written["counts"] == manifest.counts
+
+    # The filters: attribute equality and a SQL predicate over the columns, with --dry-run sending nothing.
+    sent_before = len(sink.requests)
+    dry = run_replay(
+        spark, read_topic(spark, topic, plain_options), HttpTarget(url=sink.url, policy=policy),
+        run_dir=tmp_path / "dry", source={"topic": topic}, dry_run=True,
+        filters=Filters(equals={"type": "com.example.t1"}, where="extensions['traceid'] <> 'trace-21'"),
+    )
+    assert len(sink.requests) == sent_before
+    assert sorted(r["id"] for r in dry.would_send) == ["ev-1", "ev-11", "ev-13", "ev-23", "ev-3"]
+
+
+def test_replay_to_topic_over_sasl_ssl_preserves_headers(
+    spark: Any, kafka_running: KafkaNode, topic: str, tmp_path: Path,  # noqa: F811
+) -> None:
+    options = dict(spark_kafka_options(connection_from_secret(kafka_running.connection_secret(sasl_ssl=True))))
+    assert options["kafka.security.protocol"] == "SASL_SSL"
+    events = [_event(i, partitionkey=f"k{i % 2}") for i in range(6)]
+    _produce(kafka_running, topic, events, extra_headers=[("traceparent", b"00-abc-def-01")])
+    dest = f"replayed.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(kafka_running.client_config())
+    for fut in admin.create_topics([NewTopic(dest, 1, 1)]).values():
+        fut.result(timeout=30)
+
+    manifest = run_replay(
+        spark, read_topic(spark, topic, options, keep_raw=True), TopicTarget(dest, options),
+        run_dir=tmp_path / "run", source={"topic": topic},
+    )
+    assert manifest.counts["succeeded"] == 6
+
+    def records(name: str, n: int) -> dict[str, tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
+        consumer = Consumer({**kafka_running.client_config(), "group.id": uuid.uuid4().hex,
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([name])
+        got: dict[str, tuple[bytes | None, bytes, list[tuple[str, bytes]]]] = {}
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got[f"{msg.key()!r}{msg.value()!r}"] = (msg.key(), msg.value(), list(msg.headers() or []))
+        consumer.close()
+        return got
+
+    original, replayed = records(topic, 6), records(dest, 6)
+    assert replayed == original
+    assert all(("traceparent", b"00-abc-def-01") in h for _, _, h in replayed.values())
+
+
+def test_redrive_strips_dead_letter_extensions_once_per_run(
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    dead = [_event(i, knativeerrordest=f"{sink.url}/orig", knativeerrorcode="500", knativeerrordata="b29wcw==")
+            for i in range(5)]
+    _produce(kafka_running, topic, [*dead, dead[0]])  # ev-0 was dead-lettered twice
+    _produce_raw(kafka_running, topic, b"\x00garbage")
+    sink.script = {"ev-3": [400]}
+    policy = HttpSinkPolicy(delivery=DeliverySpec(retry=1, backoff_delay=timedelta(milliseconds=10)))
+    run_dir = tmp_path / "redrive"
+
+    def redrive(dry_run: bool = False) -> Any:
+        return run_redrive(spark, read_topic(spark, topic, plain_options), url=None, policy=policy,
+                           run_dir=run_dir, source={"topic": topic}, dry_run=dry_run)
+
+    dry = redrive(dry_run=True)
+    assert sink.requests == []
+    assert {r["target"] for r in dry.would_send} == {f"{sink.url}/orig"} and len(dry.would_send) == 5
+
+    first = redrive()
+    assert sorted(sink.ids("/orig")) == ["ev-0", "ev-1", "ev-2", "ev-3", "ev-4"]
+    for _, headers, _ in sink.requests:
+        assert not [h for h in headers if h.startswith("ce-knativeerror")]
+        assert headers["ce-traceid"].startswith("trace-")
+    assert (first.counts["malformed"], first.counts["succeeded"], first.counts["failed"]) == (1, 4, 1)
+    assert first.malformed[0]["error"].startswith("record is not a CloudEvent")
+
+    sink.script = {}
+    second = redrive()  # same run directory: only the failed one goes again
+    assert second.counts["already_succeeded"] == 4 and second.counts["succeeded"] == 1
+    assert sorted(sink.ids("/orig")) == ["ev-0", "ev-1", "ev-2", "ev-3", "ev-3", "ev-4"]
