@@ -148,6 +148,7 @@ def prepare(api: client.ApiClient, kafka: KafkaNode) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     for ns in (SYSTEM, CHANNELS_NS):
         core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(SYSTEM, {"metadata": {"name": res.DISPATCHER_SERVICE_ACCOUNT}})
     core.create_namespaced_secret(SYSTEM, {"metadata": {"name": "kafka-connection", "labels": {SECRET_LABEL: "true"}},
                                            "stringData": kafka.connection_secret()})
     apps.create_namespaced_deployment(SYSTEM, {"metadata": {"name": RECEIVER}, "spec": {

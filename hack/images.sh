@@ -100,23 +100,32 @@ build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "REVISION=$REVISION
 # Prefetch every wheel the images install (runtime dependencies pinned by the lock, plus setuptools for building this
 # repo's wheel) with the host's pip and its configuration (index, proxy CA): the build itself then runs without
 # network. On by default with the private engine, whose containers have no bridge and may not trust the host's CA.
-PREFETCH_WHEELS="${PREFETCH_WHEELS:-${private_engine:-0}}"
-if [[ "$PREFETCH_WHEELS" == 1 ]]; then
-  PY="${PYTHON:-$ROOT/.venv/bin/python}"
-  [[ -x "$PY" ]] || PY=python3
-  wheelhouse="$ROOT/build/wheelhouse"
-  t0=$SECONDS
+prefetch_wheels() {
+  local py="${PYTHON:-$ROOT/.venv/bin/python}" wheelhouse="$ROOT/build/wheelhouse" stamp t0=$SECONDS
+  [[ -x "$py" ]] || py=python3
+  # Same lock, same pyproject, same interpreter: the wheels already there are the ones pip would pick again.
+  stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) | sha256sum | cut -c1-16)"
+  if [[ "$(cat "$wheelhouse/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+    log "build/wheelhouse is current (stamp $stamp)"
+    return
+  fi
   rm -rf "$wheelhouse.tmp"
   mkdir -p "$wheelhouse.tmp"
-  "$PY" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+  "$py" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
     "$ROOT/pyproject.toml" >"$wheelhouse.tmp/runtime.in"
   # Wheels are chosen for this interpreter and platform: it must be the images' Python (3.11 on Linux x86_64/arm64).
-  "$PY" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
+  "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
     --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/runtime.in" "setuptools>=68"
   rm -f "$wheelhouse.tmp/runtime.in"
+  echo "$stamp" >"$wheelhouse.tmp/.stamp"
   rm -rf "$wheelhouse"
   mv "$wheelhouse.tmp" "$wheelhouse"
   log "prefetched $(find "$wheelhouse" -name '*.whl' | wc -l) wheels into build/wheelhouse in $((SECONDS - t0))s"
+}
+
+PREFETCH_WHEELS="${PREFETCH_WHEELS:-${private_engine:-0}}"
+if [[ "$PREFETCH_WHEELS" == 1 ]]; then
+  prefetch_wheels
   build_args+=(--build-arg PIP_NO_INDEX=1)
   BUILD_NETWORK="${BUILD_NETWORK:-none}"
 else

@@ -19,6 +19,9 @@ KIND_VERSION=v0.33.0
 # kube-apiserver, kube-controller-manager, kubectl and etcd come from hack/tools/kube/go.mod;
 # KUBE_VERSION must equal its k8s.io/kubernetes version (checked below). The newest 1.34 patch
 # whose go.mod the checksum database serves here is v1.34.10 (v1.34.11/12 are not verifiable).
+# To bump: set the new version in the replace block (every k8s.io staging module => v0.<minor>.<patch>),
+# then in hack/tools/kube: `go get -tool k8s.io/kubernetes/cmd/kube-apiserver@vX k8s.io/kubernetes/cmd/kube-controller-manager@vX
+# && go mod tidy`, and commit go.mod + go.sum.
 KUBE_VERSION=v1.34.10
 # -----------------------------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class Env:
         self.api, self.kafka, self.namespace, self.system = api, kafka, namespace, system
         self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.admin = AdminClient(kafka.client_config())
+        self.admin = AdminClient({**kafka.client_config(), "log_level": 2})
         self.controllers: list[Controller] = []
 
     def settings(self, **overrides: Any) -> Settings:
@@ -161,6 +161,8 @@ def env(api: client.ApiClient, kafka_running: KafkaNode, kube_namespace: str) ->
     system = f"sys-{uuid.uuid4().hex[:8]}"
     e = Env(api, kafka_running, kube_namespace, system)
     e.core.create_namespace({"metadata": {"name": system}})
+    # What the chart installs beside the controller: the dispatchers' ServiceAccount.
+    e.core.create_namespaced_service_account(system, {"metadata": {"name": res.DISPATCHER_SERVICE_ACCOUNT}})
     secret = {"metadata": {"name": "kafka-connection", "labels": {SECRET_LABEL: "true"}},
               "stringData": kafka_running.connection_secret()}
     e.core.create_namespaced_secret(system, secret)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kafka_eventing.localstack.kube import KubeControlPlane
+from kafka_eventing.localstack.kube import KubeControlPlane, KubeControlPlaneError
 from kafka_eventing.localstack.tools import ToolNotFoundError, tool_path
 
 pytestmark = pytest.mark.kube
@@ -275,6 +275,22 @@ def test_missing_binaries_point_to_make_setup(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("KE_CACHE", str(tmp_path))
     with pytest.raises(ToolNotFoundError, match=r"make setup"):
         tool_path("kube-apiserver")
-    with pytest.raises(ToolNotFoundError, match=r"kube-apiserver not found"):
+    with pytest.raises(ToolNotFoundError, match=r"etcd not found"):
         KubeControlPlane(tmp_path / "kube").start()
     assert not (tmp_path / "kube").exists()  # nothing was started or written
+
+
+def test_a_component_that_dies_fails_start_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "cache" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager"):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\necho '{name}: cannot start, disk on fire' >&2\nexit 3\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("KE_CACHE", str(tmp_path / "cache"))
+    plane = KubeControlPlane(tmp_path / "kube", start_timeout=30)
+    with pytest.raises(KubeControlPlaneError, match=r"etcd exited with code 3") as info:
+        plane.start()
+    assert "etcd: cannot start, disk on fire" in str(info.value)
+    assert not plane.running
+    assert plane.log_paths["etcd"].is_file()  # kept for the post-mortem

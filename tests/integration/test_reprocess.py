@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from fixtures.spark import spark  # noqa: F401  (session fixture; the lead registers fixtures.spark globally)
 
+from fixtures.spark import spark  # noqa: F401  (session fixture; the lead registers fixtures.spark globally)
 from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
 from kafka_eventing.core.delivery import DeliverySpec
 from kafka_eventing.core.kafka_config import connection_from_secret
@@ -29,6 +29,7 @@ from kafka_eventing.reprocess.http_sink import HttpSinkPolicy
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
 from kafka_eventing.reprocess.replay import Filters, HttpTarget, TopicTarget, run_redrive, run_replay
 from kafka_eventing.reprocess.sources import Window, read_topic
+from kafka_eventing.reprocess.stats import run_stats
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -267,3 +268,9 @@ def test_redrive_strips_dead_letter_extensions_once_per_run(
     second = redrive()  # same run directory: only the failed one goes again
     assert second.counts["already_succeeded"] == 4 and second.counts["succeeded"] == 1
     assert sorted(sink.ids("/orig")) == ["ev-0", "ev-1", "ev-2", "ev-3", "ev-3", "ev-4"]
+
+    stats = run_stats(read_topic(spark, topic, plain_options), tmp_path / "stats", title=topic)
+    assert (stats["events"], stats["malformed"], stats["dead_letters"]) == (6, 1, 6)
+    errors = (tmp_path / "stats" / "errors.csv").read_text()
+    assert "500" in errors and "oops" in errors  # knativeerrordata decoded
+    assert (tmp_path / "stats" / "chart.png").stat().st_size > 1000

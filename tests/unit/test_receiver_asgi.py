@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from falcon import testing
-from receiver_fakes import FakeChannels, FakeProducer
+from test_receiver import FakeChannels, FakeProducer
 
 from kafka_eventing.core.channels import Channel
 from kafka_eventing.core.settings import Settings

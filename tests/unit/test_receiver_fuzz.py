@@ -10,7 +10,7 @@ import pytest
 from falcon import testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from receiver_fakes import FakeProducer, make_app
+from test_receiver import FakeProducer, make_app
 
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.core.channels import Channel

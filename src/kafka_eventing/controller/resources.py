@@ -28,6 +28,8 @@ ANNOTATION_SPEC_HASH = "kafka.eventing.knative.dev/spec-hash"
 #: On the dispatcher's pod template: changes when the connection Secret or config ConfigMap changes.
 ANNOTATION_CONFIG_CHECKSUM = "kafka.eventing.knative.dev/config-checksum"
 DISPATCHER_APP = "kafka-channel-dispatcher"
+#: Created by the chart/manifests in the system namespace (RBAC: watch its channel, patch status.subscribers).
+DISPATCHER_SERVICE_ACCOUNT = "kafka-channel-dispatcher"
 SECRET_MOUNT = "/etc/kafka-secret"  # noqa: S105 - a path
 DNS1035_MAX = 63
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -187,7 +189,7 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
                                                                ANNOTATION_CHANNEL: ref.key}},
             "spec": {
                 "automountServiceAccountToken": True,  # the dispatcher watches its channel and patches status
-                "serviceAccountName": "kafka-channel-dispatcher",
+                "serviceAccountName": DISPATCHER_SERVICE_ACCOUNT,
                 "enableServiceLinks": False,
                 "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [container],

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -60,7 +62,24 @@ class _Args(argparse.Namespace):
 _ARGS = _Args()
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc malloc arenas before librdkafka starts its threads.
+
+    Each consumer runs several librdkafka threads; by default glibc gives busy threads their own arenas
+    (up to 8 per core), and freed fetch buffers then stay spread over them. Measured in
+    bench/dispatcher.py: about 20 MiB less RSS with 15 subscriptions. ``MALLOC_ARENA_MAX`` still wins.
+    """
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to tune
+
+
 def main(argv: list[str] | None = None) -> int:
+    _limit_malloc_arenas()
     parser = argparse.ArgumentParser(prog="kafka-eventing dispatcher", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics, /status")
     parser.parse_args(sys.argv[1:] if argv is None else argv, namespace=_ARGS)

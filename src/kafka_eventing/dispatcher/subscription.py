@@ -159,7 +159,7 @@ class SubscriptionConsumer:
             idle = 0
             while not self._stopping:
                 try:
-                    messages = self._consumer.consume(CONSUME_BATCH, 0)
+                    messages = self._consumer.consume(self._room(), 0)
                 except KafkaException as exc:
                     log.warning("consume failed", extra={**self.labels.as_dict(), "error": str(exc)})
                     messages = []
@@ -203,6 +203,15 @@ class SubscriptionConsumer:
             return
         part.queue.append(message)
         part.consumed.inc()
+
+    def _room(self) -> int:
+        """How many records to take now: the free local queue space, so Python never holds more than the caps.
+
+        At least one: a full partition is paused (librdkafka then holds nothing for it), and polling must
+        go on for rebalance callbacks and ``max.poll.interval.ms``.
+        """
+        free = sum(max(0, p.cap - len(p.queue)) for p in self._parts.values() if not p.paused)
+        return max(1, min(CONSUME_BATCH, free))
 
     def _resize(self) -> None:
         """Local queue length per partition: enough to hide the poll interval, small enough for flat RSS."""

@@ -155,24 +155,31 @@ def run_replay(
     )
     events = events.persist(StorageLevel.MEMORY_AND_DISK)  # read Kafka/Parquet once for count + send
     try:
-        malformed = events.where(F.col("error").isNotNull())
-        manifest.malformed = [r.asDict() for r in malformed.select("topic", "partition", "offset", "error")
-                              .limit(MAX_LISTED).collect()]
-        selected = events.where(F.col("error").isNull())
+        bad = F.col("error").isNotNull()
         cond = filters.column()
-        if cond is not None:
-            selected = selected.where(cond)
+        wanted = ~bad if cond is None else (~bad & cond)
+        # One pass for the counts (the first action also fills the cache).
+        totals = events.agg(
+            F.count(F.lit(1)).alias("read"),
+            F.sum(F.when(bad, 1).otherwise(0)).alias("malformed"),
+            F.sum(F.when(wanted, 1).otherwise(0)).alias("matched"),
+        ).first()
+        assert totals is not None
+        read, bad_count, matched = (int(totals[name] or 0) for name in ("read", "malformed", "matched"))
+        if bad_count:
+            manifest.malformed = [r.asDict() for r in events.where(bad).select("topic", "partition", "offset", "error")
+                                  .limit(MAX_LISTED).collect()]
+        selected = events.where(wanted)
         if dedupe:
             selected = selected.dropDuplicates(["source", "id"])
-        matched = selected.count()
-        skipped = 0
+            matched = selected.count()
+        todo = matched
         done = _already_succeeded(spark, run_path)
         if done is not None:
             selected = selected.join(done, on=["source", "id"], how="left_anti")
-        todo = selected.count()
-        skipped = matched - todo
-        manifest.counts = {"read": events.count(), "malformed": malformed.count(), "matched": matched,
-                           "already_succeeded": skipped, "selected": todo}
+            todo = selected.count()
+        manifest.counts = {"read": read, "malformed": bad_count, "matched": matched,
+                           "already_succeeded": matched - todo, "selected": todo}
         if dry_run:
             cols = ["id", "source", "type", "topic", "partition", "offset"]
             if target_extension:
