@@ -118,10 +118,7 @@ def test_helm_install_and_uninstall(cluster: Cluster, values: str) -> None:
         assert "STATUS: deployed" in out
         assert "kind: KafkaChannel" in out and "rollout status deploy/kafka-eventing-controller" in out  # NOTES
         manifest = cluster.helm("get", "manifest", RELEASE, "-n", NS).stdout
-        expected = {f"{d['kind'].lower()}.{d['apiVersion'].split('/')[0]}/{d['metadata']['name']}"
-                    if "/" in d["apiVersion"] else f"{d['kind'].lower()}/{d['metadata']['name']}"
-                    for d in objects(manifest)}
-        assert cluster.names(manifest) == expected
+        assert cluster.names(manifest) == kind_names(objects(manifest))
         wait_established(cluster)
         kinds = {d["kind"] for d in objects(manifest)}
         # No Prometheus Operator or KEDA here: the capability-guarded objects must stay out.
@@ -208,26 +205,41 @@ def test_install_checks_the_existing_connection_secret(cluster: Cluster) -> None
         cluster.kubectl("delete", "secret", "kafka-connection", "-n", NS, "--ignore-not-found")
 
 
-@pytest.mark.parametrize("overlay", sorted(p.name for p in OVERLAYS.iterdir()))
-def test_kustomize_apply_and_delete(cluster: Cluster, overlay: str) -> None:
-    path = str(OVERLAYS / overlay)
+def kind_names(docs: list[dict[str, Any]]) -> set[str]:
+    """What `kubectl get -o name` prints for these objects."""
+    out = set()
+    for d in docs:
+        group = d["apiVersion"].split("/")[0] if "/" in d["apiVersion"] else ""
+        out.add(f"{d['kind'].lower()}{'.' + group if group else ''}/{d['metadata']['name']}")
+    return out
+
+
+def test_kustomize_apply_every_overlay_then_delete(cluster: Cluster) -> None:
+    # One install switched from provider to provider (as `kubectl apply -k` of another overlay does in place), then
+    # `kubectl delete -k`: faster than a full install/delete per overlay, and the switch itself is worth checking.
     cluster.settle_namespace()
-    # kubectl's built-in kustomize must build what the pinned kustomize builds.
-    built = cluster.kubectl("kustomize", path).stdout
-    pinned = cluster.run([str(cluster.helm_bin.parent / "kustomize"), "build", path]).stdout
-    assert objects(built) == objects(pinned)
-    # Server-side apply: the CRD is too big for client-side apply's last-applied annotation to be comfortable, and
-    # the CRD may already be owned by an earlier Helm release of this module (force the field ownership over).
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", path)
+    built: dict[str, str] = {}
     try:
-        wait_established(cluster)
-        expected = {f"{d['kind'].lower()}{'.' + d['apiVersion'].split('/')[0] if '/' in d['apiVersion'] else ''}"
-                    f"/{d['metadata']['name']}" for d in objects(built)}
-        assert cluster.names(built) == expected
-        config = next(d for d in objects(built) if d["metadata"]["name"].startswith("kafka-eventing-config-"))
-        live = cluster.kubectl("get", "configmap", config["metadata"]["name"], "-n", NS, "-o",
-                               "jsonpath={.data.KE_KAFKA_PROVIDER}").stdout
-        assert live == config["data"]["KE_KAFKA_PROVIDER"]
+        for overlay in sorted(p.name for p in OVERLAYS.iterdir()):
+            path = str(OVERLAYS / overlay)
+            # kubectl's built-in kustomize must build what the pinned kustomize builds.
+            built[overlay] = cluster.kubectl("kustomize", path).stdout
+            pinned = cluster.run([str(cluster.helm_bin.parent / "kustomize"), "build", path]).stdout
+            assert objects(built[overlay]) == objects(pinned), overlay
+            # Server-side apply: the CRD may be owned by an earlier Helm release of this module (take it over).
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", path)
+            wait_established(cluster)
+            docs = objects(built[overlay])
+            assert cluster.names(built[overlay]) == kind_names(docs), overlay
+            config = next(d for d in docs if d["metadata"]["name"].startswith("kafka-eventing-config-"))
+            env = cluster.kubectl("get", "deploy/kafka-eventing-receiver", "-n", NS, "-o",
+                                  "jsonpath={.spec.template.spec.containers[0].envFrom[0].configMapRef.name}").stdout
+            assert env == config["metadata"]["name"], "the receiver must load this overlay's settings"
+            live = cluster.kubectl("get", "configmap", env, "-n", NS, "-o", "jsonpath={.data.KE_KAFKA_PROVIDER}").stdout
+            assert live == config["data"]["KE_KAFKA_PROVIDER"], overlay
     finally:
-        cluster.kubectl("delete", "-k", path, "--ignore-not-found", "--wait", "--timeout=120s")
-    assert cluster.names(built) == set()
+        if built:
+            cluster.kubectl("delete", "-k", str(OVERLAYS / list(built)[-1]), "--ignore-not-found", "--wait",
+                            "--timeout=120s")
+    for overlay, manifest in built.items():
+        assert cluster.names(manifest) == set(), f"{overlay}: objects left after kubectl delete -k"

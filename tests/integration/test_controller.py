@@ -8,6 +8,7 @@ would report it: the test marks the Pods that the real ReplicaSet controller cre
 from __future__ import annotations
 
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -334,8 +335,10 @@ def test_kafka_outage_is_reported_and_recovered(env: Env) -> None:
 
 
 def test_only_the_lease_holder_writes_and_a_restart_converges(env: Env) -> None:
-    first = env.start_controller()
+    first = env.start_controller(health_port=0, health_address="127.0.0.1")
     eventually(lambda: first.elector.is_leader, what="first controller leads")
+    base = f"http://127.0.0.1:{first.health_port}"
+    assert urllib.request.urlopen(f"{base}/healthz", timeout=5).read() == b"ok"
     second = env.start_controller()
     eventually(second.synced, what="second controller synced")
     names = [f"c{i}" for i in range(3)]
@@ -345,6 +348,8 @@ def test_only_the_lease_holder_writes_and_a_restart_converges(env: Env) -> None:
     assert not second.elector.is_leader
     assert reconciles(second) == 0
     assert reconciles(first) > 0
+    metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+    assert "kafkachannel_reconcile_duration_seconds_count" in metrics and "kafkachannel_controller_leader 1.0" in metrics
 
     # Stop the leader mid-way (a new channel pending); the standby takes over and converges.
     first.stop()

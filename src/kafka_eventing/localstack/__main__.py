@@ -83,7 +83,7 @@ def serve(ttl: float, with_kube: bool) -> int:
         _state_file().write_text(json.dumps(state, indent=2))
         stop.wait(ttl)
         return 0
-    except Exception as exc:  # noqa: BLE001 - reported to `up` through the state file
+    except Exception as exc:
         state["error"] = str(exc)
         _state_file().write_text(json.dumps(state, indent=2))
         return 1
