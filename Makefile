@@ -71,11 +71,15 @@ images: ## Build the per-role images (needs a Docker engine), tagged with the gi
 	hack/images.sh $(GIT_SHA)
 
 ##@ Benchmarks (results and plots under docs/benchmarks/)
+.PHONY: bench-tools
+bench-tools: ## wrk, the HTTP load generator (Debian package).
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+
 .PHONY: bench
 bench: bench-receiver bench-dispatcher bench-controller bench-spark ## All benchmarks.
 
 .PHONY: bench-receiver
-bench-receiver: setup ## Receiver vs bare falcon vs raw producer, side by side.
+bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.
 	$(PY) bench/receiver.py
 
 .PHONY: bench-dispatcher

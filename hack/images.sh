@@ -14,8 +14,8 @@
 #   IMAGE_PREFIX     repository prefix (default kafka-eventing-) → kafka-eventing-receiver:<tag>
 #   PREFETCH_WHEELS  1: download the wheels on the host into build/wheelhouse and build with --network none
 #                    (default 1 with the private engine, 0 with DOCKER_HOST)
-#   BUILD_NETWORK    network of RUN steps (default: none with prefetched wheels; host for the private engine
-#                    without them, since its bridge is off; the engine's default otherwise)
+#   BUILD_NETWORK    network of RUN steps (default with the private engine, which has no bridge: none with
+#                    prefetched wheels, host for spark or without them; the engine's default otherwise)
 #   PIP_INDEX_URL    passed to the builder stage when set
 set -euo pipefail
 
@@ -101,18 +101,21 @@ build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "REVISION=$REVISION
 # repo's wheel) with the host's pip and its configuration (index, proxy CA): the build itself then runs without
 # network. On by default with the private engine, whose containers have no bridge and may not trust the host's CA.
 prefetch_wheels() {
-  local py="${PYTHON:-$ROOT/.venv/bin/python}" wheelhouse="$ROOT/build/wheelhouse" stamp t0=$SECONDS
+  local py="${PYTHON:-$ROOT/.venv/bin/python}" wheelhouse="$ROOT/build/wheelhouse" stamp t0=$SECONDS extras=""
+  # The spark image also installs the [spark] extra (pyspark alone is a ~400 MB wheel: only fetched when needed).
+  [[ " ${ROLES[*]} " != *" spark "* ]] || extras=spark
   [[ -x "$py" ]] || py=python3
   # Same lock, same pyproject, same interpreter: the wheels already there are the ones pip would pick again.
-  stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) | sha256sum | cut -c1-16)"
+  stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) <(echo "$extras") | sha256sum | cut -c1-16)"
   if [[ "$(cat "$wheelhouse/.stamp" 2>/dev/null)" == "$stamp" ]]; then
     log "build/wheelhouse is current (stamp $stamp)"
     return
   fi
   rm -rf "$wheelhouse.tmp"
   mkdir -p "$wheelhouse.tmp"
-  "$py" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
-    "$ROOT/pyproject.toml" >"$wheelhouse.tmp/runtime.in"
+  "$py" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(p["dependencies"] + [d for e in sys.argv[2:] for d in p["optional-dependencies"][e]]))' \
+    "$ROOT/pyproject.toml" $extras >"$wheelhouse.tmp/runtime.in"
   # Wheels are chosen for this interpreter and platform: it must be the images' Python (3.11 on Linux x86_64/arm64).
   "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
     --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/runtime.in" "setuptools>=68"
@@ -127,34 +130,45 @@ PREFETCH_WHEELS="${PREFETCH_WHEELS:-${private_engine:-0}}"
 if [[ "$PREFETCH_WHEELS" == 1 ]]; then
   prefetch_wheels
   build_args+=(--build-arg PIP_NO_INDEX=1)
-  BUILD_NETWORK="${BUILD_NETWORK:-none}"
 else
   rm -rf "$ROOT/build/wheelhouse"  # stale wheels would shadow the index
-  # The private engine has no bridge network: RUN steps share the host's to reach the package index.
-  BUILD_NETWORK="${BUILD_NETWORK:-${private_engine:+host}}"
 fi
-network_args=()
-[[ -z "$BUILD_NETWORK" ]] || network_args=(--network "$BUILD_NETWORK")
+
+# Network of a role's RUN steps. The private engine has no bridge, so anything that downloads during the build
+# shares the host's network: the spark image always (apt and Maven fetch Java and the connector jars), the others
+# only without prefetched wheels. An engine with a bridge keeps its default unless BUILD_NETWORK says otherwise.
+network_for() {
+  if [[ -n "${BUILD_NETWORK:-}" ]]; then echo "$BUILD_NETWORK"
+  elif [[ -z "$private_engine" ]]; then echo ""
+  elif [[ "$1" == spark || "$PREFETCH_WHEELS" != 1 ]]; then echo host
+  else echo none
+  fi
+}
 
 built=()
+failed=()
 for role in "${ROLES[@]}"; do
   dockerfile="$ROOT/images/$role/Dockerfile"
   [[ -f "$dockerfile" ]] || { log "images/$role/Dockerfile not found"; exit 1; }
   image="${IMAGE_PREFIX}${role}:${TAG}"
   t0=$SECONDS
   log "building $image"
+  network="$(network_for "$role")"
   # The context is the repository root (filtered by .dockerignore): every role installs the same package.
-  if ! docker build "${network_args[@]}" "${build_args[@]}" -f "$dockerfile" -t "$image" "$ROOT" \
+  if docker build ${network:+--network "$network"} "${build_args[@]}" -f "$dockerfile" -t "$image" "$ROOT" \
       >"$DOCKER_DIR/build-$role.log" 2>&1; then
-    tail -n 40 "$DOCKER_DIR/build-$role.log" >&2
-    log "build of $image failed (full log: $DOCKER_DIR/build-$role.log)"
-    exit 1
+    log "built $image in $((SECONDS - t0))s"
+    built+=("$image")
+  else
+    tail -n 30 "$DOCKER_DIR/build-$role.log" >&2
+    log "build of $image FAILED after $((SECONDS - t0))s (full log: $DOCKER_DIR/build-$role.log)"
+    failed+=("$image")
   fi
-  log "built $image in $((SECONDS - t0))s"
-  built+=("$image")
 done
 
 printf '%-48s %10s\n' IMAGE SIZE
 for image in "${built[@]}"; do
   printf '%-48s %10s\n' "$image" "$(docker image inspect --format '{{.Size}}' "$image" | awk '{printf "%.1fMB", $1/1e6}')"
 done
+for image in "${failed[@]}"; do printf '%-48s %10s\n' "$image" FAILED; done
+[[ ${#failed[@]} -eq 0 ]]

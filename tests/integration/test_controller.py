@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
-from confluent_kafka import TopicCollection
+from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -125,7 +125,7 @@ class Env:
         """(partitions, retention.ms) of a topic, None when it does not exist."""
         try:
             desc = self.admin.describe_topics(TopicCollection([name]))[name].result(timeout=10)
-        except Exception:
+        except KafkaException:
             return None
         resource = ConfigResource(ResourceType.TOPIC, name)
         configs = self.admin.describe_configs([resource])[resource].result(timeout=10)
@@ -349,7 +349,8 @@ def test_only_the_lease_holder_writes_and_a_restart_converges(env: Env) -> None:
     assert reconciles(second) == 0
     assert reconciles(first) > 0
     metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
-    assert "kafkachannel_reconcile_duration_seconds_count" in metrics and "kafkachannel_controller_leader 1.0" in metrics
+    assert "kafkachannel_reconcile_duration_seconds_count" in metrics
+    assert "kafkachannel_controller_leader 1.0" in metrics
 
     # Stop the leader mid-way (a new channel pending); the standby takes over and converges.
     first.stop()

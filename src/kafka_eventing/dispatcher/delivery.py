@@ -6,6 +6,7 @@ failure with no sink); only then may its offset be committed. A failing dead-let
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -25,8 +26,9 @@ from kafka_eventing.core.binding import (
     with_extensions,
 )
 from kafka_eventing.core.channels import Subscriber
+from kafka_eventing.core.delivery import is_retryable
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
-from kafka_eventing.dispatcher.retry import delivery_policy, parse_retry_after, sink_policy
+from kafka_eventing.dispatcher.retry import delivery_policy, parse_retry_after, retry_delay, sink_policy
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +140,6 @@ class Deliverer:
         self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels,
     ) -> Attempt:
         spec = subscriber.delivery
-
-        def on_retry(_attempt: int, _delay: float) -> None:
-            self.metrics.retries.labels(*labels).inc()
-
-        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry)
         timeout = spec.timeout_seconds
 
         async def once() -> Attempt:
@@ -150,6 +147,16 @@ class Deliverer:
             self.metrics.deliveries.labels(*labels, result.code).inc()
             return result
 
+        first = await once()
+        if first.ok or not is_retryable(first.status) or spec.retry == 0:
+            return first
+
+        def on_retry(_attempt: int, _delay: float) -> None:
+            self.metrics.retries.labels(*labels).inc()
+
+        on_retry(1, 0.0)
+        await (self._sleep or asyncio.sleep)(retry_delay(spec, 1, first.retry_after, self.retry_after_max))
+        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=1)
         result: Attempt = await policy(once)
         return result
 

@@ -63,19 +63,24 @@ def delivery_policy(
     *,
     sleep: Callable[[float], Awaitable[None]] | None = None,
     before_retry: Callable[[int, float], None] | None = None,
+    done: int = 0,
 ) -> AsyncRetrying:
-    """Up to ``spec.retry`` retries of a retryable outcome; the last outcome is returned, never raised."""
+    """Up to ``spec.retry`` retries of a retryable outcome; the last outcome is returned, never raised.
+
+    ``done`` attempts were already made outside the policy (the caller tries once without tenacity — the
+    common, successful case then costs nothing extra — and has already slept before retry ``done``).
+    """
 
     def wait(state: RetryCallState) -> float:
-        return retry_delay(spec, state.attempt_number, _last(state).retry_after, retry_after_max)
+        return retry_delay(spec, state.attempt_number + done, _last(state).retry_after, retry_after_max)
 
     def notify(state: RetryCallState) -> None:
         if before_retry is not None and state.next_action is not None:
-            before_retry(state.attempt_number, state.next_action.sleep)
+            before_retry(state.attempt_number + done, state.next_action.sleep)
 
     kwargs = {} if sleep is None else {"sleep": sleep}
     return AsyncRetrying(
-        stop=stop_after_attempt(spec.retry + 1),
+        stop=stop_after_attempt(spec.retry + 1 - done),
         wait=wait,
         retry=retry_if_result(lambda o: not o.ok and is_retryable(o.status)),
         retry_error_callback=_last,
