@@ -151,7 +151,7 @@ def create_topic(node: KafkaNode, topic: str, partitions: int) -> None:
         fut.result(timeout=30)
 
 
-def produce(node: KafkaNode, topic: str, start: int, count: int, size: int) -> float:
+def produce(node: KafkaNode, topic: str, start: int, count: int, size: int, *, partitions: int = 4) -> float:
     """Produce events ``start..start+count`` round-robin over partitions; returns seconds taken."""
     from confluent_kafka import Producer
 
@@ -163,7 +163,7 @@ def produce(node: KafkaNode, topic: str, start: int, count: int, size: int) -> f
         headers = [(k, f"bench-{i}".encode()) if k == "ce_id" else (k, v) for k, v in template.headers]
         while True:
             try:
-                producer.produce(topic, template.value, None, headers=headers)
+                producer.produce(topic, template.value, None, partition=i % partitions, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -212,8 +212,8 @@ async def _bare(url: str, count: int, concurrency: int, size: int) -> None:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-def bare_http_rate(sink: SinkProcess, count: int, concurrency: int, size: int) -> float:
-    path = f"/bare-{uuid.uuid4().hex[:8]}"
+def bare_http_rate(sink: SinkProcess, count: int, concurrency: int, size: int, delay_ms: int = 0) -> float:
+    path = (f"/slow{delay_ms}" if delay_ms else "") + f"/bare-{uuid.uuid4().hex[:8]}"
     asyncio.run(_bare(sink.url(path), count, concurrency, size))
     return sink.wait([path], count, 30)[path]
 
@@ -295,7 +295,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=20000, help="events for the instant-subscriber runs")
     parser.add_argument("--size", type=int, default=512, help="event data bytes for the rate runs")
     parser.add_argument("--in-flight", type=int, default=64, help="max in flight (unordered) and bare concurrency")
-    parser.add_argument("--slow-in-flight", type=int, default=16, help="max in flight for the 10 ms subscriber")
+    parser.add_argument("--slow-in-flight", type=int, default=4,
+                        help="max in flight for the 10 ms subscriber (= partitions: both ideals are 400/s)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backlogs", default="20000,100000,300000", help="10 KB-event backlogs for the RSS runs")
     parser.add_argument("--rss-seconds", type=float, default=40.0)
@@ -323,18 +324,19 @@ def main() -> int:
         create_topic(node, topic, partitions)
         if args.rss_only:
             args.count, args.repeats = 0, 0
-        slow_count = max(args.slow_in_flight * 100 * 4, 2000)
+        slow_count = max(args.slow_in_flight * 100 * 5, 2000)
         total = max(args.count, slow_count)
         produce(node, topic, 0, total if args.count else 0, args.size)
         print(f"produced {total} events of {args.size} B into {topic} ({partitions} partitions)", flush=True)
 
         runs: dict[str, list[float]] = {k: [] for k in (
-            "raw_consumer", "bare_http", "dispatcher_unordered", "dispatcher_ordered",
+            "raw_consumer", "bare_http", "bare_http_10ms", "dispatcher_unordered", "dispatcher_ordered",
             "dispatcher_unordered_10ms", "dispatcher_ordered_10ms")}
         cpu: dict[str, list[float]] = {k: [] for k in runs}
         for rep in range(args.repeats):
             runs["raw_consumer"].append(raw_consumer_rate(node, topic, args.count))
             runs["bare_http"].append(bare_http_rate(sink, args.count, args.in_flight, args.size))
+            runs["bare_http_10ms"].append(bare_http_rate(sink, slow_count, args.slow_in_flight, args.size, 10))
             for key, ordered, inflight, delay, count in (
                     ("dispatcher_unordered", False, args.in_flight, 0, args.count),
                     ("dispatcher_ordered", True, args.in_flight, 0, args.count),
@@ -356,6 +358,7 @@ def main() -> int:
             "ordered_vs_bare_http": med["dispatcher_ordered"] / med["bare_http"],
             "raw_consumer_vs_dispatcher_unordered": med["raw_consumer"] / med["dispatcher_unordered"],
             "unordered_10ms_vs_ideal": med["dispatcher_unordered_10ms"] / ideal_unordered,
+            "bare_http_10ms_vs_ideal": med["bare_http_10ms"] / ideal_unordered,
             "ordered_10ms_vs_ideal": med["dispatcher_ordered_10ms"] / ideal_ordered,
         }
         result["ideal_10ms"] = {"unordered": ideal_unordered, "ordered": ideal_ordered}

@@ -101,10 +101,10 @@ build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "REVISION=$REVISION
 # repo's wheel) with the host's pip and its configuration (index, proxy CA): the build itself then runs without
 # network. On by default with the private engine, whose containers have no bridge and may not trust the host's CA.
 prefetch_wheels() {
-  local py="${PYTHON:-$ROOT/.venv/bin/python}" wheelhouse="$ROOT/build/wheelhouse" stamp t0=$SECONDS extras=""
+  local py="${PYTHON:-$ROOT/.venv/bin/python}" wheelhouse="$ROOT/build/wheelhouse" stamp t0=$SECONDS extras="" ok=1
+  [[ -x "$py" ]] || py=python3
   # The spark image also installs the [spark] extra (pyspark alone is a ~400 MB wheel: only fetched when needed).
   [[ " ${ROLES[*]} " != *" spark "* ]] || extras=spark
-  [[ -x "$py" ]] || py=python3
   # Same lock, same pyproject, same interpreter: the wheels already there are the ones pip would pick again.
   stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) <(echo "$extras") | sha256sum | cut -c1-16)"
   if [[ "$(cat "$wheelhouse/.stamp" 2>/dev/null)" == "$stamp" ]]; then
@@ -113,14 +113,23 @@ prefetch_wheels() {
   fi
   rm -rf "$wheelhouse.tmp"
   mkdir -p "$wheelhouse.tmp"
-  "$py" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(p["dependencies"] + [d for e in sys.argv[2:] for d in p["optional-dependencies"][e]]))' \
-    "$ROOT/pyproject.toml" $extras >"$wheelhouse.tmp/runtime.in"
   # Wheels are chosen for this interpreter and platform: it must be the images' Python (3.11 on Linux x86_64/arm64).
-  "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
-    --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/runtime.in" "setuptools>=68"
-  rm -f "$wheelhouse.tmp/runtime.in"
-  echo "$stamp" >"$wheelhouse.tmp/.stamp"
+  download() {  # download <label> <extra...>: the runtime dependencies plus the named extras, pinned by the lock
+    local label="$1"; shift
+    "$py" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(p["dependencies"] + [d for e in sys.argv[2:] for d in p["optional-dependencies"][e]]))' \
+      "$ROOT/pyproject.toml" "$@" >"$wheelhouse.tmp/$label.in"
+    "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
+      --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/$label.in" "setuptools>=68"
+    rm -f "$wheelhouse.tmp/$label.in"
+  }
+  download runtime
+  # A broken [spark] pin must not keep the role images from building: the spark build then fails on its own.
+  if [[ -n "$extras" ]] && ! download "$extras" "$extras"; then
+    log "WARNING: the [$extras] extra does not resolve against requirements.lock (pip's error above)"
+    ok=0
+  fi
+  [[ $ok == 0 ]] || echo "$stamp" >"$wheelhouse.tmp/.stamp"
   rm -rf "$wheelhouse"
   mv "$wheelhouse.tmp" "$wheelhouse"
   log "prefetched $(find "$wheelhouse" -name '*.whl' | wc -l) wheels into build/wheelhouse in $((SECONDS - t0))s"

@@ -7,6 +7,7 @@ only the fields the controller owns, so ``status.subscribers`` (written by the d
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +55,15 @@ class Result:
     requeue_after: float | None = None
 
 
+def _api_error(exc: ApiException) -> str:
+    """``<status> <the API server's message>`` — the message says which quota or admission rule refused."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{exc.status} {message or exc.reason}"
+
+
 class Reconciler:
     def __init__(
         self,
@@ -99,6 +109,7 @@ class Reconciler:
         conditions: list[Condition] = []
         status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
         result = Result()
+        write_errors: list[str] = []
 
         partitions = int(spec.get("numPartitions") or 1)
         connection: ResolvedConnection | None = None
@@ -113,7 +124,7 @@ class Reconciler:
             result = topic_result
 
         # Channel Service and address.
-        svc_cond, url = self._channel_service(ref)
+        svc_cond, url = self._channel_service(ref, write_errors)
         conditions.append(svc_cond)
         if url:
             status["address"] = {"url": url}
@@ -124,7 +135,7 @@ class Reconciler:
 
         # Dispatcher Deployment + Service (the Deployment needs the connection's Secret name and checksum).
         if connection is not None:
-            conditions.extend(self._dispatcher(ref, connection, partitions))
+            conditions.extend(self._dispatcher(ref, connection, partitions, write_errors))
         else:
             conditions.append(Condition.unknown(cond.DISPATCHER_DEPLOYMENT_READY, "KafkaConfigInvalid",
                                                 "waiting for a usable Kafka connection config"))
@@ -147,6 +158,9 @@ class Reconciler:
 
         conditions.append(cond.ready_condition(conditions))
         self._patch_status(obj, status, conditions)
+        if write_errors and result.error is None:
+            # A refused API write (quota, admission, a transient 5xx) is retried with backoff like Kafka errors.
+            return Result(error="; ".join(write_errors))
         return result
 
     def _topic(self, obj: Mapping[str, Any], connection: ResolvedConnection) -> tuple[Condition, Result]:
@@ -189,7 +203,7 @@ class Reconciler:
         self._verified[key] = (fingerprint, time.monotonic())
         return ok, Result()
 
-    def _channel_service(self, ref: res.ChannelRef) -> tuple[Condition, str | None]:
+    def _channel_service(self, ref: res.ChannelRef, errors: list[str]) -> tuple[Condition, str | None]:
         name = res.channel_service_name(ref.name)
         if not res.is_dns1035(name):
             return Condition.false(cond.CHANNEL_SERVICE_READY, "InvalidChannelName",
@@ -198,11 +212,13 @@ class Reconciler:
         try:
             self._apply_service(desired)
         except ApiException as exc:
+            errors.append(f"channel Service: {_api_error(exc)}")
             return Condition.false(cond.CHANNEL_SERVICE_READY, "ChannelServiceFailed",
-                                   f"Service {ref.namespace}/{name}: {exc.status} {exc.reason}"), None
+                                   f"Service {ref.namespace}/{name}: {_api_error(exc)}"), None
         return Condition.true(cond.CHANNEL_SERVICE_READY), res.channel_url(ref.namespace, ref.name)
 
-    def _dispatcher(self, ref: res.ChannelRef, connection: ResolvedConnection, partitions: int) -> list[Condition]:
+    def _dispatcher(self, ref: res.ChannelRef, connection: ResolvedConnection, partitions: int,
+                    errors: list[str]) -> list[Condition]:
         config = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas, checksum=connection.checksum,
                                       secret_name=connection.secret_name,
                                       bootstrap_servers=connection.bootstrap_servers)
@@ -215,15 +231,17 @@ class Reconciler:
                 cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentUnavailable",
                 f"Deployment {deployment['metadata']['namespace']}/{deployment['metadata']['name']}: {why}"))
         except ApiException as exc:
+            errors.append(f"dispatcher Deployment: {_api_error(exc)}")
             out.append(Condition.false(cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentFailed",
-                                       f"{exc.status} {exc.reason}"))
+                                       _api_error(exc)))
         service = res.dispatcher_service(ref, self.settings)
         try:
             self._apply_service(service)
             out.append(Condition.true(cond.DISPATCHER_SERVICE_READY))
         except ApiException as exc:
+            errors.append(f"dispatcher Service: {_api_error(exc)}")
             out.append(Condition.false(cond.DISPATCHER_SERVICE_READY, "DispatcherServiceFailed",
-                                       f"{exc.status} {exc.reason}"))
+                                       _api_error(exc)))
         return out
 
     def _dead_letter_sink(self, ref: res.ChannelRef, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:

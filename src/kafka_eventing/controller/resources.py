@@ -205,7 +205,10 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
 def dispatcher_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
     name = dispatcher_name(ref.namespace, ref.name)
     spec = {
+        # Headless: Prometheus scrapes each pod through the endpoints, and a cluster IP per channel would
+        # exhaust a small service range (a /24 holds 254) for nothing.
         "type": "ClusterIP",
+        "clusterIP": "None",
         "selector": {LABEL_NAME: DISPATCHER_APP, LABEL_DISPATCHER: name},
         "ports": [{"name": "metrics", "port": settings.metrics_port, "targetPort": "metrics", "protocol": "TCP"}],
     }

@@ -44,6 +44,8 @@ def consumer_settings(settings: Settings, connection: KafkaConnection, group_id:
         "auto.offset.reset": initial_offset,
         "queued.max.messages.kbytes": kbytes,
         "queued.min.messages": 1000,
+        # A paused partition drops its prefetched records; once resumed, fetch again at once (default 1 s).
+        "fetch.queue.backoff.ms": 10,
         "fetch.max.bytes": fetch_max,
         "message.max.bytes": fetch_max,
         "max.partition.fetch.bytes": max(32 * 1024, fetch_max // max(1, partitions)),
@@ -191,7 +193,8 @@ class Dispatcher:
         consumer = SubscriptionConsumer(
             channel, sub, group_id=group, consumer_config=config, deliverer=self._deliverer,
             metrics=self.metrics, board=self.board, max_in_flight=self.settings.max_in_flight,
-            shutdown_grace=self.shutdown_grace, **kwargs)
+            shutdown_grace=self.shutdown_grace,
+            queue_bytes=max(128, self.settings.queued_max_messages_kbytes) * 1024 // 2, **kwargs)
         previous = self._stopping_subs.get(sub.uid)
         self.board.set(sub.uid, sub.generation, False, "joining consumer group")
         task = asyncio.get_running_loop().create_task(self._supervise(consumer, previous), name=f"sub-{sub.uid}")

@@ -73,9 +73,13 @@ class HttpSender:
 
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
-        client_timeout = aiohttp.ClientTimeout(total=timeout or DEFAULT_ATTEMPT_TIMEOUT)
+        seconds = timeout or DEFAULT_ATTEMPT_TIMEOUT
+        client_timeout = self._timeouts.get(seconds)
+        if client_timeout is None:
+            client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         try:
             async with self.session.post(url, data=body, headers=headers, timeout=client_timeout) as resp:
                 # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.

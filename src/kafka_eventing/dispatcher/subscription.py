@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: Queued events per partition in ordered mode (one is in flight; the rest hide the poll interval).
 ORDERED_QUEUE = 16
+#: Per-partition local queue in bytes when no budget is given (see SubscriptionConsumer.queue_bytes).
+DEFAULT_QUEUE_BYTES = 256 * 1024
 #: Longest pause between polls when nothing arrives (also bounds how late a rebalance is noticed).
 MAX_IDLE_POLL = 0.05
 CONSUME_BATCH = 500
@@ -71,6 +73,7 @@ class _Partition:
     in_flight: int = 0
     paused: bool = False
     cap: int = ORDERED_QUEUE
+    queued_bytes: int = 0
 
 
 class SubscriptionConsumer:
@@ -89,6 +92,7 @@ class SubscriptionConsumer:
         max_in_flight: int,
         consumer_factory: ConsumerFactory = Consumer,
         shutdown_grace: float = 5.0,
+        queue_bytes: int = 4 * DEFAULT_QUEUE_BYTES,
     ) -> None:
         self.topic = channel.topic
         self.group_id = group_id
@@ -103,6 +107,9 @@ class SubscriptionConsumer:
         self.max_in_flight = max(1, max_in_flight)
         self._factory = consumer_factory
         self._grace = shutdown_grace
+        #: Bytes of record values this subscription may hold in its local queues (all partitions together).
+        self.queue_bytes = queue_bytes
+        self._byte_cap = DEFAULT_QUEUE_BYTES
         self._consumer: Any = None
         self._parts: dict[int, _Partition] = {}
         self._in_flight = 0
@@ -202,6 +209,7 @@ class SubscriptionConsumer:
             log.debug("record below an offset already seen, skipped", extra={"offset": offset})
             return
         part.queue.append(message)
+        part.queued_bytes += len(message.value() or b"")
         part.consumed.inc()
 
     def _room(self) -> int:
@@ -215,9 +223,11 @@ class SubscriptionConsumer:
 
     def _resize(self) -> None:
         """Local queue length per partition: enough to hide the poll interval, small enough for flat RSS."""
+        partitions = max(1, len(self._parts))
         cap = ORDERED_QUEUE
         if not self._ordered:
-            cap = max(4, math.ceil(2 * self.max_in_flight / max(1, len(self._parts))))
+            cap = max(ORDERED_QUEUE, math.ceil(4 * self.max_in_flight / partitions))
+        self._byte_cap = max(32 * 1024, self.queue_bytes // partitions)
         for part in self._parts.values():
             part.cap = cap
 
@@ -225,10 +235,10 @@ class SubscriptionConsumer:
         pause, resume = [], []
         for part in self._parts.values():
             queued = len(part.queue)
-            if not part.paused and queued >= part.cap:
+            if not part.paused and (queued >= part.cap or part.queued_bytes >= self._byte_cap):
                 part.paused = True
                 pause.append(TopicPartition(self.topic, part.number))
-            elif part.paused and queued <= part.cap // 2:
+            elif part.paused and queued <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2:
                 part.paused = False
                 resume.append(TopicPartition(self.topic, part.number))
         try:
@@ -280,6 +290,7 @@ class SubscriptionConsumer:
             ready = again
 
     def _start(self, part: _Partition, message: Message) -> None:
+        part.queued_bytes -= len(message.value() or b"")
         part.in_flight += 1
         self._in_flight += 1
         self._in_flight_gauge.inc()
@@ -312,7 +323,7 @@ class SubscriptionConsumer:
         if position is not None:
             self._store(part, position)
         self._pump()
-        if part.paused and len(part.queue) <= part.cap // 2:
+        if part.paused and len(part.queue) <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2:
             self._wake.set()  # let the poll loop resume the partition now rather than after its idle sleep
 
     def _store(self, part: _Partition, position: int) -> None:
