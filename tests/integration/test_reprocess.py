@@ -19,7 +19,6 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from fixtures.spark import spark  # noqa: F401  (session fixture; the lead registers fixtures.spark globally)
 from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
 from kafka_eventing.core.delivery import DeliverySpec
 from kafka_eventing.core.kafka_config import connection_from_secret

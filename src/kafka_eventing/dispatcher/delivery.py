@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -108,6 +109,15 @@ class Deliverer:
         self.metrics = metrics
         self.retry_after_max = retry_after_max
         self._sleep = sleep
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, labels: Labels, *extra: str) -> Any:
+        """A metric's labelled child, looked up once (``labels()`` costs more than the increment)."""
+        key = (id(metric), labels, *extra)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels, *extra)
+        return child
 
     async def handle(
         self,
@@ -130,7 +140,7 @@ class Deliverer:
         out_headers["Prefer"] = "reply"
 
         attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels)
-        self.metrics.latency.labels(*labels).observe(time.monotonic() - started)
+        self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
             reply_failed = await self._reply(attempt, subscriber, labels, trace)
             if reply_failed is None:
@@ -148,7 +158,7 @@ class Deliverer:
 
         async def once() -> Attempt:
             result = await self.sender.post(url, headers, body, timeout)
-            self.metrics.deliveries.labels(*labels, result.code).inc()
+            self._child(self.metrics.deliveries, labels, result.code).inc()
             return result
 
         first = await once()

@@ -10,7 +10,6 @@ past ``max.poll.interval.ms`` and never gets its partition revoked for being slo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -114,7 +113,7 @@ class SubscriptionConsumer:
         self._parts: dict[int, _Partition] = {}
         self._in_flight = 0
         self._stopping = False
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
         self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
         self._rate_timer: asyncio.TimerHandle | None = None
         self._joined = False
@@ -149,7 +148,7 @@ class SubscriptionConsumer:
 
     def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -165,8 +164,9 @@ class SubscriptionConsumer:
                                      on_lost=self._on_lost)
             idle = 0
             while not self._stopping:
+                room = self._room()
                 try:
-                    messages = self._consumer.consume(self._room(), 0)
+                    messages = self._consumer.consume(room, 0)
                 except KafkaException as exc:
                     log.warning("consume failed", extra={**self.labels.as_dict(), "error": str(exc)})
                     messages = []
@@ -176,14 +176,13 @@ class SubscriptionConsumer:
                     self._pump()
                 self._flow_control()
                 self._report_lag()
-                if messages:
-                    idle = 0
-                    await asyncio.sleep(0)
+                if len(messages) >= room > 1:
+                    await asyncio.sleep(0)  # a full batch: more is probably waiting
                     continue
-                idle += 1
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(MAX_IDLE_POLL, 0.002 * idle))
+                # Nothing or a partial batch: librdkafka's queue is drained. Sleep a little (longer while idle)
+                # instead of spinning on one-record polls; a freed queue slot wakes the loop early.
+                idle = idle + 1 if not messages else 1
+                await self._sleep(min(MAX_IDLE_POLL, 0.002 * idle))
             await self._drain()
         finally:
             consumer, self._consumer = self._consumer, None
@@ -211,6 +210,22 @@ class SubscriptionConsumer:
         part.queue.append(message)
         part.queued_bytes += len(message.value() or b"")
         part.consumed.inc()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep until ``seconds`` pass or ``_wake()`` is called (cheaper than wait_for on an Event)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(seconds, self._wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _room(self) -> int:
         """How many records to take now: the free local queue space, so Python never holds more than the caps.
@@ -324,7 +339,7 @@ class SubscriptionConsumer:
             self._store(part, position)
         self._pump()
         if part.paused and len(part.queue) <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2:
-            self._wake.set()  # let the poll loop resume the partition now rather than after its idle sleep
+            self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
     def _store(self, part: _Partition, position: int) -> None:
         try:
