@@ -119,7 +119,7 @@ def sink() -> Iterator[Sink]:
 
 
 def test_archive_round_trip_incremental_and_malformed(
-    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], tmp_path: Path,  # noqa: F811
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], tmp_path: Path,
 ) -> None:
     first = [_event(i) for i in range(12)]
     _produce(kafka_running, topic, first)
@@ -162,7 +162,7 @@ def test_archive_round_trip_incremental_and_malformed(
 
 
 def test_replay_time_window_to_http_with_retries(
-    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink,  # noqa: F811
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink,
     tmp_path: Path,
 ) -> None:
     t0 = int(time.time() * 1000) - 3_600_000
@@ -200,7 +200,7 @@ def test_replay_time_window_to_http_with_retries(
 
 
 def test_replay_to_topic_over_sasl_ssl_preserves_headers(
-    spark: Any, kafka_running: KafkaNode, topic: str, tmp_path: Path,  # noqa: F811
+    spark: Any, kafka_running: KafkaNode, topic: str, tmp_path: Path,
 ) -> None:
     options = dict(spark_kafka_options(connection_from_secret(kafka_running.connection_secret(sasl_ssl=True))))
     assert options["kafka.security.protocol"] == "SASL_SSL"
@@ -236,7 +236,7 @@ def test_replay_to_topic_over_sasl_ssl_preserves_headers(
 
 
 def test_redrive_strips_dead_letter_extensions_once_per_run(
-    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink,  # noqa: F811
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink,
     tmp_path: Path,
 ) -> None:
     dead = [_event(i, knativeerrordest=f"{sink.url}/orig", knativeerrorcode="500", knativeerrordata="b29wcw==")
