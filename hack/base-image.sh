@@ -54,10 +54,19 @@ debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$MIRROR"
 }
 rm -f "$rootfs.log"
 
-# What an image needs no copy of: package caches and indexes, docs, man pages, foreign locales.
-rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
-  "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/tmp/*
-find "$rootfs/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name 'locale.alias' -exec rm -rf {} + 2>/dev/null || true
+# Every path below is inside the target; refuse to go on if the target is not the fresh bootstrap.
+[[ -n "$rootfs" && "$rootfs" == "$CACHE"/rootfs.* && -x "$rootfs/usr/bin/python3" ]] || { log "bad rootfs '$rootfs'"; exit 1; }
+# What an image needs no copy of: package caches and indexes, docs, man pages, foreign locales. As in Debian's
+# slim images, dpkg skips them in later installs too, and the directories stay: maintainer scripts (openjdk's
+# update-alternatives, in the spark image) create links in /usr/share/man/man1.
+printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+  'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' \
+  'path-exclude /usr/share/locale/*' 'path-include /usr/share/locale/locale.alias' \
+  >"$rootfs/etc/dpkg/dpkg.cfg.d/slim"
+rm -rf "${rootfs:?}"/var/cache/apt/* "${rootfs:?}"/var/lib/apt/lists/* "${rootfs:?}"/var/log/* "${rootfs:?}"/tmp/*
+find "${rootfs:?}/usr/share/doc" -type f ! -name copyright -delete
+find "${rootfs:?}/usr/share/man" "${rootfs:?}/usr/share/info" -type f -delete
+find "${rootfs:?}/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name 'locale.alias' -exec rm -rf {} +
 # The host's resolver and hostname must not leak into the image; the engine mounts its own at run time.
 : >"$rootfs/etc/resolv.conf"
 : >"$rootfs/etc/hostname"

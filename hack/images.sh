@@ -34,7 +34,11 @@ shift
 ROLES=("$@")
 if [[ ${#ROLES[@]} -eq 0 ]]; then
   for role in "${ALL_ROLES[@]}"; do
-    if [[ -f "$ROOT/images/$role/Dockerfile" ]]; then ROLES+=("$role"); else log "skip $role: images/$role/Dockerfile not present"; fi
+    if [[ -f "$ROOT/images/$role/Dockerfile" ]]; then
+      ROLES+=("$role")
+    else
+      log "skip $role: images/$role/Dockerfile not present"
+    fi
   done
 fi
 
@@ -63,7 +67,7 @@ else
   if engine_up; then
     log "reusing the private dockerd at $PRIVATE_SOCK"
   else
-    command -v dockerd >/dev/null || { log "no Docker engine: dockerd not found (apt-get install -y docker.io)"; exit 1; }
+    command -v dockerd >/dev/null || { log "no Docker engine: dockerd not found (apt-get install docker.io)"; exit 1; }
     [[ $EUID -eq 0 ]] || { log "no Docker engine reachable and a private dockerd needs root; set DOCKER_HOST"; exit 1; }
     mkdir -p "$DOCKER_DIR/data" "$DOCKER_DIR/exec"
     rm -f "$PRIVATE_SOCK"
@@ -75,7 +79,11 @@ else
     if [[ "${KE_KEEP_DOCKERD:-}" != 1 ]]; then trap stop_private_dockerd EXIT; fi
     for _ in $(seq 1 150); do
       engine_up && break
-      kill -0 "$started_dockerd" 2>/dev/null || { tail -n 20 "$DOCKER_DIR/dockerd.log" >&2; log "dockerd exited"; exit 1; }
+      if ! kill -0 "$started_dockerd" 2>/dev/null; then
+        tail -n 20 "$DOCKER_DIR/dockerd.log" >&2
+        log "dockerd exited"
+        exit 1
+      fi
       sleep 0.2
     done
     engine_up || { tail -n 20 "$DOCKER_DIR/dockerd.log" >&2; log "dockerd did not answer within 30s"; exit 1; }
@@ -106,7 +114,8 @@ prefetch_wheels() {
   # The spark image also installs the [spark] extra (pyspark alone is a ~400 MB wheel: only fetched when needed).
   [[ " ${ROLES[*]} " != *" spark "* ]] || extras=spark
   # Same lock, same pyproject, same interpreter: the wheels already there are the ones pip would pick again.
-  stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) <(echo "$extras") | sha256sum | cut -c1-16)"
+  stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) <(echo "$extras") | sha256sum)"
+  stamp="${stamp:0:16}"
   if [[ "$(cat "$wheelhouse/.stamp" 2>/dev/null)" == "$stamp" ]]; then
     log "build/wheelhouse is current (stamp $stamp)"
     return
@@ -164,7 +173,8 @@ for role in "${ROLES[@]}"; do
   log "building $image"
   network="$(network_for "$role")"
   # The context is the repository root (filtered by .dockerignore): every role installs the same package.
-  if docker build ${network:+--network "$network"} "${build_args[@]}" -f "$dockerfile" -t "$image" "$ROOT" \
+  # --force-rm: a failed RUN step leaves no stopped container behind (the classic builder keeps them otherwise).
+  if docker build --force-rm ${network:+--network "$network"} "${build_args[@]}" -f "$dockerfile" -t "$image" "$ROOT" \
       >"$DOCKER_DIR/build-$role.log" 2>&1; then
     log "built $image in $((SECONDS - t0))s"
     built+=("$image")
@@ -177,7 +187,8 @@ done
 
 printf '%-48s %10s\n' IMAGE SIZE
 for image in "${built[@]}"; do
-  printf '%-48s %10s\n' "$image" "$(docker image inspect --format '{{.Size}}' "$image" | awk '{printf "%.1fMB", $1/1e6}')"
+  size="$(docker image inspect --format '{{.Size}}' "$image")"
+  printf '%-48s %8.1fMB\n' "$image" "$(awk -v s="$size" 'BEGIN { print s / 1e6 }')"
 done
 for image in "${failed[@]}"; do printf '%-48s %10s\n' "$image" FAILED; done
 [[ ${#failed[@]} -eq 0 ]]

@@ -369,7 +369,8 @@ def test_only_the_lease_holder_writes_and_a_restart_converges(env: Env) -> None:
     for n in [*names, "late"]:
         env.wait_condition(n, "Ready", "True")
     selector = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY},{res.LABEL_COMPONENT}=dispatcher"
-    assert len(env.apps.list_namespaced_deployment(env.system, label_selector=selector).items) == 4
+    deployments = env.apps.list_namespaced_deployment(env.system, label_selector=selector).items
+    assert sorted(d.metadata.name for d in deployments) == sorted(dispatcher(env, n) for n in [*names, "late"])
     assert len(env.core.list_namespaced_service(env.system, label_selector=selector).items) == 4
     assert len(env.core.list_namespaced_service(env.namespace).items) == 4
     lease = client.CoordinationV1Api(env.api).read_namespaced_lease("kafka-channel-controller", env.system)

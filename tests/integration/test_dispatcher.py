@@ -383,6 +383,18 @@ def test_reply_is_forwarded_to_reply_uri(
     assert all(r.headers.get("Prefer") == "reply" for r in http.at("/s"))
 
 
+def test_rate_limit_spaces_deliveries(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "rate", topic, [sub_doc("u1", http.url("/s"), rateLimit=20)], ordered=False)
+    dispatch("rate", channels)
+    produce(kafka_running, topic, 40)
+    wait_for(lambda: len(http.at("/s")) >= 40, 20, "40 deliveries")
+    times = sorted(r.at for r in http.at("/s"))
+    # A burst of 20 (one second's worth), then 20 more at 20/s: about a second, never much less.
+    assert times[-1] - times[0] >= 0.85, times[-1] - times[0]
+
+
 def test_subscribers_added_changed_and_removed_at_runtime(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     channels = tmp_path / "channels.yaml"

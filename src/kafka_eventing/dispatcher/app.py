@@ -37,8 +37,10 @@ def consumer_settings(settings: Settings, connection: KafkaConnection, group_id:
     librdkafka's prefetch queue is bounded by ``queued.max.messages.kbytes`` (per consumer with the
     high-level consumer); one fetch response by ``fetch.max.bytes``. Properties in ``KE_KAFKA_EXTRA`` win.
     """
-    kbytes = max(128, settings.queued_max_messages_kbytes)
-    # One fetch response is at most half the queue budget; librdkafka requires message.max.bytes <= it.
+    # The subscription's budget is split: half prefetched by librdkafka, half in the dispatcher's own
+    # per-partition queues (see SubscriptionConsumer.queue_bytes).
+    kbytes = max(128, settings.queued_max_messages_kbytes) // 2
+    # One fetch response is at most half of librdkafka's share; librdkafka requires message.max.bytes <= it.
     fetch_max = max(64 * 1024, min(kbytes * 1024 // 2, 1024 * 1024))
     defaults: dict[str, Any] = {
         "auto.offset.reset": initial_offset,
@@ -176,12 +178,10 @@ class Dispatcher:
             elif running.consumer.subscriber != sub:
                 log.info("subscriber changed, applying", extra={"subscriber": uid})
                 running.consumer.update(sub)
-        for uid in [u for u in list(self.board_uids()) if channel is None or u not in {s.uid for s in
-                                                                                       channel.subscribers}]:
-            self.board.remove(uid)
-
-    def board_uids(self) -> list[str]:
-        return [s["uid"] for s in self.board.document()["status"]["subscribers"]]
+        known = {sub.uid for sub in channel.subscribers}
+        for entry in self.board.document()["status"]["subscribers"]:
+            if entry["uid"] not in known:
+                self.board.remove(entry["uid"])
 
     def _launch(self, channel: Channel, sub: Subscriber) -> None:
         assert self._deliverer is not None

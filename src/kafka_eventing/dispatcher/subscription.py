@@ -28,8 +28,8 @@ from kafka_eventing.dispatcher.status import StatusBoard
 
 log = logging.getLogger(__name__)
 
-#: Queued events per partition in ordered mode (one is in flight; the rest hide the poll interval).
-ORDERED_QUEUE = 16
+#: Most records one partition's local queue holds; the byte budget (``queue_bytes``) usually binds first.
+QUEUE_RECORDS = 512
 #: Per-partition local queue in bytes when no budget is given (see SubscriptionConsumer.queue_bytes).
 DEFAULT_QUEUE_BYTES = 256 * 1024
 #: Longest pause between polls when nothing arrives (also bounds how late a rebalance is noticed).
@@ -71,7 +71,7 @@ class _Partition:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     in_flight: int = 0
     paused: bool = False
-    cap: int = ORDERED_QUEUE
+    cap: int = QUEUE_RECORDS
     queued_bytes: int = 0
 
 
@@ -109,6 +109,7 @@ class SubscriptionConsumer:
         #: Bytes of record values this subscription may hold in its local queues (all partitions together).
         self.queue_bytes = queue_bytes
         self._byte_cap = DEFAULT_QUEUE_BYTES
+        self._avg_size = 1024.0  # running mean of record sizes, to turn free bytes into a record count
         self._consumer: Any = None
         self._parts: dict[int, _Partition] = {}
         self._in_flight = 0
@@ -208,7 +209,9 @@ class SubscriptionConsumer:
             log.debug("record below an offset already seen, skipped", extra={"offset": offset})
             return
         part.queue.append(message)
-        part.queued_bytes += len(message.value() or b"")
+        size = len(message.value() or b"")
+        part.queued_bytes += size
+        self._avg_size += (size - self._avg_size) * 0.05
         part.consumed.inc()
 
     async def _sleep(self, seconds: float) -> None:
@@ -233,15 +236,17 @@ class SubscriptionConsumer:
         At least one: a full partition is paused (librdkafka then holds nothing for it), and polling must
         go on for rebalance callbacks and ``max.poll.interval.ms``.
         """
-        free = sum(max(0, p.cap - len(p.queue)) for p in self._parts.values() if not p.paused)
-        return max(1, min(CONSUME_BATCH, free))
+        open_parts = [p for p in self._parts.values() if not p.paused]
+        records = sum(max(0, p.cap - len(p.queue)) for p in open_parts)
+        free_bytes = sum(max(0, self._byte_cap - p.queued_bytes) for p in open_parts)
+        return max(1, min(CONSUME_BATCH, records, int(free_bytes / max(1.0, self._avg_size))))
 
     def _resize(self) -> None:
         """Local queue length per partition: enough to hide the poll interval, small enough for flat RSS."""
         partitions = max(1, len(self._parts))
-        cap = ORDERED_QUEUE
+        cap = QUEUE_RECORDS
         if not self._ordered:
-            cap = max(ORDERED_QUEUE, math.ceil(4 * self.max_in_flight / partitions))
+            cap = max(QUEUE_RECORDS, math.ceil(4 * self.max_in_flight / partitions))
         self._byte_cap = max(32 * 1024, self.queue_bytes // partitions)
         for part in self._parts.values():
             part.cap = cap

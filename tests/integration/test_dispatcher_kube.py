@@ -1,0 +1,81 @@
+"""Dispatcher in kube mode: watches its KafkaChannel on a real apiserver and writes status.subscribers[]."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kafka_eventing.core.channel_source import KubeChannelSource
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher import create_dispatcher
+from kafka_eventing.dispatcher.status import KubeStatusWriter
+from kafka_eventing.localstack.kafka import KafkaNode
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kube]
+
+GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_subscriber_status_written_through_status_subresource(
+        kafka_running: KafkaNode, topic: str, kube_control_plane: Any, kube_namespace: str) -> None:
+    from kubernetes import client
+
+    from kafka_eventing.controller.crd import install_crd
+
+    api_client = kube_control_plane.api_client()
+    install_crd(api_client)
+    objects = client.CustomObjectsApi(api_client)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "KafkaChannel",
+        "metadata": {"name": "kc", "namespace": kube_namespace,
+                     "annotations": {"kafka.eventing.knative.dev/external.topic": topic}},
+        "spec": {"numPartitions": 3, "subscribers": [
+            {"uid": "sub-1", "generation": 3, "subscriberUri": "http://127.0.0.1:9/"}]},
+    }
+    objects.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, body)
+
+    settings = Settings(bootstrap_servers=kafka_running.bootstrap_servers, channel_source="kube",
+                        channel_namespace=kube_namespace, channel_name="kc",
+                        kafka_extra="session.timeout.ms=6000,heartbeat.interval.ms=500")
+    source = KubeChannelSource(api_client, settings, namespace=kube_namespace, name="kc")
+    dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                   status_writer=KubeStatusWriter(api_client), registry=CollectorRegistry(),
+                                   host="127.0.0.1", port=0)
+    thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), daemon=True)
+    thread.start()
+    try:
+        def subscribers() -> list[dict[str, Any]]:
+            obj = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "kc")
+            return list((obj.get("status") or {}).get("subscribers") or [])
+
+        ready = wait_for(lambda: [s for s in subscribers() if s.get("ready") == "True"], 60, "subscriber ready")
+        assert ready == [{"uid": "sub-1", "observedGeneration": 3, "ready": "True"}]
+
+        # A second subscriber added to the resource is picked up live and reported too.
+        body["spec"]["subscribers"].append({"uid": "sub-2", "generation": 1, "subscriberUri": "http://127.0.0.1:9/"})
+        objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "kc",
+                                               {"spec": {"subscribers": body["spec"]["subscribers"]}})
+        wait_for(lambda: {s["uid"]: s["ready"] for s in subscribers()} == {"sub-1": "True", "sub-2": "True"},
+                 60, "both subscribers ready")
+    finally:
+        dispatcher.stop()
+        thread.join(30)
+        api_client.close()
+    assert not thread.is_alive()
