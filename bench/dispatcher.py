@@ -292,13 +292,13 @@ def rss_under_backlog(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--count", type=int, default=20000, help="events for the instant-subscriber runs")
+    parser.add_argument("--count", type=int, default=8000, help="events for the instant-subscriber runs")
     parser.add_argument("--size", type=int, default=512, help="event data bytes for the rate runs")
     parser.add_argument("--in-flight", type=int, default=64, help="max in flight (unordered) and bare concurrency")
     parser.add_argument("--slow-in-flight", type=int, default=4,
                         help="max in flight for the 10 ms subscriber (= partitions: both ideals are 400/s)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--backlogs", default="20000,100000,300000", help="10 KB-event backlogs for the RSS runs")
+    parser.add_argument("--backlogs", default="20000,250000,1000000", help="10 KB-event backlogs for the RSS runs")
     parser.add_argument("--rss-seconds", type=float, default=40.0)
     parser.add_argument("--dispatcher-env", action="append", default=[], metavar="K=V",
                         help="extra environment for the dispatcher processes (e.g. KE_QUEUED_MAX_MESSAGES_KBYTES=1024)")
@@ -389,6 +389,7 @@ def main() -> int:
     finally:
         sink.stop()
         node.stop()
+        shutil.rmtree(workdir / "kafka", ignore_errors=True)  # the backlog can be many GiB
     write_json(NAME, result)
     plot(result)
     print(json.dumps({k: result[k] for k in ("ratios", "targets")}, indent=2))

@@ -125,11 +125,26 @@ def one(docs: Iterable[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 def pod_specs(docs: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for d in docs:
-        if d["kind"] == "Deployment":
+        if d["kind"] in ("Deployment", "Job"):
             out.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+        elif d["kind"] == "CronJob":
+            out.append((d["metadata"]["name"], d["spec"]["jobTemplate"]["spec"]["template"]["spec"]))
         elif d["kind"] == "Pod":
             out.append((d["metadata"]["name"], d["spec"]))
     return out
+
+
+def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a Deployment, Job or CronJob."""
+    if doc["kind"] == "CronJob":
+        doc = doc["spec"]["jobTemplate"]
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
+
+
+#: Both reprocessing jobs on, with the smallest valid arguments.
+REPROCESS_ON = ("reprocess.archive.enabled=true", "reprocess.archive.args={archive,--topic,t,--output,/out}",
+                "reprocess.replay.enabled=true", "reprocess.replay.args={replay,--topic,t,--to-topic,u,--dry-run}")
 
 
 def values_file(name: str) -> dict[str, Any]:
@@ -198,8 +213,10 @@ def test_restricted_pod_security(name: str) -> None:
     assert {n for n, _ in specs} >= {"kafka-eventing-receiver", "kafka-eventing-controller"}
     for pod, spec in specs:
         psc = spec["securityContext"]
+        # Numeric, so the kubelet can verify non-root: the spark image runs as Spark's UID 185, the others as 65532.
+        uid = 185 if "kafka-eventing-spark:" in spec["containers"][0]["image"] else 65532
         assert psc["runAsNonRoot"] is True, pod
-        assert psc["runAsUser"] == 65532, pod  # numeric, so the kubelet can verify non-root
+        assert psc["runAsUser"] == uid, pod
         assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, pod
         assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), pod
         assert all("hostPath" not in v for v in spec.get("volumes", [])), pod
@@ -209,6 +226,7 @@ def test_restricted_pod_security(name: str) -> None:
             assert sc["readOnlyRootFilesystem"] is True, (pod, c["name"])
             assert sc["capabilities"] == {"drop": ["ALL"]}, (pod, c["name"])
             assert sc["runAsNonRoot"] is True and not sc.get("privileged"), (pod, c["name"])
+            assert sc.get("runAsUser", uid) == uid, (pod, c["name"])
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, (pod, c["name"])
 
 
@@ -311,6 +329,13 @@ def test_image_references() -> None:
     assert images == {"registry.local:5000/ke/kafka-eventing-receiver:abc1234",
                       "registry.local:5000/ke/kafka-eventing-controller:abc1234"}
     assert all(not i.endswith(":latest") for i in images)
+    # The reprocessing jobs' spark image follows the same registry and tag rules.
+    for sets, expected in ((REPROCESS_ON, f"ghcr.io/kafka-eventing/kafka-eventing-spark:{app_version}"),
+                           ((*REPROCESS_ON, "image.tag=abc1234", "image.registry=registry.local:5000/ke"),
+                            "registry.local:5000/ke/kafka-eventing-spark:abc1234")):
+        docs = helm(sets=sets)
+        assert {c["image"] for k in ("CronJob", "Job") for d in of_kind(docs, k) for c in pod_spec(d)["containers"]} \
+            == {expected}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -440,7 +465,8 @@ def test_capability_guarded_optins() -> None:
     assert hpa["spec"]["scaleTargetRef"]["name"] == "kafka-eventing-receiver"
     # Off by default.
     kinds = {d["kind"] for d in helm(apis=OPTIONAL_APIS)}
-    assert not kinds & {"ServiceMonitor", "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler"}
+    assert not kinds & {"ServiceMonitor", "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler",
+                        "CronJob", "Job"}
 
 
 def test_long_release_names_stay_valid() -> None:
@@ -464,6 +490,153 @@ def test_helm_test_sends_a_cloudevent_to_the_test_channel() -> None:
     assert env["RECEIVER_URL"].startswith("http://kafka-channel-receiver.")
     script = pod["spec"]["containers"][0]["command"][-1]
     assert "ce-specversion: 1.0" in script and '= 202' in script
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# receiver shutdown
+
+
+def test_receiver_grace_period_outlasts_gunicorns_graceful_timeout() -> None:
+    from kafka_eventing.receiver import gunicorn_conf
+
+    # gunicorn's graceful timeout with the default produce timeout (the ConfigMap does not override it).
+    graceful = int(Settings().produce_timeout_seconds * 2 + 5)
+    assert graceful == 25
+    assert "KE_PRODUCE_TIMEOUT_SECONDS" not in one(helm(), "ConfigMap", "kafka-eventing-config")["data"]
+    if "KE_PRODUCE_TIMEOUT_SECONDS" not in os.environ:
+        assert gunicorn_conf.graceful_timeout == graceful
+    for docs in [helm(), *(scenario(n) for n in PRESETS)]:
+        grace = pod_spec(one(docs, "Deployment", "kafka-eventing-receiver"))["terminationGracePeriodSeconds"]
+        assert grace == 30 and grace > graceful
+    for overlay in PRESETS.values():
+        assert pod_spec(one(kustomize(overlay), "Deployment", "kafka-eventing-receiver"))[
+            "terminationGracePeriodSeconds"] == 30
+    docs = helm(sets=("receiver.terminationGracePeriodSeconds=45",))
+    assert pod_spec(one(docs, "Deployment", "kafka-eventing-receiver"))["terminationGracePeriodSeconds"] == 45
+    # A grace period the receiver cannot finish in is refused at install.
+    proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", "receiver.terminationGracePeriodSeconds=20"],
+               ok=False)
+    assert proc.returncode != 0 and "terminationGracePeriodSeconds" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reprocessing jobs
+
+
+def job_env(docs: tuple[dict[str, Any], ...], doc: dict[str, Any]) -> dict[str, Any]:
+    by_name = {d["metadata"]["name"]: d for d in of_kind(docs, "ConfigMap")}
+    (container,) = pod_spec(doc)["containers"]
+    env: dict[str, Any] = {}
+    for source in container["envFrom"]:
+        env.update(by_name[source["configMapRef"]["name"]]["data"])
+    for item in container.get("env", []):
+        env[item["name"]] = item.get("value", item.get("valueFrom"))
+    return env
+
+
+@pytest.mark.parametrize("name", ["ci/all-optins-values.yaml", "ci/strimzi-sasl-scram-values.yaml"])
+def test_reprocess_jobs(name: str) -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    # all-optins enables the jobs itself (without a connection Secret); strimzi gets them switched on here.
+    docs = scenario(name) if "all-optins" in name else helm(name, sets=REPROCESS_ON)
+    values = merged_values(name)
+    (cron,) = of_kind(docs, "CronJob")
+    (job,) = of_kind(docs, "Job")
+    assert cron["metadata"]["name"] == "kafka-eventing-archive"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"  # two runs must not share a checkpoint
+    assert cron["spec"]["schedule"] == values["reprocess"]["archive"]["schedule"]
+    (sa,) = [d for d in of_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "kafka-eventing-reprocess"]
+    secret_name = one(docs, "ConfigMap", "config-kafka")["data"]["auth.secret.ref.name"]
+    assert bool(secret_name) == ("strimzi" in name)
+    for doc, job_name in ((cron, "archive"), (job, "replay")):
+        spec = pod_spec(doc)
+        (c,) = spec["containers"]
+        assert c["image"].endswith("/kafka-eventing-spark:" + yaml.safe_load((CHART / "Chart.yaml").read_text())[
+            "appVersion"])
+        assert "command" not in c  # the image's entrypoint is `python -m kafka_eventing.reprocess`
+        args = build_parser().parse_args(c["args"])  # the real CLI accepts them
+        assert args.job == job_name
+        assert spec["restartPolicy"] == "Never"
+        assert spec["serviceAccountName"] == sa["metadata"]["name"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsUser"] == 185 and spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        sc = c["securityContext"]
+        assert sc["runAsUser"] == 185 and sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        # Settings.from_env must accept the env, and read the connection Secret where it is mounted.
+        env = job_env(docs, doc)
+        assert not {k for k in env if k.startswith("KE_")} - SETTINGS_ENV
+        settings = Settings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+        assert settings.bootstrap_servers == values["kafka"]["bootstrapServers"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        if secret_name:
+            assert volumes[mounts[str(settings.kafka_secret_dir)]]["secret"]["secretName"] == secret_name
+        else:
+            assert settings.kafka_secret_dir is None and "kafka-secret" not in volumes
+        assert "emptyDir" in volumes[mounts["/tmp"]]  # Spark's scratch space on a read-only root filesystem
+    # No Kubernetes API access: nothing binds a role to the jobs' ServiceAccount.
+    for b in of_kind(docs, "RoleBinding") + of_kind(docs, "ClusterRoleBinding"):
+        assert all(s["name"] != sa["metadata"]["name"] for s in b["subjects"])
+
+
+def test_reprocess_job_name_follows_its_spec() -> None:
+    name = of_kind(helm(sets=REPROCESS_ON), "Job")[0]["metadata"]["name"]
+    assert re.fullmatch(r"kafka-eventing-replay-[0-9a-f]{8}", name)
+    # Same spec, same Job: an upgrade that changes other settings does not replace (and re-run) it, and the pod
+    # template carries no chart-version labels that a chart upgrade would change.
+    assert of_kind(helm(sets=(*REPROCESS_ON, "logLevel=DEBUG")), "Job")[0]["metadata"]["name"] == name
+    template_labels = of_kind(helm(sets=REPROCESS_ON), "Job")[0]["spec"]["template"]["metadata"]["labels"]
+    assert "helm.sh/chart" not in template_labels and "app.kubernetes.io/version" not in template_labels
+    # A changed spec is a new Job: the pod template of an existing Job is immutable.
+    other = helm(sets=(*REPROCESS_ON, "reprocess.replay.args={replay,--topic,u,--to-topic,u,--dry-run}"))
+    assert of_kind(other, "Job")[0]["metadata"]["name"] != name
+    other = helm(sets=(*REPROCESS_ON, "image.tag=abc1234"))
+    assert of_kind(other, "Job")[0]["metadata"]["name"] != name
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (("reprocess.archive.enabled=true",), "reprocess.archive.args is required"),
+    (("reprocess.replay.enabled=true",), "reprocess.replay.args is required"),
+    (("reprocess.replay.enabled=true", "reprocess.replay.args={archive,--topic,t}"), "schema"),
+    (("reprocess.archive.enabled=true", "reprocess.archive.args={replay,--topic,t}"), "schema"),
+    (("reprocess.archive.concurrencyPolicy=Allow",), "schema"),
+])
+def test_reprocess_values_are_checked(sets: tuple[str, ...], message: str) -> None:
+    args = [tool("helm"), "template", RELEASE, str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run(args, ok=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_sparkapplication_example() -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    (app,) = parse((CHART / "examples" / "sparkapplication-archive.yaml").read_text())
+    assert (app["apiVersion"], app["kind"]) == ("sparkoperator.k8s.io/v1beta2", "SparkApplication")
+    spec = app["spec"]
+    assert spec["type"] == "Python" and spec["mode"] == "cluster"
+    main = spec["mainApplicationFile"].split("/site-packages/", 1)[1]
+    assert (ROOT / "src" / main).is_file()
+    args = build_parser().parse_args(spec["arguments"])
+    assert args.job == "archive" and args.master.startswith("k8s://")
+    docs = helm("values-strimzi.yaml")
+    config = one(docs, "ConfigMap", "kafka-eventing-config")["metadata"]["name"]
+    secret = one(docs, "ConfigMap", "config-kafka")["data"]["auth.secret.ref.name"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for role in ("driver", "executor"):
+        pod = spec[role]
+        assert pod["envFrom"] == [{"configMapRef": {"name": config}}]
+        secret_dir = {e["name"]: e["value"] for e in pod["env"]}["KE_KAFKA_SECRET_DIR"]
+        mounts = {m["mountPath"]: m["name"] for m in pod["volumeMounts"]}
+        assert volumes[mounts[secret_dir]]["secret"]["secretName"] == secret
+        assert "emptyDir" in volumes[mounts["/tmp"]]
+        assert pod["podSecurityContext"]["runAsUser"] == 185 and pod["podSecurityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -568,6 +741,7 @@ def key_fields(doc: dict[str, Any], docs: tuple[dict[str, Any], ...]) -> dict[st
             "volumes": sorted(spec["volumes"], key=lambda v: v["name"]),
             "mounts": sorted(c["volumeMounts"], key=lambda m: m["name"]),
             "probes": (c.get("livenessProbe"), c.get("readinessProbe")),
+            "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds"),
             "selector": doc["spec"]["selector"]["matchLabels"],
         }
     if kind in ("Role", "ClusterRole"):

@@ -307,6 +307,10 @@ class KubeControlPlane:
             # No serving endpoint at all: nothing scrapes it, and it saves a port.
             "--secure-port=0",
             "--profiling=false",
+            # The default 20 requests/s makes hundreds of Deployments take minutes to get Pods; a test
+            # control plane has no other clients to protect.
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
         ])
 
         # The serviceaccount controller creating "default" in "default" shows the controllers are running.
