@@ -864,3 +864,17 @@ def test_argocd_applicationset_covers_every_provider(variant: str) -> None:
         source = a["spec"]["source"]
         assert (ROOT / source["path"]).is_dir()
         assert source["repoURL"] == repos[0]["repoURL"] and source["targetRevision"] == repos[0]["revision"]
+
+
+@pytest.mark.parametrize("render", ["helm", "kustomize"])
+def test_controller_watches_the_receiver_by_its_real_names(render: str) -> None:
+    # ReceiverDeploymentReady looks the Deployment up by KE_RECEIVER_DEPLOYMENT and channels' ExternalName
+    # Services point at KE_RECEIVER_SERVICE: both must name objects the install really creates.
+    docs = scenario("ci/default-values.yaml") if render == "helm" else kustomize("strimzi")
+    config = next(d for d in of_kind(docs, "ConfigMap") if "KE_RECEIVER_SERVICE" in (d.get("data") or {}))
+    deployments = {d["metadata"]["name"] for d in of_kind(docs, "Deployment")}
+    services = {d["metadata"]["name"] for d in of_kind(docs, "Service")}
+    assert config["data"]["KE_RECEIVER_DEPLOYMENT"] in deployments
+    assert config["data"]["KE_RECEIVER_SERVICE"] in services
+    receiver = one(docs, "Deployment", config["data"]["KE_RECEIVER_DEPLOYMENT"])
+    assert "receiver" in receiver["metadata"]["name"]

@@ -121,7 +121,7 @@ class Controller:
         if owner and "/" in owner:
             namespace, _, name = owner.partition("/")
             self.queue.add((namespace, name))
-        elif meta.get("name") == self.settings.receiver_service and self.channels.synced():
+        elif meta.get("name") == self.settings.receiver_deployment_name and self.channels.synced():
             self._enqueue_all()  # the shared receiver's availability is part of every channel's status
 
     def _on_config_map(self, kind: str, obj: Mapping[str, Any]) -> None:

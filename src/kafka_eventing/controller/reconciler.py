@@ -142,11 +142,11 @@ class Reconciler:
             conditions.append(Condition.unknown(cond.DISPATCHER_SERVICE_READY, "KafkaConfigInvalid",
                                                 "waiting for a usable Kafka connection config"))
 
-        receiver = self.stores.deployments.get(self.settings.system_namespace, self.settings.receiver_service)
+        receiver = self.stores.deployments.get(self.settings.system_namespace, self.settings.receiver_deployment_name)
         ok, why = res.deployment_available(receiver)
         conditions.append(Condition.true(cond.RECEIVER_DEPLOYMENT_READY) if ok else Condition.false(
             cond.RECEIVER_DEPLOYMENT_READY, "ReceiverDeploymentUnavailable",
-            f"receiver Deployment {self.settings.system_namespace}/{self.settings.receiver_service}: {why}"))
+            f"receiver Deployment {self.settings.system_namespace}/{self.settings.receiver_deployment_name}: {why}"))
 
         dls = self._dead_letter_sink(ref, spec)
         if dls is not None:

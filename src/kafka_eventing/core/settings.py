@@ -72,6 +72,8 @@ class Settings:
     dispatcher_image: str = "kafka-eventing-dispatcher:dev"
     dispatcher_replicas: int = 1
     receiver_service: str = "kafka-channel-receiver"
+    #: the shared receiver Deployment whose availability is ReceiverDeploymentReady; empty = receiver_service.
+    receiver_deployment: str = ""
 
     # -- observability ------------------------------------------------------------------------------
     log_level: str = "INFO"
@@ -106,6 +108,10 @@ class Settings:
                 raise SettingsError(f"KE_KAFKA_EXTRA item {item!r} is not key=value")
             out[k.strip()] = v.strip()
         return out
+
+    @property
+    def receiver_deployment_name(self) -> str:
+        return self.receiver_deployment or self.receiver_service
 
     def topic_for(self, namespace: str, name: str) -> str:
         return self.topic_template.format(namespace=namespace, name=name)
