@@ -64,7 +64,10 @@ class Settings:
     channel_namespace: str = ""
     max_in_flight: int = 64
     retry_after_max_seconds: float = 600.0
-    queued_max_messages_kbytes: int = 2048
+    #: local fetch budget per subscription; 1024 keeps 15 subscriptions under 128 MiB RSS (bench-dispatcher).
+    queued_max_messages_kbytes: int = 1024
+    #: where a new subscription starts when its group has no committed offset: latest | earliest.
+    dispatcher_initial_offset: str = "latest"
 
     # -- controller ---------------------------------------------------------------------------------
     topic_management: str = "admin"  # admin | external

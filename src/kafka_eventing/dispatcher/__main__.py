@@ -44,11 +44,10 @@ async def _run(settings: Settings) -> None:
     else:
         source = channel_source_from_settings(settings)
         writer = MemoryStatusWriter()
-    # Until Settings has a field for it, the start position of new groups comes from KE_KAFKA_EXTRA
-    # (auto.offset.reset=earliest), which consumer_settings applies last.
-    initial = str(getattr(settings, "dispatcher_initial_offset", "latest"))
+    if settings.dispatcher_initial_offset not in ("latest", "earliest"):
+        raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")
     dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
-                                   initial_offset=initial, host=_ARGS.host)
+                                   initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, dispatcher.stop)
