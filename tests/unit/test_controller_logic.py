@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import threading
 from collections.abc import Mapping
 from importlib import resources as importlib_resources
@@ -377,3 +378,27 @@ def test_batcher_coalesces_concurrent_calls_into_one_request() -> None:
         t.join(5)
     assert results == {"a": "A", "b": "B", "c": "C"}
     assert len(requests) == 1 and sorted(requests[0]) == ["a", "b", "c"]  # the duplicate is sent once
+
+
+def test_dispatcher_resources_from_config_map() -> None:
+    wanted = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+    cm = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"},
+          "data": {"dispatcher.resources": json.dumps(wanted)}}
+    got = resolve(SETTINGS, DictStore(cm), DictStore())
+    assert got.dispatcher_resources == wanted
+    config = res.DispatcherConfig(replicas=1, checksum=got.checksum, resources=got.dispatcher_resources)
+    container = res.dispatcher_deployment(res.ChannelRef("team", "orders"), SETTINGS, config, 1)[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == wanted
+    # The chart writes `{}` when no resources are set: no resources key at all then.
+    empty = resolve(SETTINGS, DictStore({**cm, "data": {"dispatcher.resources": "{}"}}), DictStore())
+    assert empty.dispatcher_resources is None
+    assert "resources" not in _deployment(1)["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("raw", ["not json", '["a"]', '{"cpu": "1"}'])
+def test_dispatcher_resources_invalid_is_a_readable_error(raw: str) -> None:
+    cm = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"},
+          "data": {"dispatcher.resources": raw}}
+    with pytest.raises(KafkaConfigError, match=r"knative-eventing/config-kafka key dispatcher\.resources"):
+        resolve(SETTINGS, DictStore(cm), DictStore())

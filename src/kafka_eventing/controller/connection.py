@@ -25,6 +25,7 @@ DEFAULT_CONFIG_MAP = "config-kafka"
 SECRET_LABEL = "eventing-kafka.knative.dev/kafka-secret"  # noqa: S105 - a label name
 KEY_BOOTSTRAP = "bootstrap.servers"
 KEY_SECRET_NAME = "auth.secret.ref.name"  # noqa: S105 - a key name
+KEY_DISPATCHER_RESOURCES = "dispatcher.resources"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,21 @@ class ResolvedConnection:
     secret_name: str | None
     bootstrap_servers: str
     checksum: str
+    dispatcher_resources: Mapping[str, Any] | None = None
+
+
+def _dispatcher_resources(cm_data: Mapping[str, str], where: str) -> Mapping[str, Any] | None:
+    """``dispatcher.resources``: the container resources (JSON, as the chart writes it) for every dispatcher."""
+    raw = (cm_data.get(KEY_DISPATCHER_RESOURCES) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise KafkaConfigError(f"{where} key {KEY_DISPATCHER_RESOURCES} is not JSON: {exc}") from None
+    if not isinstance(value, dict) or not set(value) <= {"limits", "requests", "claims"}:
+        raise KafkaConfigError(f"{where} key {KEY_DISPATCHER_RESOURCES} must be an object with limits/requests")
+    return value or None
 
 
 def _secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
@@ -71,7 +87,8 @@ def resolve(settings: Settings, config_maps: Store, secrets: Store, config_map: 
          "provider": settings.kafka_provider, "servers": servers, "extra": settings.kafka_extra},
         sort_keys=True).encode()).hexdigest()[:16]
     return ResolvedConnection(connection=connection, secret_name=secret_name, bootstrap_servers=servers,
-                              checksum=digest)
+                              checksum=digest,
+                              dispatcher_resources=_dispatcher_resources(cm_data, f"ConfigMap {ns}/{config_map}"))
 
 
 class AdminPool:

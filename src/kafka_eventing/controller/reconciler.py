@@ -221,7 +221,8 @@ class Reconciler:
                     errors: list[str]) -> list[Condition]:
         config = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas, checksum=connection.checksum,
                                       secret_name=connection.secret_name,
-                                      bootstrap_servers=connection.bootstrap_servers)
+                                      bootstrap_servers=connection.bootstrap_servers,
+                                      resources=connection.dispatcher_resources)
         out: list[Condition] = []
         deployment = res.dispatcher_deployment(ref, self.settings, config, partitions)
         try:

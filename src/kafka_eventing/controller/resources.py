@@ -123,6 +123,7 @@ class DispatcherConfig:
     checksum: str  # over the connection Secret's and config ConfigMap's data
     secret_name: str | None = None
     bootstrap_servers: str = ""
+    resources: Mapping[str, Any] | None = None  # from config-kafka `dispatcher.resources`
 
 
 def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig) -> list[dict[str, Any]]:
@@ -180,6 +181,8 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
         },
         "volumeMounts": mounts,
     }
+    if config.resources:
+        container["resources"] = dict(config.resources)
     spec = {
         # Consumers beyond the partition count would sit idle in the group.
         "replicas": max(1, min(settings.dispatcher_replicas, num_partitions)),
