@@ -279,25 +279,31 @@ class Reconciler:
         return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), base
 
     # -- writes -------------------------------------------------------------------------------------
-    def _apply_service(self, desired: dict[str, Any]) -> Mapping[str, Any]:
+    def _apply(self, store: Any, create: Any, patch: Any,
+               desired: dict[str, Any]) -> tuple[Mapping[str, Any] | None, bool]:
+        """Create or merge-patch ``desired``: (the cached live object or None, whether anything was written)."""
         ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-        live = self.stores.services.get(ns, name)
+        live = store.get(ns, name)
         if live is not None and not res.needs_update(live, desired):
-            return live
+            return live, False
         if not self.may_write():
             raise LostLeadership
         if live is None:
             try:
-                self.core.create_namespaced_service(ns, desired, _request_timeout=(5, 30), _preload_content=False)
-                return desired
+                create(ns, desired, _request_timeout=(5, 30), _preload_content=False)
+                return None, True
             except ApiException as exc:
                 if exc.status != HTTP_CONFLICT:
                     raise
                 # Created by an earlier attempt whose event has not reached the cache yet: update it.
-        patch = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
-        self.core.patch_namespaced_service(name, ns, patch, _content_type=MERGE_PATCH, _request_timeout=(5, 30),
-                                           _preload_content=False)
-        return desired
+        body = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
+        patch(name, ns, body, _content_type=MERGE_PATCH, _request_timeout=(5, 30), _preload_content=False)
+        return live, True
+
+    def _apply_service(self, desired: dict[str, Any]) -> Mapping[str, Any]:
+        live, written = self._apply(self.stores.services, self.core.create_namespaced_service,
+                                    self.core.patch_namespaced_service, desired)
+        return desired if written or live is None else live
 
     def _apply_deployment(self, desired: dict[str, Any]) -> Mapping[str, Any] | None:
         """The live Deployment as cached (with its status), or None when it was created just now.
@@ -305,22 +311,8 @@ class Reconciler:
         After an update the cached object is returned: the old ReplicaSet keeps serving during the rollout,
         so a rotated Secret does not flip the channel to not-Ready.
         """
-        ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-        live = self.stores.deployments.get(ns, name)
-        if live is not None and not res.needs_update(live, desired):
-            return live
-        if not self.may_write():
-            raise LostLeadership
-        if live is None:
-            try:
-                self.apps.create_namespaced_deployment(ns, desired, _request_timeout=(5, 30), _preload_content=False)
-                return None
-            except ApiException as exc:
-                if exc.status != HTTP_CONFLICT:
-                    raise
-        patch = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
-        self.apps.patch_namespaced_deployment(name, ns, patch, _content_type=MERGE_PATCH,
-                                              _request_timeout=(5, 30), _preload_content=False)
+        live, _ = self._apply(self.stores.deployments, self.apps.create_namespaced_deployment,
+                              self.apps.patch_namespaced_deployment, desired)
         return live
 
     def _add_finalizer(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
