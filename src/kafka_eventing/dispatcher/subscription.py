@@ -36,6 +36,8 @@ DEFAULT_QUEUE_BYTES = 256 * 1024
 MAX_IDLE_POLL = 0.05
 CONSUME_BATCH = 500
 LAG_INTERVAL = 5.0
+#: Tries at pinning and committing a new group's start offsets before falling back.
+PIN_ATTEMPTS = 3
 
 ConsumerFactory = Callable[[dict[str, Any]], Any]
 _Headers = list[tuple[str, bytes | str | None]] | None
@@ -386,27 +388,47 @@ class SubscriptionConsumer:
         """
         if not partitions:
             return
-        try:
-            positions = consumer.committed(partitions, timeout=10)
-            start: list[TopicPartition] = []
-            for tp in positions:
-                if tp.offset < 0:
-                    low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                    tp.offset = high if self._initial == "latest" else low
-                    start.append(TopicPartition(tp.topic, tp.partition, tp.offset))
-        except KafkaException as exc:
-            log.warning("could not pin start offsets; falling back to auto.offset.reset",
-                        extra={**self.labels.as_dict(), "error": str(exc)})
-            return
+        # The group coordinator may still be loading right after a join (or the broker busy): a few tries
+        # before falling back, since the fallback can skip events produced before the first commit.
+        positions: list[TopicPartition] | None = None
+        start: list[TopicPartition] = []
+        for attempt in range(PIN_ATTEMPTS):
+            try:
+                positions, start = self._start_positions(consumer, partitions)
+                break
+            except KafkaException as exc:
+                if attempt == PIN_ATTEMPTS - 1:
+                    log.warning("could not pin start offsets; falling back to auto.offset.reset",
+                                extra={**self.labels.as_dict(), "error": str(exc)})
+                    return
+                time.sleep(0.5)
+        assert positions is not None
         try:
             consumer.incremental_assign(positions)
         except KafkaException:
             consumer.assign(positions)  # an eager assignment strategy configured through KE_KAFKA_EXTRA
-        if start:
+        for attempt in range(PIN_ATTEMPTS if start else 0):
             try:
                 consumer.commit(offsets=start, asynchronous=False)
+                break
             except KafkaException as exc:
-                log.warning("commit of start offsets failed", extra={**self.labels.as_dict(), "error": str(exc)})
+                if attempt == PIN_ATTEMPTS - 1:
+                    log.warning("commit of start offsets failed",
+                                extra={**self.labels.as_dict(), "error": str(exc)})
+                else:
+                    time.sleep(0.5)
+
+    def _start_positions(self, consumer: Any,
+                         partitions: list[TopicPartition]) -> tuple[list[TopicPartition], list[TopicPartition]]:
+        """Committed offsets, and the initial position for partitions that have none (to be committed)."""
+        positions = consumer.committed(partitions, timeout=10)
+        start: list[TopicPartition] = []
+        for tp in positions:
+            if tp.offset < 0:
+                low, high = consumer.get_watermark_offsets(tp, timeout=10)
+                tp.offset = high if self._initial == "latest" else low
+                start.append(TopicPartition(tp.topic, tp.partition, tp.offset))
+        return positions, start
 
     def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Forget the partitions; cancel their in-flight deliveries; return what may be committed."""
