@@ -23,4 +23,5 @@ step kafka       hack/setup/maven.sh kafka
 step spark-kafka hack/setup/maven.sh spark-kafka
 # Go-built tools print one line per tool themselves.
 hack/setup/go-tools.sh
+step keda-crds   hack/setup/keda-crds.sh
 echo "[setup] done in $((SECONDS - t_all))s"

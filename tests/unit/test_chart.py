@@ -277,6 +277,10 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= local
     assert {("", r, v) for r in ("secrets", "configmaps") for v in ("get", "list", "watch")} <= local
     assert not {v for _, r, v in local if r == "secrets"} - {"get", "list", "watch"}
+    # KEDA objects even with KEDA off (this preset): disabling it must let the controller delete them.
+    assert one(docs, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "false"
+    assert {("keda.sh", r, v) for r in ("scaledobjects", "triggerauthentications")
+            for v in ("get", "create", "patch", "delete")} == {k for k in local if k[0] == "keda.sh"}
     assert rules_of(docs, "ClusterRole", "kafka-eventing-receiver") == {
         ("messaging.knative.dev", "kafkachannels", v) for v in ("get", "list", "watch")}
     dispatcher = rules_of(docs, "ClusterRole", "kafka-eventing-dispatcher")
@@ -453,8 +457,8 @@ def test_values_schema_rejects_typos() -> None:
 def test_capability_guarded_optins() -> None:
     without = helm("ci/all-optins-values.yaml")
     assert not of_kind(without, "ServiceMonitor")
-    assert one(without, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "false"
-    assert not any(r for _, r in rbac_rules(without) if "keda.sh" in r["apiGroups"])
+    # KEDA is not capability-guarded: the controller checks the API itself and reports KEDANotInstalled.
+    assert one(without, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
     with_apis = helm("ci/all-optins-values.yaml", apis=OPTIONAL_APIS)
     assert len(of_kind(with_apis, "ServiceMonitor")) == 2
     assert one(with_apis, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
@@ -791,6 +795,25 @@ def test_kustomize_optin_components_match_the_chart_optins(tmp_path: Path) -> No
         hs, ks = copy.deepcopy(h[key]["spec"]), copy.deepcopy(k[key]["spec"])
         hs.pop("namespaceSelector", None)  # Helm pins the ServiceMonitor to the release namespace explicitly
         assert hs == ks, key
+
+
+def test_kustomize_keda_merge_matches_the_chart(tmp_path: Path) -> None:
+    # The overlay docs/install.md shows for turning KEDA on, against the chart's values for the same.
+    rel = os.path.relpath(KUSTOMIZE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/overlays/strimzi"],
+        "configMapGenerator": [{"name": "config-kafka", "behavior": "merge",
+                                "literals": ["dispatcher.keda.enabled=true", "dispatcher.keda.maxReplicas=8"]}],
+    }))
+    kust = one(parse(run([tool("kustomize"), "build", str(tmp_path)]).stdout), "ConfigMap", "config-kafka")
+    chart = one(helm("values-strimzi.yaml", sets=("dispatcher.keda.enabled=true", "dispatcher.keda.maxReplicas=8")),
+                "ConfigMap", "config-kafka")
+    assert kust["data"] == chart["data"]
+    assert {k: v for k, v in kust["data"].items() if k.startswith("dispatcher.keda.")} == {
+        "dispatcher.keda.enabled": "true", "dispatcher.keda.minReplicas": "1", "dispatcher.keda.maxReplicas": "8",
+        "dispatcher.keda.lagThreshold": "100", "dispatcher.keda.pollingInterval": "30",
+        "dispatcher.keda.cooldownPeriod": "300"}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ DISPATCHER_DEPLOYMENT_READY = "DispatcherDeploymentReady"
 DISPATCHER_SERVICE_READY = "DispatcherServiceReady"
 RECEIVER_DEPLOYMENT_READY = "ReceiverDeploymentReady"
 DEAD_LETTER_SINK_RESOLVED = "DeadLetterSinkResolved"
+#: Only while KEDA scaling is enabled. Informational: without KEDA the dispatcher runs at the controller's
+#: replica count, so the channel stays Ready.
+DISPATCHER_AUTOSCALER_READY = "DispatcherAutoscalerReady"
 
 #: Conditions whose truth makes the channel Ready (DeadLetterSinkResolved counts only when a sink is set).
 DEPENDENTS = (TOPIC_READY, CHANNEL_SERVICE_READY, DISPATCHER_DEPLOYMENT_READY, DISPATCHER_SERVICE_READY,

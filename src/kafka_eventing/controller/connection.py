@@ -26,6 +26,41 @@ SECRET_LABEL = "eventing-kafka.knative.dev/kafka-secret"  # noqa: S105 - a label
 KEY_BOOTSTRAP = "bootstrap.servers"
 KEY_SECRET_NAME = "auth.secret.ref.name"  # noqa: S105 - a key name
 KEY_DISPATCHER_RESOURCES = "dispatcher.resources"
+KEDA_PREFIX = "dispatcher.keda."
+
+
+@dataclass(frozen=True)
+class KedaConfig:
+    """``dispatcher.keda.*`` of config-kafka: scale each dispatcher on its consumer groups' lag."""
+
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 4
+    lag_threshold: int = 100
+    polling_interval: int = 30  # seconds; KEDA's default
+    cooldown_period: int = 300  # seconds; KEDA's default
+
+
+def _keda_config(cm_data: Mapping[str, str], where: str) -> KedaConfig:
+    raw = {k[len(KEDA_PREFIX):]: v.strip() for k, v in cm_data.items() if k.startswith(KEDA_PREFIX)}
+    enabled = raw.pop("enabled", "false").lower()
+    if enabled not in ("true", "false"):
+        raise KafkaConfigError(f"{where} key {KEDA_PREFIX}enabled must be true or false, not {enabled!r}")
+    fields = {"minReplicas": ("min_replicas", 0), "maxReplicas": ("max_replicas", 1),
+              "lagThreshold": ("lag_threshold", 1), "pollingInterval": ("polling_interval", 1),
+              "cooldownPeriod": ("cooldown_period", 0)}
+    values: dict[str, Any] = {"enabled": enabled == "true"}
+    for key, text in raw.items():
+        if key not in fields:
+            raise KafkaConfigError(f"{where} key {KEDA_PREFIX}{key} is unknown; known: {', '.join(fields)}")
+        attr, least = fields[key]
+        try:
+            values[attr] = int(text)
+        except ValueError:
+            raise KafkaConfigError(f"{where} key {KEDA_PREFIX}{key} is not an integer: {text!r}") from None
+        if values[attr] < least:
+            raise KafkaConfigError(f"{where} key {KEDA_PREFIX}{key} must be at least {least}")
+    return KedaConfig(**values)
 
 
 @dataclass(frozen=True)
@@ -35,6 +70,11 @@ class ResolvedConnection:
     bootstrap_servers: str
     checksum: str
     dispatcher_resources: Mapping[str, Any] | None = None
+    keda: KedaConfig = KedaConfig()
+    #: Keys present in the connection Secret: KEDA's TriggerAuthentication references them by name.
+    secret_keys: frozenset[str] = frozenset()
+    #: ``aws.region`` of the Secret (MSK IAM); not secret, KEDA wants it in the trigger metadata.
+    aws_region: str | None = None
 
 
 def _dispatcher_resources(cm_data: Mapping[str, str], where: str) -> Mapping[str, Any] | None:
@@ -86,9 +126,12 @@ def resolve(settings: Settings, config_maps: Store, secrets: Store, config_map: 
         {"cm": dict(cm_data), "secret": {k: v.hex() for k, v in sorted(data.items())}, "name": secret_name,
          "provider": settings.kafka_provider, "servers": servers, "extra": settings.kafka_extra},
         sort_keys=True).encode()).hexdigest()[:16]
+    where = f"ConfigMap {ns}/{config_map}"
+    region = data.get("aws.region")
     return ResolvedConnection(connection=connection, secret_name=secret_name, bootstrap_servers=servers,
-                              checksum=digest,
-                              dispatcher_resources=_dispatcher_resources(cm_data, f"ConfigMap {ns}/{config_map}"))
+                              checksum=digest, dispatcher_resources=_dispatcher_resources(cm_data, where),
+                              keda=_keda_config(cm_data, where), secret_keys=frozenset(data),
+                              aws_region=region.decode().strip() or None if region else None)
 
 
 class AdminPool:

@@ -43,6 +43,7 @@ class ControllerOptions:
     workers: int = 8
     resync_seconds: float = 300.0
     topic_recheck_seconds: float = 60.0
+    keda_discovery_seconds: float = 30.0  # how long "KEDA's CRDs are (not) installed" is believed
     watch_timeout_seconds: int = 240
     lease_name: str = "kafka-channel-controller"
     lease_duration: float = 15.0
@@ -104,7 +105,8 @@ class Controller:
             Stores(channels=self.channels, deployments=self.deployments, services=self.services,
                    config_maps=self.config_maps, secrets=self.secrets),
             admins=admins or AdminPool(timeout=opts.kafka_timeout), config_map=opts.config_map,
-            may_write=lambda: self.elector.is_leader, topic_recheck_seconds=opts.topic_recheck_seconds)
+            may_write=lambda: self.elector.is_leader, topic_recheck_seconds=opts.topic_recheck_seconds,
+            keda_discovery_seconds=opts.keda_discovery_seconds)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None

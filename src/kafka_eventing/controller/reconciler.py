@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kafka_eventing.controller import conditions as cond
+from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
@@ -36,6 +37,8 @@ FINALIZER = "kafkachannels.messaging.knative.dev/finalizer"
 MERGE_PATCH = "application/merge-patch+json"
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+#: How long an answer to "does the API server serve keda.sh/v1alpha1?" is reused.
+KEDA_DISCOVERY_TTL = 30.0
 
 
 @dataclass
@@ -53,6 +56,35 @@ class Result:
 
     error: str | None = None
     requeue_after: float | None = None
+
+
+class _CustomObjects:
+    """``get``/``create``/``patch``/``delete`` of one custom resource straight from the API (no cache: KEDA's CRDs
+    may be absent, and an informer on a missing type would only log errors), shaped for ``Reconciler._apply``."""
+
+    def __init__(self, api: client.CustomObjectsApi, group: str, version: str, plural: str) -> None:
+        self.api, self.group, self.version, self.plural = api, group, version, plural
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return dict(self.api.get_namespaced_custom_object(self.group, self.version, namespace, self.plural,
+                                                              name, _request_timeout=(5, 15)))
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                return None
+            raise
+
+    def create(self, namespace: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
+        return self.api.create_namespaced_custom_object(self.group, self.version, namespace, self.plural, body,
+                                                        **kwargs)
+
+    def patch(self, name: str, namespace: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
+        return self.api.patch_namespaced_custom_object(self.group, self.version, namespace, self.plural, name,
+                                                       body, **kwargs)
+
+    def delete(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        return self.api.delete_namespaced_custom_object(self.group, self.version, namespace, self.plural, name,
+                                                        **kwargs)
 
 
 def _api_error(exc: ApiException) -> str:
@@ -75,6 +107,7 @@ class Reconciler:
         config_map: str = DEFAULT_CONFIG_MAP,
         may_write: Callable[[], bool] = lambda: True,
         topic_recheck_seconds: float = 60.0,
+        keda_discovery_seconds: float = KEDA_DISCOVERY_TTL,
     ) -> None:
         self.settings = settings
         self.stores = stores
@@ -89,6 +122,10 @@ class Reconciler:
         # round trip; a spec or connection change, an error, or the recheck interval brings one.
         self._verified: dict[tuple[str, str], tuple[tuple[Any, ...], float]] = {}
         self.topic_ops: dict[str, int] = {}
+        self.scaled_objects = _CustomObjects(self.custom, keda.GROUP, keda.VERSION, keda.SCALED_OBJECTS)
+        self.trigger_auths = _CustomObjects(self.custom, keda.GROUP, keda.VERSION, keda.TRIGGER_AUTHENTICATIONS)
+        self._keda_served: tuple[bool, float] | None = None
+        self.keda_discovery_seconds = keda_discovery_seconds
 
     # -- entry --------------------------------------------------------------------------------------
     def reconcile(self, namespace: str, name: str) -> Result:
@@ -135,7 +172,7 @@ class Reconciler:
 
         # Dispatcher Deployment + Service (the Deployment needs the connection's Secret name and checksum).
         if connection is not None:
-            conditions.extend(self._dispatcher(ref, connection, partitions, write_errors))
+            conditions.extend(self._dispatcher(ref, obj, connection, partitions, write_errors))
         else:
             conditions.append(Condition.unknown(cond.DISPATCHER_DEPLOYMENT_READY, "KafkaConfigInvalid",
                                                 "waiting for a usable Kafka connection config"))
@@ -166,7 +203,7 @@ class Reconciler:
     def _topic(self, obj: Mapping[str, Any], connection: ResolvedConnection) -> tuple[Condition, Result]:
         meta, spec = obj["metadata"], obj.get("spec") or {}
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
-        topic = external or self.settings.topic_for(meta["namespace"], meta["name"])
+        topic = self._topic_name(meta)
         manage = self.settings.topic_management == "admin" and not external
         try:
             retention = parse_duration(str(spec.get("retentionDuration") or "PT168H"), "retentionDuration")
@@ -203,6 +240,10 @@ class Reconciler:
         self._verified[key] = (fingerprint, time.monotonic())
         return ok, Result()
 
+    def _topic_name(self, meta: Mapping[str, Any]) -> str:
+        external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
+        return str(external or self.settings.topic_for(meta["namespace"], meta["name"]))
+
     def _channel_service(self, ref: res.ChannelRef, errors: list[str]) -> tuple[Condition, str | None]:
         name = res.channel_service_name(ref.name)
         if not res.is_dns1035(name):
@@ -217,17 +258,26 @@ class Reconciler:
                                    f"Service {ref.namespace}/{name}: {_api_error(exc)}"), None
         return Condition.true(cond.CHANNEL_SERVICE_READY), res.channel_url(ref.namespace, ref.name)
 
-    def _dispatcher(self, ref: res.ChannelRef, connection: ResolvedConnection, partitions: int,
-                    errors: list[str]) -> list[Condition]:
+    def _dispatcher(self, ref: res.ChannelRef, obj: Mapping[str, Any], connection: ResolvedConnection,
+                    partitions: int, errors: list[str]) -> list[Condition]:
         config = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas, checksum=connection.checksum,
                                       secret_name=connection.secret_name,
                                       bootstrap_servers=connection.bootstrap_servers,
                                       resources=connection.dispatcher_resources)
         out: list[Condition] = []
-        deployment = res.dispatcher_deployment(ref, self.settings, config, partitions)
+        name = res.dispatcher_name(ref.namespace, ref.name)
+        cached = self.stores.deployments.get(self.settings.system_namespace, name)
+        autoscaler, keda_scaled = self._autoscaler(ref, obj, connection, partitions, deployment=cached,
+                                                  errors=errors)
+        if autoscaler is not None:
+            out.append(autoscaler)
+        deployment = res.dispatcher_deployment(ref, self.settings, config, partitions, keda_scaled=keda_scaled)
         try:
             live = self._apply_deployment(deployment)
             ok, why = res.deployment_available(live)
+            if not ok and keda_scaled and live is not None and (live.get("spec") or {}).get("replicas") == 0:
+                # KEDA scales an idle dispatcher to zero when minReplicas is 0: that is not an outage.
+                ok, why = True, ""
             out.append(Condition.true(cond.DISPATCHER_DEPLOYMENT_READY) if ok else Condition.false(
                 cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentUnavailable",
                 f"Deployment {deployment['metadata']['namespace']}/{deployment['metadata']['name']}: {why}"))
@@ -244,6 +294,93 @@ class Reconciler:
             out.append(Condition.false(cond.DISPATCHER_SERVICE_READY, "DispatcherServiceFailed",
                                        _api_error(exc)))
         return out
+
+    # -- KEDA -------------------------------------------------------------------------------------------
+    def _autoscaler(self, ref: res.ChannelRef, obj: Mapping[str, Any], connection: ResolvedConnection,
+                    partitions: int, *, deployment: Mapping[str, Any] | None,
+                    errors: list[str]) -> tuple[Condition | None, bool]:
+        """Stamp or remove the dispatcher's ScaledObject: (condition or None, whether KEDA owns replicas)."""
+        was_keda = _scaler(deployment) == res.SCALER_KEDA
+        subscribers = keda.subscriber_uids(obj.get("spec") or {})
+        kind = cond.DISPATCHER_AUTOSCALER_READY
+        if not connection.keda.enabled or not subscribers:
+            # Nothing to scale on: the controller owns replicas again (and keeps an idle dispatcher at its
+            # count instead of letting KEDA hold it at zero). Only a Deployment marked as KEDA-scaled
+            # leads to API calls, so the default (KEDA off) costs nothing.
+            if was_keda:
+                try:
+                    self._delete_keda(ref)
+                except ApiException as exc:
+                    errors.append(f"KEDA ScaledObject removal: {_api_error(exc)}")
+                    # Until it is gone KEDA still scales: setting replicas now would fight it.
+                    return Condition.false(kind, "KEDAScaledObjectFailed", _api_error(exc)), True
+            if not connection.keda.enabled:
+                return None, False
+            return Condition.true(kind, "NoSubscribers",
+                                  "no subscribers, no consumer lag to scale on: the controller sets replicas"), False
+        try:
+            auth = keda.keda_auth(connection)
+        except keda.KedaAuthError as exc:
+            return Condition.false(kind, "KEDAAuthUnsupported", str(exc)), was_keda
+        try:
+            served = self._keda_is_served()
+        except ApiException as exc:
+            errors.append(f"KEDA discovery: {_api_error(exc)}")
+            return Condition.false(kind, "KEDADiscoveryFailed", _api_error(exc)), was_keda
+        if not served:
+            return Condition.false(kind, "KEDANotInstalled",
+                                   f"the API server does not serve {keda.GROUP}/{keda.VERSION} ScaledObjects: "
+                                   "install KEDA; the controller sets replicas meanwhile"), False
+        so = keda.scaled_object(ref, self.settings, connection, auth, topic=self._topic_name(obj["metadata"]),
+                                subscribers=subscribers, num_partitions=partitions)
+        try:
+            if auth.needs_trigger_authentication:
+                ta = keda.trigger_authentication(ref, self.settings, auth)
+                self._apply(self.trigger_auths, self.trigger_auths.create, self.trigger_auths.patch, ta)
+            self._apply(self.scaled_objects, self.scaled_objects.create, self.scaled_objects.patch, so)
+            if not auth.needs_trigger_authentication and was_keda:
+                self._delete_quietly(self.trigger_auths, so["metadata"]["name"])
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                self._keda_served = None  # the CRDs went away since discovery: ask again next time
+            errors.append(f"KEDA ScaledObject: {_api_error(exc)}")
+            return Condition.false(kind, "KEDAScaledObjectFailed", _api_error(exc)), was_keda
+        spec = so["spec"]
+        return Condition.true(kind, "KEDAScaledObjectReady",
+                              f"ScaledObject {so['metadata']['namespace']}/{so['metadata']['name']}: "
+                              f"{spec['minReplicaCount']}-{spec['maxReplicaCount']} replicas on the lag of "
+                              f"{len(spec['triggers'])} consumer group(s)"), True
+
+    def _keda_is_served(self) -> bool:
+        now = time.monotonic()
+        if self._keda_served is not None and now - self._keda_served[1] < self.keda_discovery_seconds:
+            return self._keda_served[0]
+        try:
+            found = self.custom.get_api_resources(keda.GROUP, keda.VERSION, _request_timeout=(5, 15))
+            names = {r.name for r in found.resources or ()}
+            served = {keda.SCALED_OBJECTS, keda.TRIGGER_AUTHENTICATIONS} <= names
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+            served = False
+        self._keda_served = (served, now)
+        return served
+
+    def _delete_keda(self, ref: res.ChannelRef) -> None:
+        name = res.dispatcher_name(ref.namespace, ref.name)
+        # The ScaledObject first: KEDA then stops scaling before its credentials go.
+        for api in (self.scaled_objects, self.trigger_auths):
+            self._delete_quietly(api, name)
+
+    def _delete_quietly(self, api: _CustomObjects, name: str) -> None:
+        """Delete; already gone (or KEDA's CRDs gone) counts as deleted."""
+        if not self.may_write():
+            raise LostLeadership
+        try:
+            api.delete(name, self.settings.system_namespace, _request_timeout=(5, 30))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
 
     def _dead_letter_sink(self, ref: res.ChannelRef, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
@@ -345,6 +482,8 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         dispatcher = res.dispatcher_name(namespace, name)
         system = self.settings.system_namespace
+        if _scaler(self.stores.deployments.get(system, dispatcher)) == res.SCALER_KEDA:
+            self._delete_keda(res.ChannelRef(namespace, name))
         # The channel Service is also garbage-collected through its ownerReference; deleting it here keeps
         # deletion complete on clusters without the garbage collector.
         doomed = ((self.apps.delete_namespaced_deployment, dispatcher, system),
@@ -380,6 +519,11 @@ class Reconciler:
                 raise
         log.info("KafkaChannel finalized", extra={"namespace": namespace, "channel": name})
         return Result()
+
+
+def _scaler(deployment: Mapping[str, Any] | None) -> str | None:
+    value = (((deployment or {}).get("metadata") or {}).get("annotations") or {}).get(res.ANNOTATION_SCALER)
+    return None if value is None else str(value)
 
 
 class LostLeadership(RuntimeError):

@@ -27,6 +27,10 @@ ANNOTATION_CHANNEL = "kafka.eventing.knative.dev/channel"
 ANNOTATION_SPEC_HASH = "kafka.eventing.knative.dev/spec-hash"
 #: On the dispatcher's pod template: changes when the connection Secret or config ConfigMap changes.
 ANNOTATION_CONFIG_CHECKSUM = "kafka.eventing.knative.dev/config-checksum"
+#: On the dispatcher Deployment: who sets its replicas, "controller" or "keda" (then a ScaledObject exists).
+ANNOTATION_SCALER = "kafka.eventing.knative.dev/scaler"
+SCALER_CONTROLLER = "controller"
+SCALER_KEDA = "keda"
 DISPATCHER_APP = "kafka-channel-dispatcher"
 #: Created by the chart/manifests in the system namespace (RBAC: watch its channel, patch status.subscribers).
 DISPATCHER_SERVICE_ACCOUNT = "kafka-channel-dispatcher"
@@ -77,7 +81,8 @@ def labels(component: str, dispatcher: str | None = None) -> dict[str, str]:
     return out
 
 
-def _stamp(obj: dict[str, Any], desired_part: Mapping[str, Any]) -> dict[str, Any]:
+def stamp(obj: dict[str, Any], desired_part: Mapping[str, Any]) -> dict[str, Any]:
+    """Record the hash of ``desired_part`` on ``obj`` (see ``needs_update``)."""
     obj["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = spec_hash(desired_part)
     return obj
 
@@ -112,7 +117,7 @@ def channel_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
             "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel", "name": ref.name,
             "uid": ref.uid, "controller": True, "blockOwnerDeletion": True,
         }]
-    return _stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
+    return stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,8 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
 
 
 def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: DispatcherConfig,
-                          num_partitions: int) -> dict[str, Any]:
+                          num_partitions: int, *, keda_scaled: bool = False) -> dict[str, Any]:
+    """With ``keda_scaled`` the spec has no ``replicas``: a merge patch then leaves KEDA's count alone."""
     name = dispatcher_name(ref.namespace, ref.name)
     pod_labels = labels("dispatcher", name)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
@@ -183,9 +189,7 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
     }
     if config.resources:
         container["resources"] = dict(config.resources)
-    spec = {
-        # Consumers beyond the partition count would sit idle in the group.
-        "replicas": max(1, min(settings.dispatcher_replicas, num_partitions)),
+    spec: dict[str, Any] = {
         "selector": {"matchLabels": {LABEL_NAME: DISPATCHER_APP, LABEL_DISPATCHER: name}},
         "template": {
             "metadata": {"labels": pod_labels, "annotations": {ANNOTATION_CONFIG_CHECKSUM: config.checksum,
@@ -200,9 +204,13 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
             },
         },
     }
+    if not keda_scaled:
+        # Consumers beyond the partition count would sit idle in the group.
+        spec["replicas"] = max(1, min(settings.dispatcher_replicas, num_partitions))
     metadata = {"name": name, "namespace": settings.system_namespace, "labels": pod_labels,
-                "annotations": {ANNOTATION_CHANNEL: ref.key}}
-    return _stamp({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}, spec)
+                "annotations": {ANNOTATION_CHANNEL: ref.key,
+                                ANNOTATION_SCALER: SCALER_KEDA if keda_scaled else SCALER_CONTROLLER}}
+    return stamp({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}, spec)
 
 
 def dispatcher_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
@@ -217,7 +225,7 @@ def dispatcher_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
     }
     metadata = {"name": name, "namespace": settings.system_namespace, "labels": labels("dispatcher", name),
                 "annotations": {ANNOTATION_CHANNEL: ref.key}}
-    return _stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
+    return stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
 
 
 def needs_update(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:

@@ -119,6 +119,10 @@ class Settings:
     def topic_for(self, namespace: str, name: str) -> str:
         return self.topic_template.format(namespace=namespace, name=name)
 
+    def consumer_group_for(self, namespace: str, channel: str, subscriber_uid: str) -> str:
+        """The consumer group of one subscription (the dispatcher consumes in it; KEDA reads its lag)."""
+        return self.consumer_group_template.format(namespace=namespace, channel=channel, uid=subscriber_uid)
+
 
 # KE_ variables that belong to the tooling (make setup / local stack), not to a running role.
 _TOOLING_VARS = {"cache"}
