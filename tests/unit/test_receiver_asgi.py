@@ -55,3 +55,66 @@ def test_routing_and_other_endpoints() -> None:
         assert "kafka_receiver_events_total" in client.simulate_get("/metrics").text
     finally:
         sender.close(0.5)
+
+
+def test_reports_are_served_on_the_event_loop_thread() -> None:
+    """No poll thread: the loop polls, so the report callback runs on the loop's own thread."""
+    import asyncio
+    import threading
+
+    from kafka_eventing.core.binding import KafkaRecord
+    from kafka_eventing.receiver.sender import AsyncPending, LoopPoller, Outcome
+
+    async def run() -> tuple[list[int], Outcome, Outcome, int]:
+        producer = FakeProducer(modes=["ok", "hold"])
+        sender = KafkaSender(producer, timeout=1.0)
+        poller = LoopPoller(producer, asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05)
+        poller.start()
+        threads: list[int] = []
+        record = KafkaRecord(None, b"v", [])
+        first = sender.submit_async("t", [record], poller)
+        assert isinstance(first, AsyncPending)
+        callback = first.on_delivery
+        first_threads = threads
+
+        def spy(err: object, msg: object) -> None:
+            first_threads.append(threading.get_ident())
+            callback(err, msg)
+
+        # The fake hands reports to whatever callback produce() got: wrap it before the first poll.
+        producer._reports[0] = (spy, producer._reports[0][1])
+        await asyncio.wait_for(first.future, 1.0)
+        second = sender.submit_async("t", [record], poller)
+        assert isinstance(second, AsyncPending)
+        await asyncio.sleep(0.02)
+        assert not second.future.done() and poller.outstanding == 1  # held: still waiting, still polled
+        producer.release()
+        await asyncio.wait_for(second.future, 1.0)
+        poller.stop()
+        return threads, first.result().outcome, second.result().outcome, poller.outstanding
+
+    threads, first, second, outstanding = asyncio.run(run())
+    assert threads == [threading.get_ident()]  # asyncio.run's loop runs on this thread
+    assert first is second is Outcome.DELIVERED
+    assert outstanding == 0
+
+
+def test_a_report_served_by_another_thread_still_resolves_on_the_loop() -> None:
+    """At shutdown, flush() serves reports from a worker thread: the future is still set on the loop."""
+    import asyncio
+
+    from kafka_eventing.core.binding import KafkaRecord
+    from kafka_eventing.receiver.sender import AsyncPending, LoopPoller, Outcome
+
+    async def run() -> Outcome:
+        producer = FakeProducer(mode="ok")
+        sender = KafkaSender(producer, timeout=1.0)
+        poller = LoopPoller(producer, asyncio.get_running_loop(), busy_interval=10, idle_interval=10)
+        pending = sender.submit_async("t", [KafkaRecord(None, b"v", [])], poller)
+        assert isinstance(pending, AsyncPending)
+        await asyncio.to_thread(producer.flush, 1.0)
+        await asyncio.wait_for(pending.future, 1.0)
+        poller.stop()
+        return pending.result().outcome
+
+    assert asyncio.run(run()) is Outcome.DELIVERED

@@ -1,8 +1,9 @@
 """The same receiver as an ASGI app (falcon.asgi), for uvicorn workers under gunicorn.
 
 Kept beside the WSGI app because the worker model was chosen by measurement (docs/receiver.md): here a request
-waiting for its delivery report is a suspended coroutine, woken from the poll thread through
-``loop.call_soon_threadsafe``. Routing, parsing, limits and answers are the WSGI app's own (``Ingress``).
+waiting for its delivery report is a suspended coroutine, and the producer is polled from the event loop itself
+(``LoopPoller``), so a report resolves its future with no thread hand-off. Routing, parsing, limits and answers
+are the WSGI app's own (``Ingress``).
 
 Run: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf -k uvicorn.workers.UvicornWorker
 'kafka_eventing.receiver.asgi:get_app()'``.
@@ -24,7 +25,7 @@ from kafka_eventing.core.metrics import exposition
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver import app as wsgi
 from kafka_eventing.receiver.app import READ_CHUNK, Ingress, KafkaProbe, _Answer, _BodyTooLarge
-from kafka_eventing.receiver.sender import KafkaSender, Pending, Producer
+from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, LoopPoller, Producer
 
 AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
 
@@ -32,6 +33,18 @@ AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
 class AsyncChannelResource:
     def __init__(self, ingress: Ingress) -> None:
         self.ingress = ingress
+        self._poller: LoopPoller | None = None
+
+    def poller(self) -> LoopPoller:
+        # Made on the first request, on the loop that serves requests (a test client may bring a new loop).
+        loop = asyncio.get_running_loop()
+        poller = self._poller
+        if poller is None or poller.loop is not loop:
+            if poller is not None:
+                poller.stop()
+            poller = self._poller = LoopPoller(self.ingress.sender.producer, loop)
+            poller.start()
+        return poller
 
     async def on_options(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
                          namespace: str | None = None, name: str | None = None) -> None:
@@ -56,8 +69,8 @@ class AsyncChannelResource:
             return records
         started = time.perf_counter()
         with ingress.sender.tracked():
-            pending = ingress.sender.submit(channel.topic, records)
-            if isinstance(pending, Pending):
+            pending = ingress.sender.submit_async(channel.topic, records, self.poller())
+            if isinstance(pending, AsyncPending):
                 await _wait(pending, ingress.sender.timeout)
                 result = pending.result()
             else:
@@ -67,8 +80,11 @@ class AsyncChannelResource:
     async def _read_body(self, req: falcon.asgi.Request) -> bytes:
         limit = self.ingress.max_body
         length = req.content_length
-        if length is not None and length > limit:
-            raise _BodyTooLarge
+        if length is not None:
+            if length > limit:
+                raise _BodyTooLarge
+            # The stream is bounded by Content-Length (the server enforces it): one read, no chunk loop.
+            return await req.stream.read()
         parts: list[bytes] = []
         size = 0
         while True:
@@ -81,22 +97,11 @@ class AsyncChannelResource:
                 raise _BodyTooLarge
 
 
-async def _wait(pending: Pending, timeout: float) -> None:
+async def _wait(pending: AsyncPending, timeout: float) -> None:
     """Suspend until every delivery report is in, or ``timeout``: one future, one timer, no extra task."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def resolve() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def wake() -> None:  # runs in the poll thread
-        loop.call_soon_threadsafe(resolve)
-
-    timer = loop.call_later(timeout, resolve)
-    pending.add_done_callback(wake)
+    timer = pending.poller.loop.call_later(timeout, pending.expire)
     try:
-        await done
+        await pending.future
     finally:
         timer.cancel()
 
@@ -138,8 +143,9 @@ def create_app(
     kafka_ready: Callable[[], bool] | None = None,
     message_max_bytes: int = wsgi.DEFAULT_MESSAGE_MAX_BYTES,
 ) -> AsgiApp:
+    # No poll thread: the event loop polls (AsyncChannelResource.poller).
     sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
-    sender.start()
+    wsgi.TALLY.start()
     app: AsgiApp = falcon.asgi.App(middleware=[_Shutdown()])  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
     resource = AsyncChannelResource(Ingress(sender, channels, settings,

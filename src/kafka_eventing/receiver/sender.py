@@ -1,12 +1,19 @@
 """Hand records to the Kafka producer and wait for their delivery reports.
 
-One background thread serves the producer's callbacks (``poll``), so a request thread only produces and then
-waits on its own event: many requests wait for Kafka at once while librdkafka batches their records. The answer
-is decided by the delivery report alone — a record is "accepted" only after the broker acknowledged it (acks=all).
+Two ways to serve the producer's callbacks (``poll``), one per worker model:
+
+- WSGI (gthread): a background thread polls; a request thread produces and then waits on its own event.
+- ASGI (uvicorn): ``LoopPoller`` polls from the event loop itself, so a report resolves its request's future
+  directly — no lock, no cross-thread wake-up, no GIL hand-off per report (that hand-off was the largest single
+  cost per event in the profile, docs/receiver.md).
+
+Either way many requests wait for Kafka at once while librdkafka batches their records, and the answer is decided
+by the delivery report alone — a record is "accepted" only after the broker acknowledged it (acks=all).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import logging
@@ -95,6 +102,86 @@ class Pending:
         return Result(Outcome.DELIVERED)
 
 
+class LoopPoller:
+    """Serves the producer's callbacks on the event loop's thread (the ASGI receiver).
+
+    While records await their reports the loop polls every ``busy_interval`` (so a report waits at most that
+    long to be seen); otherwise every ``idle_interval``, for librdkafka's error and log callbacks.
+    """
+
+    def __init__(self, producer: Producer, loop: asyncio.AbstractEventLoop,
+                 busy_interval: float = 0.001, idle_interval: float = 0.1) -> None:
+        self.producer, self.loop = producer, loop
+        self.busy_interval, self.idle_interval = busy_interval, idle_interval
+        self.outstanding = 0  # records produced whose report has not been served yet
+        self.thread_id = threading.get_ident()
+        self._busy = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self.thread_id = threading.get_ident()
+        self._handle = self.loop.call_later(self.idle_interval, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def kick(self) -> None:
+        """Records were just produced: poll soon."""
+        if not self._busy:
+            self._busy = True
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self.loop.call_later(self.busy_interval, self._tick)
+
+    def _tick(self) -> None:
+        try:
+            self.producer.poll(0)
+        except Exception:  # a callback bug must not stop delivery reports for everyone else
+            log.exception("producer poll failed")
+        self._busy = self.outstanding > 0
+        self._handle = self.loop.call_later(self.busy_interval if self._busy else self.idle_interval, self._tick)
+
+
+class AsyncPending:
+    """Delivery state of one request's records, resolved on the event loop (see ``LoopPoller``)."""
+
+    __slots__ = ("error", "future", "poller", "remaining")
+
+    def __init__(self, count: int, poller: LoopPoller) -> None:
+        self.remaining = count
+        self.error: str | None = None
+        self.poller = poller
+        self.future: asyncio.Future[None] = poller.loop.create_future()
+        if count == 0:
+            self.future.set_result(None)
+
+    def on_delivery(self, err: Any, _msg: Any) -> None:
+        if threading.get_ident() != self.poller.thread_id:
+            # Only the shutdown flush serves reports from another thread.
+            self.poller.loop.call_soon_threadsafe(self.on_delivery, err, _msg)
+            return
+        self.poller.outstanding -= 1
+        if err is not None and self.error is None:
+            self.error = str(err)
+        self.remaining -= 1
+        if self.remaining <= 0:
+            self.expire()
+
+    def expire(self) -> None:
+        """Wake the request: every report is in, or it waited long enough (``remaining`` tells which)."""
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def result(self) -> Result:
+        if self.remaining > 0:
+            return Result(Outcome.TIMEOUT, "no delivery report in time")
+        if self.error is not None:
+            return Result(Outcome.FAILED, self.error)
+        return Result(Outcome.DELIVERED)
+
+
 class KafkaSender:
     """Owns the poll thread; ``send`` produces a request's records and blocks until all are reported."""
 
@@ -129,15 +216,33 @@ class KafkaSender:
         if self._closing.is_set():
             return Result(Outcome.CLOSED, "receiver is shutting down")
         pending = Pending(len(records))
-        for record in records:
+        failed, _ = self._produce(topic, records, pending.on_delivery)
+        return failed or pending
+
+    def submit_async(self, topic: str, records: Sequence[KafkaRecord], poller: LoopPoller) -> AsyncPending | Result:
+        """``submit`` for the event loop: reports are served by ``poller`` and resolve a future."""
+        if self._closing.is_set():
+            return Result(Outcome.CLOSED, "receiver is shutting down")
+        pending = AsyncPending(len(records), poller)
+        failed, produced = self._produce(topic, records, pending.on_delivery)
+        # Reports are served on this thread, later: none can have counted down yet.
+        poller.outstanding += produced
+        if produced:
+            poller.kick()
+        return failed or pending
+
+    def _produce(self, topic: str, records: Sequence[KafkaRecord],
+                 on_delivery: Callable[[Any, Any], None]) -> tuple[Result | None, int]:
+        """Produce in order; stop at the first failure. Returns it (or None) and how many were produced."""
+        for produced, record in enumerate(records):
             try:
                 self.producer.produce(topic, record.value, record.key, headers=record.headers,
-                                      on_delivery=pending.on_delivery)
+                                      on_delivery=on_delivery)
             except BufferError:
-                return Result(Outcome.QUEUE_FULL, "producer queue is full")
+                return Result(Outcome.QUEUE_FULL, "producer queue is full"), produced
             except Exception as exc:  # KafkaException from confluent_kafka: classify by its error code name
-                return _produce_error(exc)
-        return pending
+                return _produce_error(exc), produced
+        return None, len(records)
 
     @contextlib.contextmanager
     def tracked(self) -> Iterator[None]:
