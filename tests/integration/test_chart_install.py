@@ -9,7 +9,6 @@ server accepted — which also means admission, defaulting and the CRD's structu
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -137,21 +136,34 @@ def test_helm_install_and_uninstall(cluster: Cluster, values: str) -> None:
     assert left == {f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"}, "crds.keep keeps only the CRD"
 
 
+def _previous_chart(dest: Path) -> tuple[Path, str]:
+    """The chart as of the last commit whose Chart.yaml had another version: what users upgrade from."""
+    current = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    root = CHART.parent.parent
+    rel = CHART.relative_to(root)
+
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True).stdout
+
+    for sha in git("log", "--format=%H", "--", str(rel / "Chart.yaml")).decode().split():
+        version = yaml.safe_load(git("show", f"{sha}:{rel}/Chart.yaml"))["version"]
+        if version != current:
+            archive = git("archive", "--format=tar", sha, str(rel))
+            subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+            return dest / rel, version
+    pytest.fail(f"no earlier chart version than {current} in git history (a shallow clone? git fetch --unshallow)")
+
+
 def test_helm_upgrade_from_previous_version(cluster: Cluster, tmp_path: Path) -> None:
-    # No older chart version has been released yet, so the current chart packaged as 0.0.0-previous stands in for
-    # it; once 0.1.0 is released, fetch that package here instead.
-    prev_dir = tmp_path / "previous" / "kafka-eventing"
-    shutil.copytree(CHART, prev_dir)
-    chart_yaml = yaml.safe_load((prev_dir / "Chart.yaml").read_text())
-    chart_yaml["version"] = "0.0.0-previous"
-    (prev_dir / "Chart.yaml").write_text(yaml.safe_dump(chart_yaml))
+    prev_dir, previous = _previous_chart(tmp_path)
     cluster.helm("package", str(prev_dir), "-d", str(tmp_path))
-    package = tmp_path / "kafka-eventing-0.0.0-previous.tgz"
+    package = tmp_path / f"kafka-eventing-{previous}.tgz"
 
     cluster.settle_namespace()
     cluster.adopt_crd()
+    # The previous chart with its own values (its strict schema may not know keys added since).
     cluster.helm("install", RELEASE, str(package), "-n", NS, "--create-namespace", "-f",
-                 str(CHART / "ci" / "default-values.yaml"))
+                 str(prev_dir / "ci" / "default-values.yaml"))
     channel = ("apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
                f"metadata: {{name: survives-upgrade, namespace: {NS}}}\nspec: {{numPartitions: 2}}\n")
     try:
@@ -163,7 +175,7 @@ def test_helm_upgrade_from_previous_version(cluster: Cluster, tmp_path: Path) ->
                      str(CHART / "ci" / "strimzi-sasl-scram-values.yaml"))
         history = yaml.safe_load(cluster.helm("history", RELEASE, "-n", NS, "-o", "yaml").stdout)
         current = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
-        assert [h["chart"] for h in history] == ["kafka-eventing-0.0.0-previous", f"kafka-eventing-{current}"]
+        assert [h["chart"] for h in history] == [f"kafka-eventing-{previous}", f"kafka-eventing-{current}"]
         assert history[-1]["status"] == "deployed"
         provider = cluster.kubectl("get", "configmap", "kafka-eventing-config", "-n", NS, "-o",
                                    "jsonpath={.data.KE_KAFKA_PROVIDER}").stdout
