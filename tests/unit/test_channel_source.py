@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kube_fakes import FakeCustomObjects, gone, kube_obj, wait_for
 
 from kafka_eventing.core.channel_source import (
     FileChannelSource,
@@ -36,15 +35,6 @@ def write(path: Path, *docs: str) -> None:
     os.replace(tmp, path)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
@@ -149,45 +139,6 @@ def test_source_from_settings(tmp_path: Path) -> None:
 # -- KubeChannelSource against a fake CustomObjectsApi (the real apiserver is in tests/integration) ---------
 
 
-class FakeWatchResponse:
-    """What the kubernetes client returns for ``watch=True, _preload_content=False``: a line stream."""
-
-    def __init__(self, events: list[dict[str, object]]) -> None:
-        self.lines = [json.dumps(e).encode() + b"\n" for e in events]
-
-    def stream(self, amt: object = None, decode_content: object = None) -> Iterator[bytes]:
-        yield from self.lines
-
-    def close(self) -> None:
-        pass
-
-    def release_conn(self) -> None:
-        pass
-
-
-def kube_obj(name: str, rv: str, namespace: str = "ns", extra: dict[str, object] | None = None) -> dict[str, object]:
-    return {"apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv, **(extra or {})}}
-
-
-class FakeCustomObjects:
-    """Serves one list, then scripted watch streams; records the arguments of every call."""
-
-    def __init__(self, lists: list[dict[str, object]], watches: list[list[dict[str, object]]]) -> None:
-        self.lists, self.watches = lists, watches
-        self.calls: list[dict[str, object]] = []
-
-    def list_namespaced_custom_object(self, **kwargs: object) -> object:
-        """:return: object"""
-        self.calls.append(kwargs)
-        if kwargs.get("watch"):
-            if not self.watches:
-                time.sleep(0.05)
-                return FakeWatchResponse([])
-            return FakeWatchResponse(self.watches.pop(0))
-        return self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-
-
 def test_kube_source_lists_watches_and_relists_on_gone() -> None:
     from kubernetes import client
 
@@ -199,7 +150,7 @@ def test_kube_source_lists_watches_and_relists_on_gone() -> None:
              {"type": "MODIFIED", "object": kube_obj("a", "12", extra={"annotations": {
                  "kafka.eventing.knative.dev/content.mode": "weird"}})},  # invalid → kept out
              {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}],
-            [{"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}],
+            [gone()],
         ],
     )
     src = KubeChannelSource(client.ApiClient(), SETTINGS, namespace="ns", name="x", watch_timeout_seconds=7)
@@ -211,10 +162,10 @@ def test_kube_source_lists_watches_and_relists_on_gone() -> None:
         wait_for(lambda: len(states) >= 4)
     finally:
         src.stop()
-    assert states[:4] == [{("ns", "a")}, {("ns", "a"), ("ns", "b")}, {("ns", "b")}, {("ns", "a"), ("ns", "z")}]
-    list_calls = [c for c in fake.calls if not c.get("watch")]
-    watch_calls = [c for c in fake.calls if c.get("watch")]
-    assert len(list_calls) == 2  # the 410 led to a second list
+    # One snapshot per change: the relist replaces {b} by {a, z} at once, never a half-listed set in between.
+    assert states == [{("ns", "a")}, {("ns", "a"), ("ns", "b")}, {("ns", "b")}, {("ns", "a"), ("ns", "z")}]
+    watch_calls = fake.watch_calls()
+    assert len(fake.list_calls()) == 2  # the 410 led to a second list
     assert watch_calls[0]["resource_version"] == "10"
     assert watch_calls[1]["resource_version"] == "20"  # resumed after the bookmark, not from the list
     assert watch_calls[2]["resource_version"] == "50"

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka_eventing.controller.informer import Store
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicAdmin
+from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError, KafkaConnection, connection_from_secret
 from kafka_eventing.core.settings import Settings
 

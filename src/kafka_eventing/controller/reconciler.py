@@ -23,10 +23,10 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
-from kafka_eventing.controller.informer import Store
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
 from kafka_eventing.core.delivery import DeliverySpecError, parse_duration
+from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError
 from kafka_eventing.core.settings import Settings
 

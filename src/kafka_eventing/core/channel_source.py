@@ -1,7 +1,8 @@
 """The set of KafkaChannels and their readiness, kept current in the background, for receiver and dispatcher.
 
 Two sources share one interface (``ChannelSource``): ``FileChannelSource`` polls a YAML file of KafkaChannel
-documents (standalone mode) and ``KubeChannelSource`` lists and watches the KafkaChannel custom resources.
+documents (standalone mode) and ``KubeChannelSource`` lists and watches the KafkaChannel custom resources
+through the shared ``Informer`` (only ``list`` and ``watch`` on kafkachannels).
 Readers call ``get``/``snapshot`` (a dict that is replaced, never mutated, so reads need no lock) and may
 ``subscribe`` to be told of every change.
 """
@@ -9,11 +10,10 @@ Readers call ``get``/``snapshot`` (a dict that is replaced, never mutated, so re
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafka_eventing.core.channels import (
     GROUP,
@@ -26,8 +26,10 @@ from kafka_eventing.core.channels import (
 )
 from kafka_eventing.core.settings import Settings, SettingsError
 
+if TYPE_CHECKING:
+    from kafka_eventing.core.informer import Informer
+
 VERSION = "v1beta1"
-HTTP_GONE = 410
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +151,12 @@ class FileChannelSource(_Cache):
 
 
 class KubeChannelSource(_Cache):
-    """KafkaChannels from the API server: list, then watch from the list's resourceVersion.
+    """KafkaChannels from the API server, through the shared ``Informer`` (``core/informer.py``).
 
-    A 410 Gone (history compacted) means list again; any other failure reconnects with capped, jittered
-    backoff. Both a server-side ``timeout_seconds`` and a client-side ``_request_timeout`` bound each watch,
-    so a silently dead connection cannot stall the cache. A channel whose spec is invalid is kept out.
+    The informer lists, watches from the list's resourceVersion, lists again on 410 Gone, and reconnects with
+    capped, jittered backoff, each watch bounded by a server-side and a client-side timeout. This class turns
+    its cache into the channel snapshot: rebuilt whole after every (re)list, so subscribers never see a
+    half-listed set, and patched per watch event. A channel whose spec is invalid is kept out.
     """
 
     def __init__(
@@ -175,29 +178,36 @@ class KubeChannelSource(_Cache):
         self.name = name
         self.watch_timeout_seconds = watch_timeout_seconds
         self.max_backoff_seconds = max_backoff_seconds
-        self._watch: Any = None
-        self._resource_version: str | None = None
+        self.informer: Informer | None = None
+        # resourceVersion of each object the snapshot reflects (rejected ones too): the informer reports every
+        # listed object again after on_list, and those must not be parsed (and logged) twice.
+        self._versions: dict[ChannelKey, str] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        self._spawn(self._run, "channels-kube")
+        # Imported here: the kubernetes client takes seconds to import, and file mode never needs it.
+        from kafka_eventing.core.informer import Informer
+
+        if self.informer is None:  # built at start, not in __init__, so the API object can still be swapped
+            kwargs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+            if self.name:
+                kwargs["field_selector"] = f"metadata.name={self.name}"
+            if self.namespace:
+                func = self.api.list_namespaced_custom_object
+                kwargs["namespace"] = self.namespace
+            else:
+                func = self.api.list_cluster_custom_object
+            self.informer = Informer(
+                "kafkachannels", func, self._on_event, on_list=self._on_list,
+                watch_timeout_seconds=self.watch_timeout_seconds, max_backoff_seconds=self.max_backoff_seconds,
+                **kwargs)
+        self.informer.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        watch = self._watch
-        if watch is not None:
-            watch.stop()  # shuts the socket, so a blocked read returns now
-        self._join(timeout=5.0)
+        if self.informer is not None:
+            self.informer.stop()
 
-    # -- list + watch -------------------------------------------------------------------------------
-    def _call_args(self) -> tuple[Callable[..., Any], dict[str, Any]]:
-        kwargs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL}
-        if self.name:
-            kwargs["field_selector"] = f"metadata.name={self.name}"
-        if self.namespace:
-            return self.api.list_namespaced_custom_object, {**kwargs, "namespace": self.namespace}
-        return self.api.list_cluster_custom_object, kwargs
-
+    # -- informer cache -> channel snapshot ---------------------------------------------------------
     def _channel(self, obj: Mapping[str, Any]) -> Channel | None:
         try:
             return channel_from_resource(obj, self.settings)
@@ -207,79 +217,41 @@ class KubeChannelSource(_Cache):
                 "namespace": meta.get("namespace"), "channel": meta.get("name"), "error": str(exc)})
             return None
 
-    def _list(self) -> None:
-        func, kwargs = self._call_args()
-        result = func(**kwargs, _request_timeout=(10, 30))
+    @staticmethod
+    def _key_version(obj: Mapping[str, Any]) -> tuple[ChannelKey, str]:
+        meta = obj.get("metadata") or {}
+        return (meta.get("namespace") or "default", meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+
+    def _on_list(self) -> None:
+        assert self.informer is not None
         channels: Snapshot = {}
-        for item in result.get("items") or ():
-            channel = self._channel(item)
+        self._versions = {}
+        for obj in self.informer.items():
+            key, version = self._key_version(obj)
+            self._versions[key] = version
+            channel = self._channel(obj)
             if channel is not None:
                 channels[channel.key] = channel
-        self._resource_version = (result.get("metadata") or {}).get("resourceVersion")
         log.info("KafkaChannels listed", extra={"channels": len(channels)})
         self._publish(channels)
 
-    def _watch_once(self) -> None:
-        from kubernetes import watch
-
-        func, kwargs = self._call_args()
-        self._watch = w = watch.Watch()
-        try:
-            stream = w.stream(
-                func, **kwargs, resource_version=self._resource_version, allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout_seconds,
-                # connect timeout, and a read timeout past the server's, for a peer that vanished silently
-                _request_timeout=(10, self.watch_timeout_seconds + 30),
-            )
-            for event in stream:
-                if self._stopping.is_set():
-                    break
-                raw = event["raw_object"]
-                self._apply(event["type"], raw)
-                version = (raw.get("metadata") or {}).get("resourceVersion")
-                if version:  # bookmarks carry one too
-                    self._resource_version = version
-        finally:
-            self._watch = None
-
-    def _apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        if kind not in ("ADDED", "MODIFIED", "DELETED"):
-            return  # BOOKMARK only moves the resourceVersion
-        meta = obj.get("metadata") or {}
-        key: ChannelKey = (meta.get("namespace") or "default", meta.get("name") or "")
+    def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        key, version = self._key_version(obj)
+        if kind == "DELETED":
+            if self._versions.pop(key, None) is None:
+                return  # gone in a relist: _on_list already left it out
+            channel = None
+        else:
+            if self._versions.get(key) == version:
+                return  # already in the snapshot (an object reported again after a list)
+            self._versions[key] = version
+            channel = self._channel(obj)
         channels = dict(self._channels)
-        channel = self._channel(obj) if kind != "DELETED" else None
         if channel is None:
             channels.pop(key, None)
         else:
             channels[key] = channel
         self._publish(channels)
-
-    def _run(self) -> None:
-        from kubernetes.client.rest import ApiException
-
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                if self._resource_version is None:
-                    self._list()
-                self._watch_once()
-                failures = 0
-            except ApiException as exc:
-                if exc.status == HTTP_GONE:
-                    log.info("KafkaChannel watch expired (410 Gone), listing again")
-                    self._resource_version = None
-                    continue
-                failures += 1
-                log.warning("KafkaChannel watch failed", extra={"status": exc.status, "reason": exc.reason})
-            except Exception as exc:
-                if self._stopping.is_set():
-                    break
-                failures += 1
-                log.warning("KafkaChannel watch failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-            if failures:
-                delay = min(self.max_backoff_seconds, 0.5 * 2 ** min(failures, 10))
-                self._stopping.wait(delay * random.uniform(0.5, 1.0))
 
 
 def channel_source_from_settings(settings: Settings, api_client: Any = None) -> ChannelSource:

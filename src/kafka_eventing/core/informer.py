@@ -1,9 +1,11 @@
 """List-then-watch caches of API objects (plain dicts), resumable from ``resourceVersion``.
 
-A watch that ends (server timeout) resumes from the last seen ``resourceVersion`` — BOOKMARK events keep it
-fresh; a 410 Gone lists again and reports every object as changed, so nothing is missed; other failures
-reconnect with capped, jittered backoff. Each request has a server-side ``timeout_seconds`` and a client-side
-read timeout past it, so a peer that vanished silently cannot stall the cache.
+The one list/watch loop of the project: the controller's caches and the receiver's and dispatcher's
+KafkaChannel source (``core/channel_source.py``) both run on it. A watch that ends (server timeout) resumes from
+the last seen ``resourceVersion`` — BOOKMARK events keep it fresh; a 410 Gone lists again and reports every
+object as changed, so nothing is missed; other failures reconnect with capped, jittered backoff. Each request
+has a server-side ``timeout_seconds`` and a client-side read timeout past it, so a peer that vanished silently
+cannot stall the cache. It only lists and watches: ``list`` + ``watch`` RBAC on the resource is all it needs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ HTTP_GONE = 410
 ObjKey = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
 #: (event type ADDED/MODIFIED/DELETED/RELISTED, object) — RELISTED after a 410, for every object listed.
 Handler = Callable[[str, Mapping[str, Any]], None]
+#: Called once per (re)list, when the cache already holds the whole listed set and before the per-object events.
+ListHandler = Callable[[], None]
 
 
 class Store(Protocol):
@@ -41,6 +45,22 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+class _DictWatch(watch.Watch):  # type: ignore[misc]  # kubernetes ships no type hints
+    """A Watch whose events carry the objects as plain dicts, parsed once.
+
+    Not ``stream(..., deserialize=False)``: that path reads ``event["raw_object"]`` of an ERROR event, which it
+    never set, so a 410 Gone surfaced as KeyError and the watch retried the expired resourceVersion forever.
+    The default path builds model objects (or, with ``return_type="object"``, parses every event twice).
+    """
+
+    def unmarshal_event(self, data: str, return_type: Any) -> dict[str, Any] | None:
+        if not data or data.isspace():
+            return None
+        event: dict[str, Any] = json.loads(data)
+        event["raw_object"] = event.get("object")
+        return event
+
+
 def obj_key(obj: Mapping[str, Any]) -> ObjKey:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
@@ -53,6 +73,7 @@ class Informer:
         list_func: Callable[..., Any],
         handler: Handler | None = None,
         *,
+        on_list: ListHandler | None = None,
         watch_timeout_seconds: int = 240,
         max_backoff_seconds: float = 30.0,
         **list_kwargs: Any,
@@ -61,6 +82,7 @@ class Informer:
         self.list_func = list_func
         self.list_kwargs = list_kwargs
         self.handler = handler
+        self.on_list = on_list
         self.watch_timeout_seconds = watch_timeout_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self._cache: dict[ObjKey, Mapping[str, Any]] = {}
@@ -107,10 +129,12 @@ class Informer:
 
     # -- list + watch -------------------------------------------------------------------------------
     def _notify(self, kind: str, obj: Mapping[str, Any]) -> None:
-        if self.handler is None:
-            return
+        if self.handler is not None:
+            self._call(self.handler, kind, obj)
+
+    def _call(self, callback: Callable[..., None], *args: Any) -> None:
         try:
-            self.handler(kind, obj)
+            callback(*args)
         except Exception:  # a bad handler must not stop the watch
             log.exception("informer handler failed", extra={"informer": self.name})
 
@@ -125,22 +149,24 @@ class Informer:
         self._cache = listed
         self._resource_version = (body.get("metadata") or {}).get("resourceVersion")
         self._synced.set()
+        if self.on_list is not None:
+            self._call(self.on_list)
         for obj in gone:
             self._notify("DELETED", obj)
         for obj in listed.values():
             self._notify("ADDED" if first else "RELISTED", obj)
 
     def _watch_once(self) -> None:
-        self._watch = w = watch.Watch()
+        self._watch = w = _DictWatch()
         try:
             for event in w.stream(
                 self.list_func, **self.list_kwargs, resource_version=self._resource_version,
-                allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_seconds, deserialize=False,
+                allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_seconds,
                 _request_timeout=(10, self.watch_timeout_seconds + 30),
             ):
                 if self._stopping.is_set():
                     break
-                kind, obj = event.get("type"), _slim(event.get("object") or {})
+                kind, obj = event.get("type"), _slim(event.get("raw_object") or {})
                 rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if rv:
                     self._resource_version = rv
