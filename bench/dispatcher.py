@@ -10,7 +10,11 @@ Measured in one run on one local Kafka node, against the same subscriber process
 
 Rates are taken at the subscriber (first to last request), so startup is excluded the same way everywhere.
 The subscriber is a minimal asyncio HTTP/1.1 server in its own process (``--serve``), so it is not the
-bottleneck being measured.
+bottleneck being measured. Its 10 ms answers are timed by a thread (``time.sleep``-precise, not the event
+loop's millisecond-rounded timers) and it records each answer's service time (request complete → answer
+written), so the 10 ms ideal is the configured 10 ms. CPU µs/event is process CPU over the delivery window
+(dispatcher: its process from the first to the last event at the subscriber; bare client: the posting phase),
+which stays comparable when the machine is busy and rates are not.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import heapq
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -31,7 +38,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import ROOT, cpu_seconds, machine_facts, median, new_figure, rss_bytes, save_png, write_json
+from _common import (
+    ROOT,
+    cpu_seconds,
+    machine_facts,
+    median,
+    new_figure,
+    percentile,
+    rss_bytes,
+    save_png,
+    write_json,
+)
 
 from kafka_eventing.core.binding import CloudEvent, event_to_http, event_to_kafka
 from kafka_eventing.localstack._proc import free_port, terminate
@@ -43,13 +60,53 @@ NS = "bench"
 
 
 # -- the subscriber process -----------------------------------------------------------------------------
+class _Delayed:
+    """Answers due later, written at their deadline by a thread: ``time.sleep`` is precise to tens of µs.
+
+    The event loop's own timers are not: epoll waits in whole milliseconds, rounded up, so a ``call_later(0.010)``
+    answered after 10.5-11.5 ms, and the "10 ms" subscriber was slower than 10 ms by itself.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, Any]] = []
+        self.cond = threading.Condition()
+        self.seq = 0
+        threading.Thread(target=self._run, daemon=True, name="sink-delays").start()
+
+    def at(self, deadline: float, callback: Any) -> None:
+        with self.cond:
+            self.seq += 1
+            heapq.heappush(self.heap, (deadline, self.seq, callback))
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.heap:
+                    self.cond.wait()
+                deadline, _, callback = self.heap[0]
+                wait = deadline - time.monotonic()
+                if wait > 0:
+                    self.cond.wait(wait)  # a futex wait with a ns timeout; re-check (a sooner one may have come)
+                    continue
+                heapq.heappop(self.heap)
+            self.loop.call_soon_threadsafe(callback)
+
+
 class _Sink(asyncio.Protocol):
     """HTTP/1.1 keep-alive, no pipelining needed (clients wait for each answer); ``/slow<ms>/...`` answers late."""
 
     stats: dict[str, list[float]] = {}
+    #: Per path: seconds from the request's last byte to the answer's write (the subscriber's service time).
+    service: dict[str, list[float]] = {}
+    delayed: _Delayed | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # asyncio sets it already; explicit, since a delayed ACK would cost up to 40 ms
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
 
     def data_received(self, data: bytes) -> None:
@@ -58,21 +115,26 @@ class _Sink(asyncio.Protocol):
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head = self.buf[:end].decode("latin-1")
+            head = self.buf[:end]
             length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
+            at = head.lower().find(b"\r\ncontent-length:")
+            if at >= 0:
+                length = int(head[at + 17:].split(b"\r\n", 1)[0])
             if len(self.buf) < end + 4 + length:
                 return
             self.buf = self.buf[end + 4 + length:]
-            method, path = head.split(" ", 2)[:2]
-            self._answer(method, path)
+            method, path = head.split(b" ", 2)[:2]
+            self._answer(method.decode(), path.decode())
 
     def _answer(self, method: str, path: str) -> None:
         if method == "GET":
-            body = json.dumps(self.stats).encode()
+            if path.startswith("/service/"):
+                times = self.service.get(path[len("/service"):], [])
+                payload: Any = {"count": len(times), "median_ms": median(times) * 1e3,
+                                "p99_ms": percentile(times, 99) * 1e3}
+            else:
+                payload = self.stats
+            body = json.dumps(payload).encode()
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
             return
@@ -83,12 +145,20 @@ class _Sink(asyncio.Protocol):
         else:
             entry[0] += 1
             entry[2] = now
-        reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
         if path.startswith("/slow"):
             delay = int(path[5:].split("/", 1)[0]) / 1000
-            asyncio.get_running_loop().call_later(delay, self.transport.write, reply)
+            if self.delayed is None:
+                _Sink.delayed = _Delayed(asyncio.get_running_loop())
+            assert self.delayed is not None
+            self.delayed.at(now + delay, lambda: self._reply(path, now))
         else:
-            self.transport.write(reply)
+            self._reply(path, now)
+
+    def _reply(self, path: str, received: float) -> None:
+        if self.transport.is_closing():
+            return
+        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        self.service.setdefault(path, []).append(time.monotonic() - received)
 
 
 def serve(port: int) -> None:
@@ -120,6 +190,23 @@ class SinkProcess:
         with urllib.request.urlopen(self.url("/"), timeout=5) as resp:  # noqa: S310 - 127.0.0.1 only
             data: dict[str, list[float]] = json.loads(resp.read())
             return data
+
+    def service(self, path: str) -> dict[str, float]:
+        """The subscriber's own service time for ``path``: median and p99 in ms."""
+        with urllib.request.urlopen(self.url("/service" + path), timeout=5) as resp:  # noqa: S310 - 127.0.0.1
+            data: dict[str, float] = json.loads(resp.read())
+            return data
+
+    def first(self, path: str, timeout: float) -> int:
+        """Wait for the first request on ``path``; returns the count seen then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            count = int(self.stats().get(path, [0])[0])
+            if count > 0:
+                return count
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no request on {path}")
+            time.sleep(0.01)
 
     def wait(self, paths: list[str], count: int, timeout: float) -> dict[str, float]:
         """Wait until every path got ``count`` requests; return each path's rate (events/s)."""
@@ -193,7 +280,8 @@ def raw_consumer_rate(node: KafkaNode, topic: str, count: int) -> float:
     return (got - 1) / max(1e-9, last - first)
 
 
-async def _bare(url: str, count: int, concurrency: int, size: int) -> None:
+async def _bare(url: str, count: int, concurrency: int, size: int) -> dict[str, float]:
+    """POST ``count`` events with ``concurrency`` workers; CPU µs/event and RTT of the posting phase only."""
     import aiohttp
 
     requests = []
@@ -202,20 +290,38 @@ async def _bare(url: str, count: int, concurrency: int, size: int) -> None:
         headers["Prefer"] = "reply"
         requests.append((headers, body))
     it = iter(requests)
+    rtts: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def worker() -> None:
             for headers, body in it:
+                began = time.monotonic()
                 async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
+                rtts.append(time.monotonic() - began)
 
+        cpu0 = time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+        cpu = time.process_time() - cpu0
+    return {"cpu_us_per_event": cpu / count * 1e6, "rtt_median_ms": median(rtts) * 1e3,
+            "rtt_p99_ms": percentile(rtts, 99) * 1e3}
 
 
-def bare_http_rate(sink: SinkProcess, count: int, concurrency: int, size: int, delay_ms: int = 0) -> float:
+def bare_http_rate(sink: SinkProcess, count: int, concurrency: int, size: int, delay_ms: int = 0, *,
+                   loop: str = "asyncio") -> dict[str, float]:
+    """The bare client on asyncio's default loop (the reference), or on uvloop (the loop the dispatcher uses)."""
     path = (f"/slow{delay_ms}" if delay_ms else "") + f"/bare-{uuid.uuid4().hex[:8]}"
-    asyncio.run(_bare(sink.url(path), count, concurrency, size))
-    return sink.wait([path], count, 30)[path]
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        out = runner.run(_bare(sink.url(path), count, concurrency, size))
+    out["rate"] = sink.wait([path], count, 30)[path]
+    if delay_ms:
+        out.update({f"service_{k}": v for k, v in sink.service(path).items() if k != "count"})
+    return out
 
 
 class DispatcherRun:
@@ -267,9 +373,16 @@ def dispatcher_rate(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: st
     path = (f"/slow{delay_ms}" if delay_ms else "") + f"/disp-{uuid.uuid4().hex[:8]}"
     with dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered,
                     max_in_flight=max_in_flight, partitions=partitions) as run:
+        # CPU from the first event at the subscriber on: interpreter start, imports and the group join are not
+        # per-event costs (they used to be counted, about 1 s of CPU over 8000 events).
+        seen0 = sink.first(path, 120)
         cpu0 = run.cpu()
         rate = sink.wait([path], count, 300)[path]
-        return {"rate": rate, "cpu_seconds": run.cpu() - cpu0, "rss_mib": run.rss() / 2**20}
+        cpu = run.cpu() - cpu0
+        out = {"rate": rate, "cpu_us_per_event": cpu / max(1, count - seen0) * 1e6, "rss_mib": run.rss() / 2**20}
+        if delay_ms:
+            out.update({f"service_{k}": v for k, v in sink.service(path).items() if k != "count"})
+        return out
 
 
 def rss_under_backlog(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: str, *, subscriptions: int,
@@ -313,7 +426,8 @@ def main() -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     partitions = 4
-    facts = machine_facts(["confluent-kafka", "aiohttp", "tenacity", "cloudevents"], kafka=KAFKA_VERSION,
+    facts = machine_facts(["confluent-kafka", "aiohttp", "uvloop", "tenacity", "cloudevents"],
+                          kafka=KAFKA_VERSION,
                           event_bytes=args.size, partitions=partitions)
     result: dict[str, Any] = {"machine": facts, "settings": vars(args)}
     node = KafkaNode(workdir / "kafka", heap="1g")
@@ -330,13 +444,18 @@ def main() -> int:
         print(f"produced {total} events of {args.size} B into {topic} ({partitions} partitions)", flush=True)
 
         runs: dict[str, list[float]] = {k: [] for k in (
-            "raw_consumer", "bare_http", "bare_http_10ms", "dispatcher_unordered", "dispatcher_ordered",
-            "dispatcher_unordered_10ms", "dispatcher_ordered_10ms")}
-        cpu: dict[str, list[float]] = {k: [] for k in runs}
+            "raw_consumer", "bare_http", "bare_http_uvloop", "bare_http_10ms", "dispatcher_unordered",
+            "dispatcher_ordered", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms")}
+        details: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
         for rep in range(args.repeats):
             runs["raw_consumer"].append(raw_consumer_rate(node, topic, args.count))
-            runs["bare_http"].append(bare_http_rate(sink, args.count, args.in_flight, args.size))
-            runs["bare_http_10ms"].append(bare_http_rate(sink, slow_count, args.slow_in_flight, args.size, 10))
+            for key, out in (
+                    ("bare_http", bare_http_rate(sink, args.count, args.in_flight, args.size)),
+                    ("bare_http_uvloop", bare_http_rate(sink, args.count, args.in_flight, args.size,
+                                                        loop="uvloop")),
+                    ("bare_http_10ms", bare_http_rate(sink, slow_count, args.slow_in_flight, args.size, 10))):
+                runs[key].append(out["rate"])
+                details[key].append(out)
             for key, ordered, inflight, delay, count in (
                     ("dispatcher_unordered", False, args.in_flight, 0, args.count),
                     ("dispatcher_ordered", True, args.in_flight, 0, args.count),
@@ -345,23 +464,54 @@ def main() -> int:
                 out = dispatcher_rate(node, workdir, sink, topic, count, ordered=ordered, max_in_flight=inflight,
                                       partitions=partitions, delay_ms=delay)
                 runs[key].append(out["rate"])
-                cpu[key].append(out["cpu_seconds"] / count * 1e6)
+                details[key].append(out)
             print(f"repeat {rep + 1}: " + ", ".join(f"{k}={v[-1]:.0f}/s" for k, v in runs.items()), flush=True)
+            print("  CPU µs/event: " + ", ".join(f"{k}={v[-1]['cpu_us_per_event']:.0f}" for k, v in details.items()
+                                                 if v and "cpu_us_per_event" in v[-1]), flush=True)
 
         med = {k: median(v) if v else float("nan") for k, v in runs.items()}
         ideal_unordered = args.slow_in_flight / 0.010
         ideal_ordered = partitions / 0.010
         result["rates"] = {k: {"runs": v, "median": med[k]} for k, v in runs.items()}
-        result["dispatcher_cpu_us_per_event_median"] = {k: median(v) for k, v in cpu.items() if v}
+
+        def med_of(key: str, field: str) -> float:
+            return median([d[field] for d in details[key] if field in d])
+
+        cpu_med = {k: med_of(k, "cpu_us_per_event") for k, v in details.items() if v and "cpu_us_per_event" in v[0]}
+        # Process CPU per event over the delivery window; comparable on a busy machine where rates are not.
+        result["cpu_us_per_event_median"] = cpu_med
+        result["cpu_us_per_event_runs"] = {k: [d["cpu_us_per_event"] for d in details[k]] for k in cpu_med}
+        nan = float("nan")
+        result["efficiency"] = {  # dispatcher CPU per event ÷ the bare client's (1.0 = no overhead at all)
+            "dispatcher_unordered_cpu_vs_bare_http":
+                cpu_med.get("dispatcher_unordered", nan) / cpu_med.get("bare_http", nan),
+            "dispatcher_unordered_cpu_vs_bare_http_uvloop":
+                cpu_med.get("dispatcher_unordered", nan) / cpu_med.get("bare_http_uvloop", nan),
+            "dispatcher_ordered_cpu_vs_bare_http":
+                cpu_med.get("dispatcher_ordered", nan) / cpu_med.get("bare_http", nan),
+        }
+        # The 10 ms subscriber: its own service time (request complete → answer) and what the bare client saw.
+        result["slow_subscriber"] = {
+            "configured_ms": 10.0,
+            **{f"{k}_service_{f}": med_of(k, f"service_{f}") for k in (
+                "bare_http_10ms", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms") for f in ("median_ms",
+                                                                                                 "p99_ms")},
+            "bare_http_10ms_rtt_median_ms": med_of("bare_http_10ms", "rtt_median_ms"),
+            "bare_http_10ms_rtt_p99_ms": med_of("bare_http_10ms", "rtt_p99_ms"),
+            "bare_http_rtt_median_ms": med_of("bare_http", "rtt_median_ms"),
+        }
         result["ratios"] = {
             "unordered_vs_bare_http": med["dispatcher_unordered"] / med["bare_http"],
             "ordered_vs_bare_http": med["dispatcher_ordered"] / med["bare_http"],
+            "unordered_vs_bare_http_uvloop": med["dispatcher_unordered"] / med["bare_http_uvloop"],
             "raw_consumer_vs_dispatcher_unordered": med["raw_consumer"] / med["dispatcher_unordered"],
             "unordered_10ms_vs_ideal": med["dispatcher_unordered_10ms"] / ideal_unordered,
             "bare_http_10ms_vs_ideal": med["bare_http_10ms"] / ideal_unordered,
             "ordered_10ms_vs_ideal": med["dispatcher_ordered_10ms"] / ideal_ordered,
+            "unordered_10ms_vs_bare_http_10ms": med["dispatcher_unordered_10ms"] / med["bare_http_10ms"],
         }
-        result["ideal_10ms"] = {"unordered": ideal_unordered, "ordered": ideal_ordered}
+        result["ideal_10ms"] = {"unordered": ideal_unordered, "ordered": ideal_ordered,
+                                "from": "configured 10 ms × in-flight (unordered) or partitions (ordered)"}
 
         # RSS: 15 subscriptions × 4 partitions × 10 KB events, backlog growing between runs.
         rss_topic = "bench.rss"
@@ -397,8 +547,13 @@ def main() -> int:
     return 0
 
 
+def _label(name: str) -> str:
+    return (name.replace("dispatcher_", "disp.\n").replace("bare_http_", "bare\n").replace("raw_", "raw\n")
+            .replace("_10ms", "\n10 ms"))
+
+
 def plot(result: dict[str, Any]) -> None:
-    fig, axes = new_figure(ncols=2, width=6.5)
+    fig, axes = new_figure(ncols=3, width=6.5)
     rates = result["rates"]
     names = list(rates)
     ax = axes[0][0]
@@ -407,11 +562,21 @@ def plot(result: dict[str, Any]) -> None:
         ax.scatter([i] * len(rates[n]["runs"]), rates[n]["runs"], color="black", s=8, zorder=3)
     ax.axhline(result["ideal_10ms"]["unordered"], color="#c44", ls=":", lw=1, label="10 ms ideal, unordered")
     ax.axhline(result["ideal_10ms"]["ordered"], color="#c84", ls=":", lw=1, label="10 ms ideal, ordered")
-    ax.set_xticks(range(len(names)), [n.replace("dispatcher_", "disp.\n") for n in names], fontsize=7)
+    ax.set_xticks(range(len(names)), [_label(n) for n in names], fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("events/s (median of runs, dots = runs)")
     ax.set_title("Throughput, same run, same subscriber")
     ax.legend(fontsize=7)
+    ax = axes[0][2]
+    cpu = result.get("cpu_us_per_event_median", {})
+    cpu_names = list(cpu)
+    ax.bar(range(len(cpu_names)), [cpu[n] for n in cpu_names], color="#6a9f58")
+    for i, n in enumerate(cpu_names):
+        runs = result["cpu_us_per_event_runs"][n]
+        ax.scatter([i] * len(runs), runs, color="black", s=8, zorder=3)
+    ax.set_xticks(range(len(cpu_names)), [_label(n) for n in cpu_names], fontsize=7)
+    ax.set_ylabel("process CPU µs per event (median, dots = runs)")
+    ax.set_title("CPU per event: dispatcher vs bare aiohttp client")
     ax = axes[0][1]
     for run in result["rss"]:
         xs, ys = zip(*run["samples"], strict=True)

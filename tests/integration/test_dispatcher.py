@@ -303,6 +303,22 @@ def test_unordered_many_in_flight_commits_low_water_mark(
     wait_for(lambda: committed(kafka_running, topic, group_of("unord", "u1")) == [80, 80, 80], 15, "commit")
 
 
+def test_unordered_budget_is_shared_round_robin_across_partitions(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    # A backlog on every partition and a budget smaller than it: each freed slot goes to the next partition in
+    # turn, so no partition waits (paused, its prefetch dropped) until another one is drained.
+    http.behaviours["/rr"] = lambda _r, _a: (200, {}, b"", 0.02)
+    produce(kafka_running, topic, 180)
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "rr", topic, [sub_doc("u1", http.url("/rr"))], ordered=False)
+    dispatch("rr", channels, max_in_flight=6)
+    wait_for(lambda: len(http.at("/rr")) >= 180, 60, "180 deliveries")
+    first_half = seqs_by_partition(sorted(http.at("/rr"), key=lambda r: r.at)[:90])
+    assert sorted(first_half) == [0, 1, 2]
+    assert min(len(v) for v in first_half.values()) >= 20, {p: len(v) for p, v in first_half.items()}
+    wait_for(lambda: committed(kafka_running, topic, group_of("rr", "u1")) == [60, 60, 60], 15, "commit")
+
+
 @pytest.mark.parametrize(("policy", "expected"), [("linear", [0.05, 0.10, 0.15]),
                                                   ("exponential", [0.10, 0.20, 0.40])])
 def test_retries_follow_backoff_policy(kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,

@@ -14,16 +14,20 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.bindings import kafka as ce_kafka
+from cloudevents.core.bindings.common import CONTENT_TYPE_HEADER, DATACONTENTTYPE_ATTR
 from cloudevents.core.exceptions import (
     BaseCloudEventException,
     CloudEventValidationError,
     MissingRequiredAttributeError,
 )
 from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.spec import SPECVERSION_V1_0
+from cloudevents.core.v1.event import OPTIONAL_ATTRIBUTES as _SDK_OPTIONAL_ATTRIBUTES
 from cloudevents.core.v1.event import CloudEvent as _SDKCloudEvent
 from dateutil.parser import isoparse
 
@@ -68,6 +72,17 @@ class KafkaRecord:
 
 
 REQUIRED_ATTRIBUTES = ("id", "source", "specversion", "type")
+OPTIONAL_ATTRIBUTES = tuple(_SDK_OPTIONAL_ATTRIBUTES)  # datacontenttype, dataschema, subject, time
+SPECVERSION = SPECVERSION_V1_0  # the only one CloudEvent accepts
+
+# The Kafka binary mode's naming (the SDK's): attribute ``x`` is header ``ce_x``, except ``datacontenttype``,
+# which is ``content-type``. Exported for the columnar decoder (core/binding_arrow.py), which must agree.
+KAFKA_HEADER_PREFIX = ce_kafka.CE_PREFIX
+KAFKA_CONTENT_TYPE_HEADER = CONTENT_TYPE_HEADER
+DATACONTENTTYPE = DATACONTENTTYPE_ATTR
+# The SDK's rule for extension names (checked inline in its v1 CloudEvent, not exported); "data" is reserved.
+EXTENSION_NAME = r"^[a-z0-9]+$"
+RESERVED_EXTENSION_NAMES = ("data",)
 
 
 class CloudEvent(_SDKCloudEvent):
@@ -250,9 +265,9 @@ def event_from_kafka(
     ``ce_partitionkey`` itself when the event had one, so attributes round-trip exactly.
     """
     hdrs = _header_dict(headers)
-    content_type = hdrs.get("content-type", b"").decode(errors="replace")
+    content_type = hdrs.get(KAFKA_CONTENT_TYPE_HEADER, b"").decode(errors="replace")
     message = ce_kafka.KafkaMessage(headers=hdrs, key=None, value=value or b"")
-    if "ce_specversion" in hdrs:
+    if f"{KAFKA_HEADER_PREFIX}specversion" in hdrs:
         return _checked(ce_kafka.from_binary, message, _FORMAT, CloudEvent)
     if is_structured(content_type) or (value or b"").lstrip()[:1] == b"{":
         return _checked(ce_kafka.from_structured, message, _FORMAT, CloudEvent)
@@ -299,3 +314,58 @@ def with_extensions(event: BaseCloudEvent, **extensions: str | None) -> CloudEve
 def error_data(body: bytes, limit: int = 1024) -> str:
     """``knativeerrordata``: the response body, truncated to ``limit`` bytes, base64."""
     return base64.b64encode(body[:limit]).decode()
+
+
+# -- the dispatcher's per-event path: Kafka binary mode straight to HTTP binary mode --------------------------
+# The SDK's HTTP header-value encoding (cloudevents.core.bindings.http): printable ASCII except space, '"' and
+# '%' is sent as is, everything else percent-encoded.
+_HTTP_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ('"', "%"))
+_HTTP_SAFE_SET = frozenset(_HTTP_SAFE)
+_V1_ATTRIBUTES = frozenset(("id", "source", "type", "specversion", "dataschema", "subject", "time"))
+_NON_EMPTY = frozenset(("id", "source", "type", "dataschema", "subject"))
+_EXTENSION = re.compile(r"^[a-z0-9]+$")  # the SDK's v1 rule for extension names ("data" is reserved)
+
+
+def kafka_to_http(
+    headers: Sequence[tuple[str, bytes | str | None]] | None,
+    value: bytes | None,
+) -> tuple[dict[str, str], bytes]:
+    """``event_to_http(event_from_kafka(headers, value))`` without building the event, for the dispatcher.
+
+    Only a binary-mode record that the SDK would accept unchanged is mapped here (``ce_x`` → ``ce-x``, the body
+    as is); anything else — structured mode, a missing or empty attribute, an odd extension name, bytes that
+    are not UTF-8 — takes the SDK path, so its errors and edge cases stay the SDK's own. Checked against the
+    SDK path in tests/unit/test_dispatcher_transcode.py.
+    """
+    hdrs = _header_dict(headers)
+    if hdrs.get("ce_specversion") != b"1.0" or "ce_datacontenttype" in hdrs:
+        return event_to_http(event_from_kafka(headers, value))
+    out: dict[str, str] = {}
+    try:
+        for name, raw in hdrs.items():
+            text = raw.decode()  # every header, as the SDK does: one that is not UTF-8 fails the record
+            if name == "content-type":
+                if not text:
+                    raise ValueError("empty datacontenttype")
+                out[name] = text  # the SDK does not percent-encode Content-Type
+                continue
+            if not name.startswith("ce_"):
+                continue  # not an attribute (trace context, user headers)
+            attr = name[3:]
+            if attr == "time":
+                when = isoparse(text)
+                if when.tzinfo is None:
+                    raise ValueError("time without a zone")
+                text = when.isoformat()
+                if text.endswith("+00:00"):
+                    text = text[:-6] + "Z"
+            elif attr not in _V1_ATTRIBUTES and (attr == "data" or not _EXTENSION.match(attr)):
+                raise ValueError("invalid extension name")
+            elif not text and attr in _NON_EMPTY:
+                raise ValueError("empty attribute")
+            out["ce-" + attr] = text if _HTTP_SAFE_SET.issuperset(text) else quote(text, safe=_HTTP_SAFE)
+    except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
+        return event_to_http(event_from_kafka(headers, value))
+    if "ce-id" not in out or "ce-source" not in out or "ce-type" not in out:
+        return event_to_http(event_from_kafka(headers, value))
+    return out, bytes(value) if value else b""

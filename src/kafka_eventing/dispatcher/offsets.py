@@ -48,6 +48,11 @@ class OffsetTracker:
         return self.commit_position if moved else None
 
     @property
+    def last(self) -> int:
+        """The highest offset received so far (-1 before the first)."""
+        return self._last
+
+    @property
     def outstanding(self) -> int:
         """Events received and not yet below the mark (queued, in flight, or finished out of order)."""
         return len(self._pending)

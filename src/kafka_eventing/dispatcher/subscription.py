@@ -34,6 +34,11 @@ QUEUE_RECORDS = 512
 DEFAULT_QUEUE_BYTES = 256 * 1024
 #: Longest pause between polls when nothing arrives (also bounds how late a rebalance is noticed).
 MAX_IDLE_POLL = 0.05
+#: Poll interval while an open partition has records at the broker that librdkafka has not handed over yet
+#: (a refetch after a resume): the local queue may run dry meanwhile, so notice the records at once...
+HUNGRY_POLL = 0.001
+#: ... but only for this many empty polls in a row (transaction markers also leave the watermark ahead).
+HUNGRY_POLLS = 100
 CONSUME_BATCH = 500
 LAG_INTERVAL = 5.0
 #: Tries at pinning and committing a new group's start offsets before falling back.
@@ -68,6 +73,7 @@ class TokenBucket:
 class _Partition:
     number: int
     consumed: Any  # the prometheus child counter, looked up once
+    tp: TopicPartition
     queue: deque[Message] = field(default_factory=deque)
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -75,6 +81,8 @@ class _Partition:
     paused: bool = False
     cap: int = QUEUE_RECORDS
     queued_bytes: int = 0
+    #: Commit position not yet handed to ``store_offsets`` (stored once per poll round, not per event).
+    unstored: int | None = None
 
 
 class SubscriptionConsumer:
@@ -122,7 +130,11 @@ class SubscriptionConsumer:
         self._joined = False
         self._next_lag = 0.0
         self._lag_seen: set[tuple[str, str, str]] = set()
-        self._in_flight_gauge = metrics.in_flight.labels(*self.labels)
+        self._unstored: list[_Partition] = []
+        self._rotation: deque[_Partition] = deque()  # unordered round robin over the partitions
+        # Read when scraped instead of two updates per event; a replacement consumer of the same subscriber
+        # takes the gauge over.
+        metrics.in_flight.labels(*self.labels).set_function(lambda: self._in_flight)
         self._outcomes = {o: metrics.outcomes.labels(*self.labels, o.value) for o in Outcome}
 
     # -- public -------------------------------------------------------------------------------------
@@ -167,7 +179,7 @@ class SubscriptionConsumer:
                                      on_lost=self._on_lost)
             idle = 0
             while not self._stopping:
-                room = self._room()
+                room, full = self._room()
                 try:
                     messages = self._consumer.consume(room, 0)
                 except KafkaException as exc:
@@ -177,6 +189,7 @@ class SubscriptionConsumer:
                     self._accept(message)
                 if messages:
                     self._pump()
+                self._store_done()
                 self._flow_control()
                 self._report_lag()
                 if len(messages) >= room > 1:
@@ -184,8 +197,12 @@ class SubscriptionConsumer:
                     continue
                 # Nothing or a partial batch: librdkafka's queue is drained. Sleep a little (longer while idle)
                 # instead of spinning on one-record polls; a freed queue slot wakes the loop early.
-                idle = idle + 1 if not messages else 1
-                await self._sleep(min(MAX_IDLE_POLL, 0.002 * idle))
+                # A full budget counts as idle too: one record per poll would otherwise grow the queues past it.
+                idle = idle + 1 if not messages or full else 1
+                if not messages and idle <= HUNGRY_POLLS and self._hungry():
+                    await self._sleep(HUNGRY_POLL)
+                else:
+                    await self._sleep(min(MAX_IDLE_POLL, 0.002 * idle))
             await self._drain()
         finally:
             consumer, self._consumer = self._consumer, None
@@ -232,16 +249,48 @@ class SubscriptionConsumer:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _room(self) -> int:
-        """How many records to take now: the free local queue space, so Python never holds more than the caps.
+    def _room(self) -> tuple[int, bool]:
+        """How many records to take now: the free local queue space, so Python never holds more than the budget.
 
-        At least one: a full partition is paused (librdkafka then holds nothing for it), and polling must
-        go on for rebalance callbacks and ``max.poll.interval.ms``.
+        Ordered, each partition has its own share of the byte budget (``queue_bytes``): its events wait for
+        nothing but its own, so a full partition is paused rather than let it hold records that another, idle
+        one needs (librdkafka hands records over in fetch order). Unordered, the partitions feed one in-flight
+        budget, so they share the byte budget: while it is full, records wait in librdkafka's own (bounded)
+        prefetch instead of being dropped by a pause (see ``_resize``). At least one: polling must go on for
+        rebalance callbacks and ``max.poll.interval.ms``; the flag says the budget is full.
         """
-        open_parts = [p for p in self._parts.values() if not p.paused]
-        records = sum(max(0, p.cap - len(p.queue)) for p in open_parts)
-        free_bytes = sum(max(0, self._byte_cap - p.queued_bytes) for p in open_parts)
-        return max(1, min(CONSUME_BATCH, records, int(free_bytes / max(1.0, self._avg_size))))
+        records = 0
+        queued = 0
+        open_free = 0
+        for p in self._parts.values():
+            queued += p.queued_bytes
+            if not p.paused:
+                records += max(0, p.cap - len(p.queue))
+                open_free += max(0, self._byte_cap - p.queued_bytes)
+        free_bytes = open_free if self._ordered else min(open_free, max(0, self.queue_bytes - queued))
+        free = min(records, int(free_bytes / max(1.0, self._avg_size)))
+        return max(1, min(CONSUME_BATCH, free)), free < 1
+
+    def _hungry(self) -> bool:
+        """The local queues run low while an open partition has records at the broker past the last one seen.
+
+        That is a fetch under way (or a refetch after a resume: pausing dropped the partition's prefetched
+        records), not an idle topic, so records are polled for every millisecond instead of after the idle
+        back-off. Uses the watermarks librdkafka cached from its last fetch responses (no request).
+        """
+        if sum(p.queued_bytes for p in self._parts.values()) > self.queue_bytes // 2:
+            return False  # plenty left to deliver: the normal back-off notices new records in time
+        for part in self._parts.values():
+            last = part.tracker.last
+            if part.paused or last < 0:
+                continue
+            try:
+                _low, high = self._consumer.get_watermark_offsets(part.tp, cached=True)
+            except KafkaException:
+                continue
+            if high > last + 1:
+                return True
+        return False
 
     def _resize(self) -> None:
         """Local queue length per partition: enough to hide the poll interval, small enough for flat RSS."""
@@ -249,9 +298,15 @@ class SubscriptionConsumer:
         cap = QUEUE_RECORDS
         if not self._ordered:
             cap = max(QUEUE_RECORDS, math.ceil(4 * self.max_in_flight / partitions))
-        self._byte_cap = max(32 * 1024, self.queue_bytes // partitions)
+        share = self.queue_bytes // partitions
+        # Unordered, a partition is paused only when it holds twice its share of the shared budget, i.e. when
+        # it crowds the others out. Pausing drops librdkafka's prefetched records of the partition, and
+        # librdkafka takes 0.1-0.3 s to fetch again after a resume: pausing at one share paused every partition
+        # at once under a backlog and stalled delivery ~85 ms about once a second.
+        self._byte_cap = max(32 * 1024, share if self._ordered else 2 * share)
         for part in self._parts.values():
             part.cap = cap
+        self._rotation = deque(self._parts.values())
 
     def _flow_control(self) -> None:
         pause, resume = [], []
@@ -298,24 +353,25 @@ class SubscriptionConsumer:
                         return
                     self._start(part, part.queue.popleft())
             return
-        ready = [p for p in self._parts.values() if p.queue]
-        while ready and self._in_flight < self.max_in_flight:
-            again = []
-            for part in ready:  # round robin: one busy partition does not take the whole budget
-                if self._in_flight >= self.max_in_flight:
-                    break
-                if not self._rate_ok():
-                    return
-                self._start(part, part.queue.popleft())
-                if part.queue:
-                    again.append(part)
-            ready = again
+        # Round robin that goes on across calls (each finished event frees one slot, and the next partition in
+        # turn gets it): one busy partition never takes the whole budget while the others sit paused, full.
+        rotation = self._rotation
+        skipped = 0
+        while self._in_flight < self.max_in_flight and skipped < len(rotation):
+            part = rotation[0]
+            rotation.rotate(-1)
+            if not part.queue:
+                skipped += 1
+                continue
+            skipped = 0
+            if not self._rate_ok():
+                return
+            self._start(part, part.queue.popleft())
 
     def _start(self, part: _Partition, message: Message) -> None:
         part.queued_bytes -= len(message.value() or b"")
         part.in_flight += 1
         self._in_flight += 1
-        self._in_flight_gauge.inc()
         task = asyncio.get_running_loop().create_task(self._deliver(part, message))
         part.tasks.add(task)
         task.add_done_callback(part.tasks.discard)
@@ -328,14 +384,12 @@ class SubscriptionConsumer:
                     cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels)
                 break
             except asyncio.CancelledError:
-                self._in_flight_gauge.dec()
                 raise
             except Exception:
                 # A bug, not a delivery failure: never commit past it; try again after a pause.
                 failures += 1
                 log.exception("dispatching failed unexpectedly, will retry", extra=self.labels.as_dict())
                 await asyncio.sleep(min(30.0, 0.1 * 2**failures))
-        self._in_flight_gauge.dec()
         self._outcomes[outcome].inc()
         if self._parts.get(part.number) is not part:
             return  # revoked meanwhile; the new owner redelivers from the committed offset
@@ -343,14 +397,32 @@ class SubscriptionConsumer:
         self._in_flight -= 1
         position = part.tracker.done(cast(int, message.offset()))
         if position is not None:
-            self._store(part, position)
+            if part.unstored is None:
+                self._unstored.append(part)
+            part.unstored = position
         self._pump()
         if part.paused and len(part.queue) <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2:
             self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
-    def _store(self, part: _Partition, position: int) -> None:
+    def _store_done(self) -> None:
+        """Hand the moved marks to librdkafka's auto-commit: once per poll round, in one call.
+
+        The round comes at least every ``MAX_IDLE_POLL`` and the commit itself only every
+        ``auto.commit.interval.ms``, so storing per event bought nothing but a call (and a TopicPartition) each.
+        Revoke and shutdown commit the trackers' marks directly, so nothing waits on this.
+        """
+        if not self._unstored:
+            return
+        offsets = []
+        for part in self._unstored:
+            if part.unstored is not None and self._parts.get(part.number) is part:
+                offsets.append(TopicPartition(self.topic, part.number, part.unstored))
+            part.unstored = None
+        self._unstored.clear()
+        if not offsets:
+            return
         try:
-            self._consumer.store_offsets(offsets=[TopicPartition(self.topic, part.number, position)])
+            self._consumer.store_offsets(offsets=offsets)
         except KafkaException as exc:
             log.debug("store_offsets failed", extra={**self.labels.as_dict(), "error": str(exc)})
 
@@ -359,7 +431,7 @@ class SubscriptionConsumer:
         self._position(consumer, partitions)
         for tp in partitions:
             child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
-            self._parts[tp.partition] = _Partition(tp.partition, child)
+            self._parts[tp.partition] = _Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
         self._resize()
         log.info("partitions assigned", extra={**self.labels.as_dict(), "group": self.group_id,
                                                 "partitions": [tp.partition for tp in partitions]})
