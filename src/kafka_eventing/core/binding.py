@@ -39,7 +39,7 @@ _JSON_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9\-.]+\+)?json(;.*)?$")
 __all__ = [
     "BATCH_CONTENT_TYPE", "STRUCTURED_CONTENT_TYPE", "BindingError", "CloudEvent", "ContentMode",
     "KafkaRecord", "event_from_http", "event_from_kafka", "event_to_http", "event_to_kafka",
-    "events_from_http_batch", "is_batch", "is_structured", "partition_key",
+    "events_from_http_batch", "http_to_kafka", "is_batch", "is_structured", "kafka_to_http", "partition_key",
 ]
 
 
@@ -369,3 +369,65 @@ def kafka_to_http(
     if "ce-id" not in out or "ce-source" not in out or "ce-type" not in out:
         return event_to_http(event_from_kafka(headers, value))
     return out, bytes(value) if value else b""
+
+
+def http_to_kafka(
+    headers: Mapping[str, str],
+    body: bytes,
+    mode: ContentMode = ContentMode.BINARY,
+    trace: Mapping[str, str] | None = None,
+) -> KafkaRecord:
+    """``event_to_kafka(event_from_http(headers, body), mode, trace)`` without building the event, for the receiver.
+
+    Only a binary-mode request that the SDK would accept unchanged, going to a binary-mode channel, is mapped here
+    (``ce-x`` → ``ce_x`` in header order, the body as is); anything else — structured or batched mode, a
+    percent-encoded value, a missing or empty attribute, an odd extension name, a repeated attribute — takes the SDK
+    path, so its errors (the 400 bodies) and edge cases stay the SDK's own. Checked against the SDK path in
+    tests/unit/test_receiver_transcode.py.
+    """
+    if mode is not ContentMode.BINARY:
+        return event_to_kafka(event_from_http(headers, body), mode, trace=trace)
+    out: list[tuple[str, bytes]] = []
+    seen: set[str] = set()
+    specversion = partitionkey = subject = None
+    try:
+        for raw_name, raw_value in headers.items():
+            name, value = raw_name.lower(), raw_value
+            if name == "content-type":
+                if not value or name in seen:
+                    raise ValueError("empty or repeated Content-Type")
+                seen.add(name)
+                out.append((name, value.encode()))
+                continue
+            if not name.startswith("ce-"):
+                continue  # not an attribute (Host, trace context, ...)
+            attr = name[3:]
+            if attr in seen or "%" in value:
+                raise ValueError("repeated attribute or percent-encoded value")
+            seen.add(attr)
+            if attr == "time":
+                when = isoparse(value)
+                if when.tzinfo is None:
+                    raise ValueError("time without a zone")
+                value = when.isoformat()
+                if value.endswith("+00:00"):
+                    value = value[:-6] + "Z"
+            elif attr not in _V1_ATTRIBUTES and (attr == "data" or not _EXTENSION.match(attr)):
+                raise ValueError("invalid extension name")
+            elif not value and attr in _NON_EMPTY:
+                raise ValueError("empty attribute")
+            elif attr == "specversion":
+                specversion = value
+            elif attr == "partitionkey":
+                partitionkey = value
+            elif attr == "subject":
+                subject = value
+            out.append(("ce_" + attr, value.encode()))
+    except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
+        return event_to_kafka(event_from_http(headers, body), mode, trace=trace)
+    if specversion != SPECVERSION or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
+        return event_to_kafka(event_from_http(headers, body), mode, trace=trace)
+    if trace:
+        out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
+    key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject
+    return KafkaRecord(key=key.encode() if key else None, value=bytes(body) if body else b"", headers=out)

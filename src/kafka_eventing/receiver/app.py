@@ -27,9 +27,9 @@ from kafka_eventing.core.binding import (
     TRACE_HEADERS,
     BindingError,
     KafkaRecord,
-    event_from_http,
     event_to_kafka,
     events_from_http_batch,
+    http_to_kafka,
     is_batch,
 )
 from kafka_eventing.core.channel_source import ChannelSource
@@ -106,6 +106,11 @@ def _media_json(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def _cannot_write(exc: Exception) -> _Answer:
+    # Attributes the SDK accepted but cannot write as Kafka headers: the sender's to fix.
+    return _Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
+
+
 class Ingress:
     """What a POST does, apart from reading the body and waiting: shared by the WSGI and ASGI apps."""
 
@@ -140,19 +145,20 @@ class Ingress:
                body: bytes) -> list[KafkaRecord] | _Answer:
         """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""
         TALLY.inc(_bytes_in(f"{channel.namespace}/{channel.name}"), len(body))
+        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
         try:
-            if is_batch(req.content_type):
-                events = events_from_http_batch(body)
-            else:
-                events = [event_from_http(req.headers, body)]
+            if not is_batch(req.content_type):
+                # One event: straight from HTTP to Kafka, through the SDK whenever the fast path is not certain.
+                return [http_to_kafka(req.headers, body, channel.content_mode, trace=trace)]
+            events = events_from_http_batch(body)
         except BindingError as exc:
             return _Answer(falcon.HTTP_400, exc.as_dict())
-        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
+        except (ValueError, TypeError) as exc:
+            return _cannot_write(exc)
         try:
             return [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
         except (BindingError, ValueError, TypeError) as exc:
-            # Attributes the SDK accepted but cannot write as Kafka headers: the sender's to fix.
-            return _Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
+            return _cannot_write(exc)
 
     def finish(self, result: Result, channel: Channel, count: int, started: float) -> _Answer:
         TALLY.observe(PRODUCE_LATENCY, time.perf_counter() - started)
