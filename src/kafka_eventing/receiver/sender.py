@@ -14,12 +14,11 @@ by the delivery report alone — a record is "accepted" only after the broker ac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -182,6 +181,24 @@ class AsyncPending:
         return Result(Outcome.DELIVERED)
 
 
+class _InFlight:
+    """A counting context manager (a class, not @contextmanager: this runs once per request)."""
+
+    __slots__ = ("_lock", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def __exit__(self, *_exc: object) -> None:
+        with self._lock:
+            self.count -= 1
+
+
 class KafkaSender:
     """Owns the poll thread; ``send`` produces a request's records and blocks until all are reported."""
 
@@ -192,8 +209,7 @@ class KafkaSender:
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._in_flight = 0
-        self._in_flight_lock = threading.Lock()
+        self._tracker = _InFlight()
 
     def start(self) -> None:
         if self._thread is None:
@@ -244,16 +260,10 @@ class KafkaSender:
                 return _produce_error(exc), produced
         return None, len(records)
 
-    @contextlib.contextmanager
-    def tracked(self) -> Iterator[None]:
+    def tracked(self) -> _InFlight:
         """Count a request as in flight, so close() waits for its answer before flushing."""
-        with self._in_flight_lock:
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
+        return self._tracker
+
 
     def send(self, topic: str, records: Sequence[KafkaRecord]) -> Result:
         with self.tracked():
@@ -270,7 +280,7 @@ class KafkaSender:
         """
         self._closing.set()
         deadline = time.monotonic() + timeout
-        while self._in_flight and time.monotonic() < deadline:
+        while self._tracker.count and time.monotonic() < deadline:
             time.sleep(0.01)
         left = self.producer.flush(max(0.0, deadline - time.monotonic()))
         self._stopped.set()
