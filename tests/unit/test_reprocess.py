@@ -144,3 +144,13 @@ def test_window_parsing() -> None:
     assert parse_time("2024-01-01T01:00:00+01:00") - datetime(2024, 1, 1, tzinfo=UTC) == timedelta(0)
     with pytest.raises(ValueError):
         parse_offsets("not json")
+
+
+def test_a_time_that_leaves_datetime_range_in_utc_is_an_error_row_not_a_crash() -> None:
+    from kafka_eventing.reprocess.events import decode_record
+
+    headers = [{"key": k, "value": v} for k, v in (
+        ("ce_specversion", b"1.0"), ("ce_id", b"1"), ("ce_source", b"/s"), ("ce_type", b"t"),
+        ("ce_time", b"0001-01-01T00:00:00+01:00"))]
+    row = decode_record(None, b"data", headers, None)
+    assert row["error"] and row["type"] is None and row["data"] == b"data"

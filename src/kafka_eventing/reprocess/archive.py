@@ -64,6 +64,7 @@ def run_archive(
     decoded = read_topic_stream(
         spark, topic, kafka_options,
         max_offsets_per_trigger=max_offsets_per_trigger, fail_on_data_loss=fail_on_data_loss,
+        min_partitions=spark.sparkContext.defaultParallelism,
     )
     # observe() computes the counts in the same pass that writes the files; they arrive in query progress.
     observed = decoded.observe(
@@ -86,7 +87,8 @@ def run_archive(
             result.records += records
             result.malformed += malformed
             result.per_batch.append({"batch": progress.batchId, "records": records, "malformed": malformed,
-                                     "rows_per_second": progress.processedRowsPerSecond})
+                                     "rows_per_second": progress.processedRowsPerSecond,
+                                     "duration_ms": dict(progress.durationMs)})
             log.info("archive batch %s: %s records (%s malformed)", progress.batchId, records, malformed)
 
         def onQueryIdle(self, event: Any) -> None:

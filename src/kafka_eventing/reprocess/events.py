@@ -1,9 +1,11 @@
 """Kafka records ⇄ event columns, for Spark's ``mapInArrow`` — decoding is the core binding, nothing else.
 
-Each Arrow batch from Spark's Kafka source (key, value, headers, topic, partition, offset, timestamp) goes
-through ``kafka_eventing.core.binding.event_from_kafka`` row by row, so binary (``ce_`` headers) and structured
-records decode exactly as the receiver and dispatcher see them. A record that is not a CloudEvent becomes a row
-with ``error`` set and the raw value in ``data``: counted and reported, never a crashed job.
+Each Arrow batch from Spark's Kafka source (key, value, headers, topic, partition, offset, timestamp) is decoded
+by the core binding: binary-mode records (``ce_`` headers) column-wise by ``core.binding_arrow``, every other
+record row by row through ``core.binding.event_from_kafka``, so records decode exactly as the receiver and
+dispatcher see them (tests/unit/test_binding_arrow.py holds the two paths to the same rows). A record that is not
+a CloudEvent becomes a row with ``error`` set and the raw value in ``data``: counted and reported, never a crashed
+job.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 _RAW: tuple[tuple[str, str], ...] = (("kafka_key", "binary"), ("kafka_value", "binary"), ("kafka_headers", "headers"))
 _FORMAT = RawDataFormat()
+_EPOCH = date(1970, 1, 1)  # event_date of a record with neither time nor timestamp
 
 
 def _spark_type(kind: str) -> Any:
@@ -103,32 +106,73 @@ def decode_record(
     try:
         row = event_row(event_from_kafka(pairs, value))
         row["error"] = None
-    except BindingError as exc:
+    except (BindingError, OverflowError) as exc:
+        # OverflowError: a valid `time` near year 1 or 9999 whose offset leaves datetime's range in UTC.
         row = {name: None for name in CORE_ATTRIBUTES}
-        row.update(extensions=None, data=value, error=str(exc)[:1000])
+        row.update(extensions=None, data=value, error=str(exc)[:1000] or type(exc).__name__)
     when = row["time"] or kafka_ts
-    row["event_date"] = when.date() if when is not None else date(1970, 1, 1)
+    row["event_date"] = when.date() if when is not None else _EPOCH
     return row
 
 
 def decode_batches(batches: Iterable[pa.RecordBatch], keep_raw: bool = False) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: Spark Kafka source batches → decoded batches (schema ``event_schema(keep_raw)``)."""
-    import pyarrow as pa
+    """``mapInArrow`` body: Spark Kafka source batches → decoded batches (schema ``event_schema(keep_raw)``).
 
+    Binary-mode records decode column-wise (``core.binding_arrow``); whatever that path does not vouch for —
+    structured mode, anything invalid or unusual — goes row by row through ``decode_record``. Row order is kept.
+    """
     for batch in batches:
-        cols = batch.to_pydict()
-        rows = []
-        for i in range(batch.num_rows):
-            row = decode_record(cols["key"][i], cols["value"][i], cols["headers"][i], cols["timestamp"][i])
-            for name in KAFKA_COLUMNS:
-                row[name] = cols[name][i]
-            row["timestamp"] = _utc(row["timestamp"])
-            if keep_raw:
-                row["kafka_key"] = cols["key"][i]
-                row["kafka_value"] = cols["value"][i]
-                row["kafka_headers"] = cols["headers"][i]
-            rows.append(row)
-        yield pa.RecordBatch.from_pylist(rows, schema=_arrow_schema(keep_raw))
+        yield decode_batch(batch, keep_raw)
+
+
+def decode_batch(batch: pa.RecordBatch, keep_raw: bool = False) -> pa.RecordBatch:
+    """One Spark Kafka source batch → one decoded batch, row for row as ``decode_record`` would give it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kafka_eventing.core.binding_arrow import TIME_TYPE, decode_binary
+
+    schema = _arrow_schema(keep_raw)
+    n = batch.num_rows
+    cols = decode_binary(batch.column("headers"), batch.column("value"))
+    kafka_ts = batch.column("timestamp").cast(TIME_TYPE)
+    when = pc.coalesce(cols.attributes["time"], kafka_ts)
+    arrays: dict[str, pa.Array] = {
+        **cols.attributes, "extensions": cols.extensions, "data": cols.data,
+        "topic": batch.column("topic"), "partition": batch.column("partition"), "offset": batch.column("offset"),
+        "timestamp": kafka_ts, "event_date": pc.fill_null(when.cast(pa.date32()), pa.scalar(_EPOCH, pa.date32())),
+        "error": pa.nulls(n, pa.string()),
+    }
+    if keep_raw:
+        arrays.update(kafka_key=batch.column("key"), kafka_value=batch.column("value"),
+                      kafka_headers=batch.column("headers"))
+    fast = pa.RecordBatch.from_arrays([arrays[f.name].cast(f.type) for f in schema], schema=schema)
+    if pc.all(cols.decoded).as_py():
+        return fast
+    decoded = cols.decoded.to_numpy(zero_copy_only=False)
+    slow_idx = pa.array((~decoded).nonzero()[0])
+    slow = pa.RecordBatch.from_pylist(_rows_one_by_one(batch.take(slow_idx), keep_raw), schema=schema)
+    if len(slow_idx) == n:
+        return slow
+    # Put the rows back in input order (a batch's rows are one offset range of a partition).
+    order = pc.inverse_permutation(pa.concat_arrays([pa.array(decoded.nonzero()[0]), slow_idx]))
+    return pa.concat_batches([fast.filter(cols.decoded), slow]).take(order)
+
+
+def _rows_one_by_one(batch: pa.RecordBatch, keep_raw: bool) -> list[dict[str, Any]]:
+    cols = batch.to_pydict()
+    rows = []
+    for i in range(batch.num_rows):
+        row = decode_record(cols["key"][i], cols["value"][i], cols["headers"][i], cols["timestamp"][i])
+        for name in KAFKA_COLUMNS:
+            row[name] = cols[name][i]
+        row["timestamp"] = _utc(row["timestamp"])
+        if keep_raw:
+            row["kafka_key"] = cols["key"][i]
+            row["kafka_value"] = cols["value"][i]
+            row["kafka_headers"] = cols["headers"][i]
+        rows.append(row)
+    return rows
 
 
 def _arrow_type(kind: str) -> pa.DataType:

@@ -101,8 +101,12 @@ def read_topic_stream(
     *,
     max_offsets_per_trigger: int | None = None,
     fail_on_data_loss: bool = True,
+    min_partitions: int | None = None,
 ) -> DataFrame:
-    """The topic as a stream from its earliest offset (a checkpoint takes over after the first run), decoded."""
+    """The topic as a stream from its earliest offset (a checkpoint takes over after the first run), decoded.
+
+    ``min_partitions``: split a micro-batch's offset ranges into at least that many tasks, so a topic with fewer
+    partitions than cores still uses every core (Spark only splits when it has fewer partitions than this)."""
     reader = (
         spark.readStream.format("kafka").options(**kafka_options)
         .option("subscribe", topic).option("includeHeaders", "true")
@@ -111,6 +115,8 @@ def read_topic_stream(
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    if min_partitions:
+        reader = reader.option("minPartitions", str(min_partitions))
     return decode(reader.load())
 
 
