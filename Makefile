@@ -67,7 +67,7 @@ manifests: ## Render dist/install-<provider>.yaml from the Kustomize overlays.
 	hack/manifests.sh
 
 .PHONY: images
-images: ## Build the per-role images (needs a Docker engine), tagged with the git sha.
+images: ## Build images/base, then every role image FROM it (needs a Docker engine), tagged with the git sha.
 	hack/images.sh $(GIT_SHA)
 
 ##@ Benchmarks (results and plots under docs/benchmarks/)

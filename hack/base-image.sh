@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Build a Debian bookworm + python3 (3.11) base image from Debian's archive alone — no container registry.
+# Build a Debian bookworm + python3 (3.11) OS image from Debian's archive alone — no container registry.
 #
-#   hack/base-image.sh            prints the tag of the base image, building it first if the engine lacks it
+#   hack/base-image.sh [py|jre]   prints the tag of the OS image, building it first if the engine lacks it
 #
-# The Dockerfiles default to python:3.11-slim-bookworm (what users pull); CI and tests pass this image as
+#   py   (default) python3, python3-venv, ca-certificates: the BASE_IMAGE of images/base (role images)
+#   jre  the same plus openjdk-17-jre-headless (Spark 4 runs on Java 17) and tini: the BASE_IMAGE of the spark
+#        image's base. Debian's JRE is installed here, on the host, because build containers have no network.
+#
+# images/base/Dockerfile defaults to python:3.11-slim-bookworm (what users pull); CI and tests pass this image as
 # BASE_IMAGE instead, on machines that reach package archives but no registry. Both are bookworm with Python 3.11,
 # so the cp311 manylinux wheels of requirements.lock (confluent-kafka bundles librdkafka) fit either.
 #
 # Needs root (debootstrap chroots) and a reachable Docker engine (DOCKER_HOST). Only the tag goes to stdout.
 #   DEBIAN_MIRROR   archive to bootstrap from (default http://deb.debian.org/debian)
-#   BASE_TAG        tag to give the image (default: derived from this script's content, so edits rebuild it)
+#   BASE_TAG        tag to give the image (default: derived from the flavour and this script's content, so edits
+#                   rebuild it)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,11 +24,20 @@ SUITE=bookworm
 # python3-venv brings ensurepip (pip + setuptools wheels) for the builder stage; ca-certificates lets librdkafka
 # and httpx verify public CAs (Confluent Cloud, MSK, Event Hubs) without extra mounts.
 PACKAGES=python3,python3-venv,ca-certificates
+FLAVOUR="${1:-py}"
+case "$FLAVOUR" in
+  py)  NAME="${SUITE}-py3"; EXTRA_DESC="" ;;
+  # tini: the Spark entrypoint's init (reaps the JVM's and Python workers' children, forwards signals).
+  jre) NAME="${SUITE}-py3-jre17"; EXTRA_DESC=" + openjdk-17-jre-headless, tini"
+       PACKAGES="$PACKAGES,openjdk-17-jre-headless,tini" ;;
+  *) echo "usage: hack/base-image.sh [py|jre]" >&2; exit 2 ;;
+esac
 
-log() { echo "base-image: $*" >&2; }
+log() { echo "base-image($FLAVOUR): $*" >&2; }
 
 digest="$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)"
-TAG="${BASE_TAG:-kafka-eventing-base:${SUITE}-py3-${digest}}"
+# Not kafka-eventing-base: that name belongs to images/base (this OS image + the venv).
+TAG="${BASE_TAG:-kafka-eventing-debian:${NAME}-${digest}}"
 
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   log "cached: $TAG"
@@ -71,6 +85,17 @@ find "${rootfs:?}/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name 'locale.alia
 : >"$rootfs/etc/resolv.conf"
 : >"$rootfs/etc/hostname"
 chmod 1777 "$rootfs/tmp"
+if [[ "$FLAVOUR" == jre ]]; then
+  # Resolved inside the target: its links are absolute (/etc/alternatives/java -> /usr/lib/jvm/...).
+  java="$(chroot "$rootfs" readlink -f /usr/bin/java)"
+  [[ "$java" == /usr/lib/jvm/*/bin/java ]] || { log "no JRE under /usr/lib/jvm (java -> '$java')"; exit 1; }
+  # A JAVA_HOME that does not name the architecture (java-17-openjdk-amd64 / -arm64).
+  ln -s "${java%/bin/java}" "$rootfs/usr/lib/jvm/java-17"
+  # The JVM finds libjli.so through $ORIGIN, which glibc reads from /proc/self/exe: mount /proc for the check.
+  mount -t proc proc "$rootfs/proc"
+  chroot "$rootfs" /usr/lib/jvm/java-17/bin/java -version 2>&1 | head -n1 | sed 's/^/base-image(jre): /' >&2
+  umount "$rootfs/proc"
+fi
 
 python_version="$(chroot "$rootfs" python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 log "python3 in base: $python_version"
@@ -79,8 +104,8 @@ tar --numeric-owner -C "$rootfs" -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' \
   --change 'CMD ["python3"]' \
-  --change 'LABEL org.opencontainers.image.title="kafka-eventing-base"' \
-  --change "LABEL org.opencontainers.image.description=\"Debian $SUITE minbase + python3 $python_version (hack/base-image.sh)\"" \
+  --change 'LABEL org.opencontainers.image.title="kafka-eventing-debian"' \
+  --change "LABEL org.opencontainers.image.description=\"Debian $SUITE minbase + python3 $python_version$EXTRA_DESC (hack/base-image.sh $FLAVOUR)\"" \
   - "$TAG" >/dev/null
 log "built $TAG in $((SECONDS - start))s"
 echo "$TAG"

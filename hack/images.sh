@@ -3,19 +3,28 @@
 #
 #   hack/images.sh <tag> [role...]      roles: receiver dispatcher controller spark (default: all that exist)
 #
+# Order: the OS bases (hack/base-image.sh, unless given), then images/base/Dockerfile once per flavour —
+# kafka-eventing-base:<tag> (the package's venv, UID 65532) for receiver/dispatcher/controller,
+# kafka-eventing-spark-base:<tag> (+ the [spark] extra on a JRE base, UID 185) for spark — then each role's
+# Dockerfile `FROM` its base (labels, ENTRYPOINT; spark adds the connector jars and its entrypoint script).
+#
 # Engine: DOCKER_HOST when it answers; otherwise a private dockerd whose data, exec root and socket live under
 # $KE_CACHE/docker (bridge/iptables off, so it needs no host networking set-up). A private engine this script
 # started is stopped on exit unless KE_KEEP_DOCKERD=1; one already running there is reused and left running.
 # Use the system engine explicitly with DOCKER_HOST=unix:///var/run/docker.sock.
 #
-#   BASE_IMAGE       base for builder and runtime stages (default: hack/base-image.sh builds Debian bookworm +
-#                    python3 from the Debian archive, because this machine reaches no registry). Users with
-#                    registry access pass BASE_IMAGE=python:3.11-slim-bookworm, the Dockerfiles' own default.
+#   BASE_IMAGE       OS base of kafka-eventing-base (default: `hack/base-image.sh` builds Debian bookworm + python3
+#                    from the Debian archive, because this machine reaches no registry). Users with registry
+#                    access pass BASE_IMAGE=python:3.11-slim-bookworm, images/base/Dockerfile's own default.
+#   JRE_BASE_IMAGE   OS base of kafka-eventing-spark-base: bookworm + python3 3.11 + openjdk-17-jre-headless + tini
+#                    at /usr/bin/tini, JAVA_HOME at /usr/lib/jvm/java-17 (default: `hack/base-image.sh jre`)
 #   IMAGE_PREFIX     repository prefix (default kafka-eventing-) → kafka-eventing-receiver:<tag>
 #   PREFETCH_WHEELS  1: download the wheels on the host into build/wheelhouse and build with --network none
-#                    (default 1 with the private engine, 0 with DOCKER_HOST)
+#                    (default 1 with the private engine, 0 with DOCKER_HOST). The spark base always installs from
+#                    build/spark-wheelhouse: pyspark is published as a source archive only, the builder takes wheels.
+#   WITH_MSK_IAM     true (default): the spark image carries the AWS MSK IAM login module for Spark's Kafka client
 #   BUILD_NETWORK    network of RUN steps (default with the private engine, which has no bridge: none with
-#                    prefetched wheels, host for spark or without them; the engine's default otherwise)
+#                    prefetched wheels, host without them; the engine's default otherwise)
 #   PIP_INDEX_URL    passed to the builder stage when set
 set -euo pipefail
 
@@ -91,104 +100,223 @@ else
   fi
 fi
 
-if [[ -z "${BASE_IMAGE:-}" ]]; then
+base_roles=()   # roles built FROM kafka-eventing-base
+want_spark=""
+for role in "${ROLES[@]}"; do
+  [[ "$role" != base ]] || { log "base is built for the roles that need it; name roles"; exit 2; }
+  [[ -f "$ROOT/images/$role/Dockerfile" ]] || { log "images/$role/Dockerfile not found"; exit 1; }
+  if [[ "$role" == spark ]]; then want_spark=1; else base_roles+=("$role"); fi
+done
+
+if [[ ${#base_roles[@]} -gt 0 && -z "${BASE_IMAGE:-}" ]]; then
   t0=$SECONDS
-  BASE_IMAGE="$("$ROOT/hack/base-image.sh")"
-  log "base image $BASE_IMAGE ready in $((SECONDS - t0))s"
+  BASE_IMAGE="$("$ROOT/hack/base-image.sh" py)"
+  log "OS base $BASE_IMAGE ready in $((SECONDS - t0))s"
+fi
+if [[ -n "$want_spark" && -z "${JRE_BASE_IMAGE:-}" ]]; then
+  t0=$SECONDS
+  JRE_BASE_IMAGE="$("$ROOT/hack/base-image.sh" jre)"
+  log "OS base $JRE_BASE_IMAGE ready in $((SECONDS - t0))s"
 fi
 
 mkdir -p "$DOCKER_DIR"  # build logs
 REVISION="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml" | head -n1)"
 SOURCE="${IMAGE_SOURCE:-https://github.com/kafka-eventing/kafka-eventing}"  # as charts/kafka-eventing/Chart.yaml
-build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "REVISION=$REVISION" --build-arg "VERSION=$VERSION"
-  --build-arg "SOURCE=$SOURCE")
-[[ -z "${PIP_INDEX_URL:-}" ]] || build_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
+label_args=(--build-arg "REVISION=$REVISION" --build-arg "VERSION=$VERSION" --build-arg "SOURCE=$SOURCE")
+pip_args=()
+[[ -z "${PIP_INDEX_URL:-}" ]] || pip_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
 
 # Prefetch every wheel the images install (runtime dependencies pinned by the lock, plus setuptools for building this
 # repo's wheel) with the host's pip and its configuration (index, proxy CA): the build itself then runs without
 # network. On by default with the private engine, whose containers have no bridge and may not trust the host's CA.
-prefetch_wheels() {
-  local py="${PYTHON:-$ROOT/.venv/bin/python}" wheelhouse="$ROOT/build/wheelhouse" stamp t0=$SECONDS extras="" ok=1
+# One wheelhouse per flavour, so that building one flavour never changes the other's deps layer:
+# build/wheelhouse (role images) and build/spark-wheelhouse (the same plus the [spark] extra).
+prefetch_wheels() {  # prefetch_wheels <dir under build/> [extra]
+  local py="${PYTHON:-$ROOT/.venv/bin/python}" name="$1" extras="${2:-}" stamp t0=$SECONDS ok=1
+  local wheelhouse="$ROOT/build/$1"
   [[ -x "$py" ]] || py=python3
-  # The spark image also installs the [spark] extra (pyspark alone is a ~400 MB wheel: only fetched when needed).
-  [[ " ${ROLES[*]} " != *" spark "* ]] || extras=spark
   # Same lock, same pyproject, same interpreter: the wheels already there are the ones pip would pick again.
   stamp="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" <("$py" -VV) <(echo "$extras") | sha256sum)"
   stamp="${stamp:0:16}"
   if [[ "$(cat "$wheelhouse/.stamp" 2>/dev/null)" == "$stamp" ]]; then
-    log "build/wheelhouse is current (stamp $stamp)"
+    log "build/$name is current (stamp $stamp)"
     return
   fi
   rm -rf "$wheelhouse.tmp"
   mkdir -p "$wheelhouse.tmp"
   # Wheels are chosen for this interpreter and platform: it must be the images' Python (3.11 on Linux x86_64/arm64).
-  download() {  # download <label> <extra...>: the runtime dependencies plus the named extras, pinned by the lock
-    local label="$1"; shift
+  requirements() {  # requirements <file> <extra...>: the runtime dependencies plus the named extras
+    local file="$1"; shift
     "$py" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
 print("\n".join(p["dependencies"] + [d for e in sys.argv[2:] for d in p["optional-dependencies"][e]]))' \
-      "$ROOT/pyproject.toml" "$@" >"$wheelhouse.tmp/$label.in"
-    "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
-      --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/$label.in" "setuptools>=68"
-    rm -f "$wheelhouse.tmp/$label.in"
+      "$ROOT/pyproject.toml" "$@" >"$file"
   }
-  download runtime
-  # A broken [spark] pin must not keep the role images from building: the spark build then fails on its own.
-  if [[ -n "$extras" ]] && ! download "$extras" "$extras"; then
-    log "WARNING: the [$extras] extra does not resolve against requirements.lock (pip's error above)"
-    ok=0
+  requirements "$wheelhouse.tmp/runtime.in" || return 1
+  # (Called in `||` lists, where set -e is off: every failure returns explicitly.)
+  "$py" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse.tmp" \
+    --constraint "$ROOT/requirements.lock" --requirement "$wheelhouse.tmp/runtime.in" "setuptools>=68" \
+    || { log "pip download of the runtime dependencies failed (pip's error above)"; return 1; }
+  # pyspark is published as a source archive only (its jars make it ~400 MB): `pip wheel` builds its pure-Python
+  # wheel here on the host (pip caches it); everything else stays binary-only.
+  if [[ -n "$extras" ]]; then
+    if ! requirements "$wheelhouse.tmp/$extras.in" "$extras" || ! "$py" -m pip wheel --quiet --disable-pip-version-check --only-binary=:all: --no-binary=pyspark \
+        --wheel-dir "$wheelhouse.tmp" --constraint "$ROOT/requirements.lock" \
+        --requirement "$wheelhouse.tmp/$extras.in"; then
+      log "the [$extras] extra does not resolve against requirements.lock (pip's error above)"
+      ok=0
+    fi
   fi
+  rm -f "$wheelhouse.tmp"/*.in
   [[ $ok == 0 ]] || echo "$stamp" >"$wheelhouse.tmp/.stamp"
   rm -rf "$wheelhouse"
   mv "$wheelhouse.tmp" "$wheelhouse"
-  log "prefetched $(find "$wheelhouse" -name '*.whl' | wc -l) wheels into build/wheelhouse in $((SECONDS - t0))s"
+  log "prefetched $(find "$wheelhouse" -name '*.whl' | wc -l) wheels into build/$name in $((SECONDS - t0))s"
+  [[ $ok == 1 ]]
+}
+
+# The spark image's jars, fetched on the host (build containers reach no Maven repository) into build/spark-jars:
+# Spark's Kafka connector (hack/setup/maven.sh, the same as `make setup`) and, with WITH_MSK_IAM=true, the MSK IAM
+# login module (images/spark/msk-iam-pom.xml). A library pyspark already ships (netty, httpclient, commons-codec in
+# another version) is left out, so Spark's classpath holds one copy of each.
+prefetch_spark_jars() {
+  local py="${PYTHON:-$ROOT/.venv/bin/python}" out="$ROOT/build/spark-jars" cache="${KE_CACHE:-$ROOT/.cache}"
+  local pom="$ROOT/images/spark/msk-iam-pom.xml" msk wheel t0=$SECONDS
+  [[ -x "$py" ]] || py=python3
+  local status
+  status="$("$ROOT/hack/setup/maven.sh" spark-kafka)" || { log "Spark's Kafka connector: $status"; return 1; }
+  local sources=("$cache"/spark-kafka-*/jars)
+  if [[ "${WITH_MSK_IAM:-true}" == true ]]; then
+    msk="$cache/spark-msk-iam/jars"
+    if [[ "$(cat "$msk/.stamp" 2>/dev/null)" != "$(sha256sum "$pom" | cut -c1-16)" ]]; then
+      command -v mvn >/dev/null || { log "mvn not found: install Maven (apt-get install maven)"; return 1; }
+      rm -rf "$msk"; mkdir -p "$msk" "$cache/logs"
+      mvn -B -q -s "$ROOT/hack/setup/maven/settings.xml" -f "$pom" \
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$msk" >"$cache/logs/maven-msk-iam.log" 2>&1 \
+        || { tail -n 20 "$cache/logs/maven-msk-iam.log" >&2; log "MSK IAM jars: Maven failed"; return 1; }
+      sha256sum "$pom" | cut -c1-16 >"$msk/.stamp"
+    fi
+    sources+=("$msk")
+  fi
+  wheel="$(find "$ROOT/build/spark-wheelhouse" -name 'pyspark-*.whl' | head -n1)"
+  [[ -n "$wheel" ]] || { log "no pyspark wheel in build/spark-wheelhouse"; return 1; }
+  rm -rf "$out"; mkdir -p "$out"
+  # A jar is its Maven groupId:artifactId (META-INF/maven/*/*/pom.properties; the file name without the version
+  # when it has none): the first source to bring an artifact wins, pyspark's own jars first.
+  "$py" - "$wheel" "$out" "${sources[@]}" <<'PY'
+import io, re, shutil, sys, zipfile
+from pathlib import Path
+
+def artifact(name: str, jar: zipfile.ZipFile) -> str:
+    for entry in jar.namelist():
+        if re.fullmatch(r"META-INF/maven/[^/]+/[^/]+/pom\.properties", entry):
+            props = dict(l.split("=", 1) for l in jar.read(entry).decode().splitlines() if "=" in l)
+            if "groupId" in props and "artifactId" in props:
+                return f"{props['groupId'].strip()}:{props['artifactId'].strip()}"
+    return re.sub(r"-\d[^/]*\.jar$", "", Path(name).name)
+
+wheel, out, *sources = sys.argv[1:]
+with zipfile.ZipFile(wheel) as whl:
+    taken = {artifact(n, zipfile.ZipFile(io.BytesIO(whl.read(n))))
+             for n in whl.namelist() if re.fullmatch(r"pyspark/jars/[^/]+\.jar", n)}
+skipped = []
+for source in sources:
+    for path in sorted(Path(source).glob("*.jar")):
+        with zipfile.ZipFile(path) as jar:
+            key = artifact(path.name, jar)
+        if key in taken:
+            skipped.append(path.name)
+            continue
+        taken.add(key)
+        shutil.copy2(path, out)
+print(f"images: left out of build/spark-jars (pyspark ships them): {' '.join(skipped) or '-'}", file=sys.stderr)
+PY
+  log "staged $(find "$out" -name '*.jar' | wc -l) jars into build/spark-jars in $((SECONDS - t0))s"
 }
 
 PREFETCH_WHEELS="${PREFETCH_WHEELS:-${private_engine:-0}}"
 if [[ "$PREFETCH_WHEELS" == 1 ]]; then
-  prefetch_wheels
-  build_args+=(--build-arg PIP_NO_INDEX=1)
+  if [[ ${#base_roles[@]} -gt 0 ]]; then prefetch_wheels wheelhouse || exit 1; fi
+  pip_args+=(--build-arg PIP_NO_INDEX=1)
 else
   rm -rf "$ROOT/build/wheelhouse"  # stale wheels would shadow the index
 fi
+# The spark base always installs from its wheelhouse: pyspark has no wheel on PyPI, and the builder takes wheels
+# only. A broken [spark] pin fails the spark image alone, after the role images are built.
+spark_wheels_ok=1
+if [[ -n "$want_spark" ]]; then prefetch_wheels spark-wheelhouse spark || spark_wheels_ok=0; fi
 
-# Network of a role's RUN steps. The private engine has no bridge, so anything that downloads during the build
-# shares the host's network: the spark image always (apt and Maven fetch Java and the connector jars), the others
-# only without prefetched wheels. An engine with a bridge keeps its default unless BUILD_NETWORK says otherwise.
-network_for() {
-  if [[ -n "${BUILD_NETWORK:-}" ]]; then echo "$BUILD_NETWORK"
-  elif [[ -z "$private_engine" ]]; then echo ""
-  elif [[ "$1" == spark || "$PREFETCH_WHEELS" != 1 ]]; then echo host
-  else echo none
+# Network of the base builds' RUN steps (the role Dockerfiles have none). The private engine has no bridge, so a
+# build that downloads shares the host's network: only without prefetched wheels. An engine with a bridge keeps
+# its default unless BUILD_NETWORK says otherwise.
+if [[ -n "${BUILD_NETWORK:-}" ]]; then network="$BUILD_NETWORK"
+elif [[ -z "$private_engine" ]]; then network=""
+elif [[ "$PREFETCH_WHEELS" != 1 ]]; then network=host
+else network=none
+fi
+
+results=()   # "image seconds status"
+failed=0
+# build <image> <dockerfile> <context> <build-arg...>
+build() {
+  local image="$1" dockerfile="$2" context="$3" t0=$SECONDS name
+  shift 3
+  name="$(basename "$(dirname "$dockerfile")")"
+  [[ "$image" != *spark-base:* ]] || name=spark-base
+  log "building $image"
+  # --force-rm: a failed RUN step leaves no stopped container behind (the classic builder keeps them otherwise).
+  if docker build --force-rm ${network:+--network "$network"} "${label_args[@]}" "$@" -f "$dockerfile" -t "$image" \
+      "$context" >"$DOCKER_DIR/build-$name.log" 2>&1; then
+    log "built $image in $((SECONDS - t0))s"
+    results+=("$image $((SECONDS - t0)) ok")
+  else
+    tail -n 30 "$DOCKER_DIR/build-$name.log" >&2
+    log "build of $image FAILED after $((SECONDS - t0))s (full log: $DOCKER_DIR/build-$name.log)"
+    results+=("$image $((SECONDS - t0)) FAILED")
+    failed=1
+    return 1
   fi
 }
+skip() { log "skip $1: $2"; results+=("$1 0 FAILED"); failed=1; }
 
-built=()
-failed=()
-for role in "${ROLES[@]}"; do
-  dockerfile="$ROOT/images/$role/Dockerfile"
-  [[ -f "$dockerfile" ]] || { log "images/$role/Dockerfile not found"; exit 1; }
-  image="${IMAGE_PREFIX}${role}:${TAG}"
-  t0=$SECONDS
-  log "building $image"
-  network="$(network_for "$role")"
-  # The context is the repository root (filtered by .dockerignore): every role installs the same package.
-  # --force-rm: a failed RUN step leaves no stopped container behind (the classic builder keeps them otherwise).
-  if docker build --force-rm ${network:+--network "$network"} "${build_args[@]}" -f "$dockerfile" -t "$image" "$ROOT" \
-      >"$DOCKER_DIR/build-$role.log" 2>&1; then
-    log "built $image in $((SECONDS - t0))s"
-    built+=("$image")
+# The bases' context is the repository root (filtered by .dockerignore); a role without COPY gets its own folder.
+if [[ ${#base_roles[@]} -gt 0 ]]; then
+  base="${IMAGE_PREFIX}base:${TAG}"
+  if build "$base" "$ROOT/images/base/Dockerfile" "$ROOT" --build-arg "BASE_IMAGE=$BASE_IMAGE" "${pip_args[@]}"; then
+    for role in "${base_roles[@]}"; do
+      build "${IMAGE_PREFIX}${role}:${TAG}" "$ROOT/images/$role/Dockerfile" "$ROOT/images/$role" \
+        --build-arg "BASE=$base" || true
+    done
   else
-    tail -n 30 "$DOCKER_DIR/build-$role.log" >&2
-    log "build of $image FAILED after $((SECONDS - t0))s (full log: $DOCKER_DIR/build-$role.log)"
-    failed+=("$image")
+    for role in "${base_roles[@]}"; do skip "${IMAGE_PREFIX}${role}:${TAG}" "$base failed"; done
+  fi
+fi
+if [[ -n "$want_spark" ]]; then
+  spark_base="${IMAGE_PREFIX}spark-base:${TAG}"
+  if [[ $spark_wheels_ok != 1 ]]; then
+    skip "${IMAGE_PREFIX}spark:${TAG}" "the [spark] wheels could not be fetched"
+  elif ! prefetch_spark_jars; then
+    skip "${IMAGE_PREFIX}spark:${TAG}" "the spark jars could not be fetched"
+  elif build "$spark_base" "$ROOT/images/base/Dockerfile" "$ROOT" --build-arg "BASE_IMAGE=$JRE_BASE_IMAGE" \
+      --build-arg EXTRAS=spark --build-arg APP_UID=185 --build-arg APP_USER=spark \
+      --build-arg WHEELHOUSE=build/spark-wheelhouse --build-arg PIP_NO_INDEX=1 \
+      ${PIP_INDEX_URL:+--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL"}; then
+    build "${IMAGE_PREFIX}spark:${TAG}" "$ROOT/images/spark/Dockerfile" "$ROOT" --build-arg "BASE=$spark_base" || true
+  else
+    skip "${IMAGE_PREFIX}spark:${TAG}" "$spark_base failed"
+  fi
+fi
+
+# Size is the whole image; the role images share every layer of their base, so a node stores the base once.
+printf '%-48s %10s %8s\n' IMAGE SIZE BUILD
+for result in "${results[@]}"; do
+  read -r image seconds status <<<"$result"
+  if [[ "$status" == ok ]]; then
+    size="$(docker image inspect --format '{{.Size}}' "$image")"
+    printf '%-48s %8.1fMB %7ss\n' "$image" "$(awk -v s="$size" 'BEGIN { print s / 1e6 }')" "$seconds"
+  else
+    printf '%-48s %10s %7ss\n' "$image" FAILED "$seconds"
   fi
 done
-
-printf '%-48s %10s\n' IMAGE SIZE
-for image in "${built[@]}"; do
-  size="$(docker image inspect --format '{{.Size}}' "$image")"
-  printf '%-48s %8.1fMB\n' "$image" "$(awk -v s="$size" 'BEGIN { print s / 1e6 }')"
-done
-for image in "${failed[@]}"; do printf '%-48s %10s\n' "$image" FAILED; done
-[[ ${#failed[@]} -eq 0 ]]
+[[ $failed == 0 ]]

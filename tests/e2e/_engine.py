@@ -124,13 +124,21 @@ def build_role_images(engine: Engine, tag: str, roles: tuple[str, ...] = ROLES,
                       extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Build ``roles`` with ``hack/images.sh`` (the very script ``make images`` runs); returns role → image ref.
 
-    Without ``BASE_IMAGE`` in the environment the script builds the local Debian base first, which needs root and
-    debootstrap; their absence is a skip, a failing build is a test failure.
+    The script builds ``kafka-eventing-base:<tag>`` (``kafka-eventing-spark-base:<tag>`` for spark) first, and
+    before that, without ``BASE_IMAGE`` (``JRE_BASE_IMAGE``) in the environment, the local Debian OS base, which
+    needs root and debootstrap; their absence is a skip, a failing build is a test failure.
     """
     env = {**engine.env, "IMAGE_PREFIX": "kafka-eventing-", **(extra_env or {})}
-    if not env.get("BASE_IMAGE") and (os.geteuid() != 0 or shutil.which("debootstrap") is None):
-        pytest.skip("BASE_IMAGE is unset and hack/base-image.sh needs root and debootstrap to build one")
+    needs = [var for var, wanted in (("BASE_IMAGE", set(roles) - {"spark"}), ("JRE_BASE_IMAGE", {"spark"} & set(roles)))
+             if wanted and not env.get(var)]
+    if needs and (os.geteuid() != 0 or shutil.which("debootstrap") is None):
+        pytest.skip(f"{' and '.join(needs)} unset and hack/base-image.sh needs root and debootstrap to build one")
     proc = subprocess.run([str(ROOT / "hack" / "images.sh"), tag, *roles], env=env,
                           capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, f"hack/images.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return {role: f"kafka-eventing-{role}:{tag}" for role in roles}
+
+
+def base_image(tag: str, role: str) -> str:
+    """The images/base build a role image is ``FROM`` (hack/images.sh names it)."""
+    return f"kafka-eventing-{'spark-base' if role == 'spark' else 'base'}:{tag}"
