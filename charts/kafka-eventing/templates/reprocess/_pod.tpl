@@ -29,7 +29,7 @@ containers:
   - name: {{ .name }}
     image: {{ include "kafka-eventing.image" (dict "root" $root "role" $r) }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-    # The image's entrypoint is `python -m kafka_eventing.reprocess`.
+    # The image's entrypoint passes a job name (archive, replay, redrive, stats) to `python -m kafka_eventing.reprocess`.
     args:
       {{- range $args }}
       - {{ toString . | quote }}
