@@ -26,24 +26,21 @@ KEDA_ON = {"dispatcher.keda.enabled": "true", "dispatcher.keda.minReplicas": "1"
            "dispatcher.keda.pollingInterval": "15", "dispatcher.keda.cooldownPeriod": "120"}
 
 
-def scaled_object(env: Env, name: str) -> dict[str, Any] | None:
+def _keda_object(env: Env, plural: str, name: str) -> dict[str, Any] | None:
     try:
-        return dict(env.custom.get_namespaced_custom_object(keda.GROUP, keda.VERSION, env.system,
-                                                            keda.SCALED_OBJECTS, name))
+        return dict(env.custom.get_namespaced_custom_object(keda.GROUP, keda.VERSION, env.system, plural, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
+
+
+def scaled_object(env: Env, name: str) -> dict[str, Any] | None:
+    return _keda_object(env, keda.SCALED_OBJECTS, name)
 
 
 def trigger_auth(env: Env, name: str) -> dict[str, Any] | None:
-    try:
-        return dict(env.custom.get_namespaced_custom_object(keda.GROUP, keda.VERSION, env.system,
-                                                            keda.TRIGGER_AUTHENTICATIONS, name))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return _keda_object(env, keda.TRIGGER_AUTHENTICATIONS, name)
 
 
 def set_config(env: Env, data: dict[str, str]) -> None:

@@ -326,6 +326,15 @@ _NON_EMPTY = frozenset(("id", "source", "type", "dataschema", "subject"))
 _EXTENSION = re.compile(r"^[a-z0-9]+$")  # the SDK's v1 rule for extension names ("data" is reserved)
 
 
+def _canonical_time(text: str) -> str:
+    """``time`` as the SDK writes it after parsing it: isoformat, UTC as ``Z``; no zone → ValueError (SDK path)."""
+    when = isoparse(text)
+    if when.tzinfo is None:
+        raise ValueError("time without a zone")
+    out = when.isoformat()
+    return out[:-6] + "Z" if out.endswith("+00:00") else out
+
+
 def kafka_to_http(
     headers: Sequence[tuple[str, bytes | str | None]] | None,
     value: bytes | None,
@@ -353,12 +362,7 @@ def kafka_to_http(
                 continue  # not an attribute (trace context, user headers)
             attr = name[3:]
             if attr == "time":
-                when = isoparse(text)
-                if when.tzinfo is None:
-                    raise ValueError("time without a zone")
-                text = when.isoformat()
-                if text.endswith("+00:00"):
-                    text = text[:-6] + "Z"
+                text = _canonical_time(text)
             elif attr not in _V1_ATTRIBUTES and (attr == "data" or not _EXTENSION.match(attr)):
                 raise ValueError("invalid extension name")
             elif not text and attr in _NON_EMPTY:
@@ -406,12 +410,7 @@ def http_to_kafka(
                 raise ValueError("repeated attribute or percent-encoded value")
             seen.add(attr)
             if attr == "time":
-                when = isoparse(value)
-                if when.tzinfo is None:
-                    raise ValueError("time without a zone")
-                value = when.isoformat()
-                if value.endswith("+00:00"):
-                    value = value[:-6] + "Z"
+                value = _canonical_time(value)
             elif attr not in _V1_ATTRIBUTES and (attr == "data" or not _EXTENSION.match(attr)):
                 raise ValueError("invalid extension name")
             elif not value and attr in _NON_EMPTY:
