@@ -323,7 +323,18 @@ _HTTP_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ('"', "%
 _HTTP_SAFE_SET = frozenset(_HTTP_SAFE)
 _V1_ATTRIBUTES = frozenset(("id", "source", "type", "specversion", "dataschema", "subject", "time"))
 _NON_EMPTY = frozenset(("id", "source", "type", "dataschema", "subject"))
-_EXTENSION = re.compile(r"^[a-z0-9]+$")  # the SDK's v1 rule for extension names ("data" is reserved)
+_EXTENSION = re.compile(EXTENSION_NAME)
+
+
+def _attribute_value(attr: str, text: str) -> str:
+    """An attribute's value as the SDK would write it again, for the fast paths; ValueError → take the SDK path."""
+    if attr == "time":
+        return _canonical_time(text)
+    if attr not in _V1_ATTRIBUTES and (attr == RESERVED_EXTENSION_NAMES[0] or not _EXTENSION.match(attr)):
+        raise ValueError("invalid extension name")
+    if not text and attr in _NON_EMPTY:
+        raise ValueError("empty attribute")
+    return text
 
 
 def _canonical_time(text: str) -> str:
@@ -361,12 +372,7 @@ def kafka_to_http(
             if not name.startswith("ce_"):
                 continue  # not an attribute (trace context, user headers)
             attr = name[3:]
-            if attr == "time":
-                text = _canonical_time(text)
-            elif attr not in _V1_ATTRIBUTES and (attr == "data" or not _EXTENSION.match(attr)):
-                raise ValueError("invalid extension name")
-            elif not text and attr in _NON_EMPTY:
-                raise ValueError("empty attribute")
+            text = _attribute_value(attr, text)
             out["ce-" + attr] = text if _HTTP_SAFE_SET.issuperset(text) else quote(text, safe=_HTTP_SAFE)
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
         return event_to_http(event_from_kafka(headers, value))
@@ -409,13 +415,8 @@ def http_to_kafka(
             if attr in seen or "%" in value:
                 raise ValueError("repeated attribute or percent-encoded value")
             seen.add(attr)
-            if attr == "time":
-                value = _canonical_time(value)
-            elif attr not in _V1_ATTRIBUTES and (attr == "data" or not _EXTENSION.match(attr)):
-                raise ValueError("invalid extension name")
-            elif not value and attr in _NON_EMPTY:
-                raise ValueError("empty attribute")
-            elif attr == "specversion":
+            value = _attribute_value(attr, value)
+            if attr == "specversion":
                 specversion = value
             elif attr == "partitionkey":
                 partitionkey = value

@@ -186,8 +186,7 @@ class Dispatcher:
 
     def _launch(self, channel: Channel, sub: Subscriber) -> None:
         assert self._deliverer is not None
-        group = self.settings.consumer_group_template.format(
-            namespace=channel.namespace, channel=channel.name, uid=sub.uid)
+        group = self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid)
         config = consumer_settings(self.settings, self.connection, group, self.initial_offset,
                                    channel.num_partitions)
         kwargs: dict[str, Any] = {} if self._factory is None else {"consumer_factory": self._factory}
