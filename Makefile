@@ -72,8 +72,14 @@ images: ## Build images/base, then every role image FROM it (needs a Docker engi
 
 ##@ Benchmarks (results and plots under docs/benchmarks/)
 .PHONY: bench-tools
-bench-tools: ## wrk, the HTTP load generator (Debian package).
+OHA_VERSION := 1.16.0
+bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .cache) for open-loop latency.
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+	@test -x $(BIN)/oha && $(BIN)/oha --version | grep -q ' $(OHA_VERSION)' || { \
+	  echo "building oha $(OHA_VERSION) with cargo (~10 min once)"; \
+	  cargo install oha --locked --version $(OHA_VERSION) --root $(KE_CACHE)/cargo >$(KE_CACHE)/oha-build.log 2>&1 \
+	    || { tail -20 $(KE_CACHE)/oha-build.log; exit 1; }; \
+	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
 bench: bench-receiver bench-dispatcher bench-controller bench-spark ## All benchmarks.

@@ -4,7 +4,9 @@
 (b) a bare falcon endpoint answering 202 without Kafka, under the same gunicorn worker model and count,
 (c) the receiver,
 
-for 1 KB and 20 KB binary-mode events, loaded by ``wrk`` (Lua script) at saturation and at half of it, for two
+for 1 KB and 20 KB binary-mode events, loaded at saturation by ``wrk`` (closed loop, Lua script) and at half of
+that rate by ``oha`` (open loop: requests are sent on a fixed schedule whatever the answers' latency, and latency
+is counted from each request's scheduled time, so a stall is not hidden by the client waiting), for two
 worker models: gthread (WSGI, 2 workers x 32 threads) and uvicorn workers (ASGI falcon, 2 workers).
 Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported;
 ``BENCH_MODELS=uvicorn`` skips gthread. Results: docs/benchmarks/receiver.json and receiver.png. Not a test;
@@ -13,6 +15,7 @@ takes about 11 minutes with the defaults.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    ROOT,
     cpu_seconds,
     machine_facts,
     new_figure,
@@ -44,7 +48,8 @@ THREADS = 32
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
 # acknowledgement, so by Little's law the rate is capped at connections / latency.
 SATURATION_CONNECTIONS = 256
-HALF_CONNECTIONS = 32
+# Open loop at half rate: enough connections that the client never waits for one (rate x worst latency).
+HALF_CONNECTIONS = 128
 DURATION = int(os.environ.get("BENCH_SECONDS", "8"))
 # Each (server, size) is measured this many times, interleaved with the others, and reported as the median run:
 # the machine is shared, so one run can be off by 2x.
@@ -96,10 +101,14 @@ def bare_asgi() -> Any:
 # -- load generation ----------------------------------------------------------------------------------------
 
 
-def lua_script(path: Path, size: int, delay_ms: float | None) -> Path:
+def oha_version() -> str:
+    out = subprocess.run(["oha", "--version"], capture_output=True, text=True, check=True).stdout
+    return out.split()[-1]
+
+
+def lua_script(path: Path, size: int) -> Path:
     headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in CE_HEADERS.items())
-    delay = f"function delay()\n  return {delay_ms:.3f}\nend\n" if delay_ms is not None else ""
-    path.write_text(f'wrk.method = "POST"\nwrk.body = string.rep("x", {size})\n{headers}\n{delay}')
+    path.write_text(f'wrk.method = "POST"\nwrk.body = string.rep("x", {size})\n{headers}\n')
     return path
 
 
@@ -111,6 +120,31 @@ def _ms(text: str) -> float:
     if not match:
         raise ValueError(f"unparsable wrk latency {text!r}")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int, server_pid: int) -> dict[str, Any]:
+    """``rate`` requests/s on a fixed schedule (open loop) with latency from the scheduled send time."""
+    pids = process_tree(server_pid)
+    cpu_before = cpu_seconds(pids)
+    headers = [arg for k, v in CE_HEADERS.items() for arg in ("-H", f"{k}: {v}")]
+    out = subprocess.run(
+        ["oha", "-z", f"{seconds}s", "-q", f"{rate:.0f}", "--latency-correction", "-c", str(connections),
+         "-m", "POST", *headers, "-D", str(body), "--no-tui", "--output-format", "json", url],
+        capture_output=True, text=True, check=True, timeout=seconds + 60,
+    ).stdout
+    cpu = cpu_seconds(pids) - cpu_before
+    report = json.loads(out)
+    codes = {int(k): v for k, v in report["statusCodeDistribution"].items()}
+    total = sum(codes.values())
+    ok = sum(v for k, v in codes.items() if 200 <= k < 300)
+    pct = report["latencyPercentiles"]
+    return {
+        "events_per_s": round(report["summary"]["requestsPerSec"], 1), "requests": total, "non_2xx": total - ok,
+        "errors": sum(report.get("errorDistribution", {}).values()),
+        "p50_ms": round(pct["p50"] * 1000, 2), "p99_ms": round(pct["p99"] * 1000, 2),
+        "p99_9_ms": round(pct["p99.9"] * 1000, 2), "cpu_s_per_1000": round(cpu / max(ok, 1) * 1000, 4),
+        "server_cpu_s": round(cpu, 2), "load_generator": "oha, open loop, latency corrected",
+    }
 
 
 def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: int) -> dict[str, Any]:
@@ -185,14 +219,13 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
     proc, url = start_server(model, kind, env, workdir)
     try:
         target = url + "/bench/events"
-        full = lua_script(workdir / f"full-{size}.lua", size, None)
+        full = lua_script(workdir / f"full-{size}.lua", size)
         run_wrk(target, full, SATURATION_CONNECTIONS, 2, proc.pid)  # warm-up: connections, JIT-less caches, metadata
         saturated = run_wrk(target, full, SATURATION_CONNECTIONS, DURATION, proc.pid)
         half_rate = saturated["events_per_s"] / 2
-        # wrk paces each connection with delay(): connections / delay ≈ the target rate (a little under it,
-        # since each request's own latency adds to the gap).
-        half_script = lua_script(workdir / f"half-{size}.lua", size, HALF_CONNECTIONS / half_rate * 1000)
-        half = run_wrk(target, half_script, HALF_CONNECTIONS, DURATION, proc.pid)
+        body = workdir / f"body-{size}"
+        body.write_bytes(b"x" * size)
+        half = run_oha(target, body, half_rate, connections=HALF_CONNECTIONS, seconds=DURATION, server_pid=proc.pid)
         half["target_events_per_s"] = round(half_rate, 1)
         return {"saturated": saturated, "half_saturation": half}
     finally:
@@ -221,6 +254,9 @@ def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: fl
                          "linger.ms": 5})
     value = b"x" * size
     headers = [(f"ce_{k[3:]}" if k.startswith("ce-") else k, v.encode()) for k, v in CE_HEADERS.items()]
+    # Metadata and the idempotent producer id first: otherwise the first records' latency is that handshake.
+    producer.produce(topic, value, headers=headers)
+    producer.flush(30)
     latencies: list[float] = []
     errors = [0]
 
@@ -270,10 +306,15 @@ def main() -> None:
 
     from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
 
-    if not shutil.which("wrk"):
-        raise SystemExit("wrk not found: `apt-get install -y wrk` (make setup installs it)")
+    # `make bench-tools` builds oha into the project cache; find it there when run without make.
+    os.environ["PATH"] = f"{Path(os.environ.get('KE_CACHE', ROOT / '.cache')) / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    for tool in ("wrk", "oha"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} not found: `make bench-tools` installs it")
+    generator = (f"saturation: wrk (Debian), 1 thread, Lua script; half: oha {oha_version()}, open loop, "
+                 "--latency-correction")
     facts = machine_facts(["confluent-kafka", "falcon", "gunicorn", "uvicorn", "uvloop", "httptools",
-                           "cloudevents"], kafka=KAFKA_VERSION, load_generator="wrk (Debian), 1 thread, Lua script")
+                           "cloudevents"], kafka=KAFKA_VERSION, load_generator=generator)
     results: dict[str, Any] = {"machine": facts, "config": {
         "workers": WORKERS, "gthread_threads": THREADS, "saturation_connections": SATURATION_CONNECTIONS,
         "half_connections": HALF_CONNECTIONS, "duration_s": DURATION, "sizes": list(SIZES), "repeats": REPEATS,

@@ -381,6 +381,35 @@ def kafka_to_http(
     return out, bytes(value) if value else b""
 
 
+# What a request header is to the receiver's fast path, by its name as the server spells it: the CloudEvents
+# attribute it carries (with its Kafka header name), the trace context, or nothing. Worked out once per name, not
+# once per request; bounded so that random names cannot grow it.
+_ROUTE_CONTENT_TYPE, _ROUTE_TRACE, _ROUTE_INVALID = "content-type", "trace", "invalid"
+_ROUTES: dict[str, tuple[str, str, str] | None] = {}
+_ROUTES_MAX = 256
+
+
+def _route(name: str) -> tuple[str, str, str] | None:
+    """(kind, attribute or header, Kafka header name) for a request header name; None: not ours to copy."""
+    lname = name.lower()
+    route: tuple[str, str, str] | None = None
+    if lname == CONTENT_TYPE_HEADER:
+        route = (_ROUTE_CONTENT_TYPE, lname, lname)
+    elif lname in TRACE_HEADERS:
+        route = (_ROUTE_TRACE, lname, lname)
+    elif lname.startswith("ce-"):
+        attr = lname[3:]
+        valid = attr in _V1_ATTRIBUTES or (attr != RESERVED_EXTENSION_NAMES[0] and _EXTENSION.match(attr))
+        route = ("attr" if valid else _ROUTE_INVALID, attr, KAFKA_HEADER_PREFIX + attr)
+    if len(_ROUTES) < _ROUTES_MAX:
+        _ROUTES[name] = route
+    return route
+
+
+def _trace_from_http(headers: Mapping[str, str]) -> dict[str, str]:
+    return {lname: value for name, value in headers.items() if (lname := name.lower()) in TRACE_HEADERS and value}
+
+
 def http_to_kafka(
     headers: Mapping[str, str],
     body: bytes,
@@ -389,45 +418,57 @@ def http_to_kafka(
 ) -> KafkaRecord:
     """``event_to_kafka(event_from_http(headers, body), mode, trace)`` without building the event, for the receiver.
 
-    Only a binary-mode request that the SDK would accept unchanged, going to a binary-mode channel, is mapped here
-    (``ce-x`` → ``ce_x`` in header order, the body as is); anything else — structured or batched mode, a
-    percent-encoded value, a missing or empty attribute, an odd extension name, a repeated attribute — takes the SDK
-    path, so its errors (the 400 bodies) and edge cases stay the SDK's own. Checked against the SDK path in
-    tests/unit/test_receiver_transcode.py.
+    ``trace`` defaults to the request's own ``traceparent``/``tracestate`` headers. Only a binary-mode request that
+    the SDK would accept unchanged, going to a binary-mode channel, is mapped here (``ce-x`` → ``ce_x`` in header
+    order, the body as is); anything else — structured or batched mode, a percent-encoded value, a missing or empty
+    attribute, an odd extension name, a repeated attribute — takes the SDK path, so its errors (the 400 bodies)
+    and edge cases stay the SDK's own. Checked against the SDK path in tests/unit/test_receiver_transcode.py.
     """
     if mode is not ContentMode.BINARY:
-        return event_to_kafka(event_from_http(headers, body), mode, trace=trace)
+        return _http_to_kafka_sdk(headers, body, mode, trace)
     out: list[tuple[str, bytes]] = []
     seen: set[str] = set()
+    found: dict[str, str] = {}
     specversion = partitionkey = subject = None
+    routes = _ROUTES
     try:
-        for raw_name, raw_value in headers.items():
-            name, value = raw_name.lower(), raw_value
-            if name == "content-type":
-                if not value or name in seen:
-                    raise ValueError("empty or repeated Content-Type")
-                seen.add(name)
-                out.append((name, value.encode()))
+        for name, raw in headers.items():
+            route = routes[name] if name in routes else _route(name)
+            if route is None:
+                continue  # not an attribute (Host, Content-Length, ...)
+            kind, attr, header = route
+            if kind == _ROUTE_TRACE:
+                if raw:
+                    found[attr] = raw
                 continue
-            if not name.startswith("ce-"):
-                continue  # not an attribute (Host, trace context, ...)
-            attr = name[3:]
-            if attr in seen or "%" in value:
-                raise ValueError("repeated attribute or percent-encoded value")
+            value = raw
+            if attr in seen or kind == _ROUTE_INVALID or "%" in value:
+                raise ValueError("repeated attribute, percent-encoded value or invalid extension name")
             seen.add(attr)
-            value = _attribute_value(attr, value)
-            if attr == "specversion":
+            if attr == "time":
+                value = _canonical_time(value)
+            elif not value and (attr in _NON_EMPTY or kind == _ROUTE_CONTENT_TYPE):
+                raise ValueError("empty attribute")
+            elif attr == "specversion":
                 specversion = value
             elif attr == "partitionkey":
                 partitionkey = value
             elif attr == "subject":
                 subject = value
-            out.append(("ce_" + attr, value.encode()))
+            out.append((header, value.encode()))
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
-        return event_to_kafka(event_from_http(headers, body), mode, trace=trace)
+        return _http_to_kafka_sdk(headers, body, mode, trace)
     if specversion != SPECVERSION or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
-        return event_to_kafka(event_from_http(headers, body), mode, trace=trace)
+        return _http_to_kafka_sdk(headers, body, mode, trace)
+    if trace is None:
+        trace = found
     if trace:
         out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
     key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject
     return KafkaRecord(key=key.encode() if key else None, value=bytes(body) if body else b"", headers=out)
+
+
+def _http_to_kafka_sdk(headers: Mapping[str, str], body: bytes, mode: ContentMode,
+                       trace: Mapping[str, str] | None) -> KafkaRecord:
+    event = event_from_http(headers, body)
+    return event_to_kafka(event, mode, trace=_trace_from_http(headers) if trace is None else trace)

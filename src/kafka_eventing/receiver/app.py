@@ -146,16 +146,17 @@ class Ingress:
                body: bytes) -> list[KafkaRecord] | _Answer:
         """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""
         TALLY.inc(_bytes_in(f"{channel.namespace}/{channel.name}"), len(body))
-        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
         try:
             if not is_batch(req.content_type):
-                # One event: straight from HTTP to Kafka, through the SDK whenever the fast path is not certain.
-                return [http_to_kafka(req.headers, body, channel.content_mode, trace=trace)]
+                # One event: straight from HTTP to Kafka (trace context included), through the SDK whenever the
+                # fast path is not certain.
+                return [http_to_kafka(req.headers, body, channel.content_mode)]
             events = events_from_http_batch(body)
         except BindingError as exc:
             return _Answer(falcon.HTTP_400, exc.as_dict())
         except (ValueError, TypeError) as exc:
             return _cannot_write(exc)
+        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
         try:
             return [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
         except (BindingError, ValueError, TypeError) as exc:

@@ -98,12 +98,10 @@ class AsyncChannelResource:
 
 
 async def _wait(pending: AsyncPending, timeout: float) -> None:
-    """Suspend until every delivery report is in, or ``timeout``: one future, one timer, no extra task."""
-    timer = pending.poller.loop.call_later(timeout, pending.expire)
-    try:
-        await pending.future
-    finally:
-        timer.cancel()
+    """Suspend until every delivery report is in, or ``timeout``: one future, no timer, no extra task."""
+    poller = pending.poller
+    poller.expire_at(pending, poller.loop.time() + timeout)
+    await pending.future
 
 
 class AsyncHealth:

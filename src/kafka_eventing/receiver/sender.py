@@ -18,6 +18,7 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -116,6 +117,9 @@ class LoopPoller:
         self.thread_id = threading.get_ident()
         self._busy = False
         self._handle: asyncio.TimerHandle | None = None
+        # Requests waiting for reports, oldest first, with their give-up times. One timeout for all, so the order
+        # of arrival is the order of deadlines: the tick expires from the left, no timer per request.
+        self._waiting: deque[tuple[float, AsyncPending]] = deque()
 
     def start(self) -> None:
         self.thread_id = threading.get_ident()
@@ -134,12 +138,21 @@ class LoopPoller:
                 self._handle.cancel()
             self._handle = self.loop.call_later(self.busy_interval, self._tick)
 
+    def expire_at(self, pending: AsyncPending, deadline: float) -> None:
+        """Wake ``pending`` at ``deadline`` (loop time) if its reports are not all in by then."""
+        self._waiting.append((deadline, pending))
+
     def _tick(self) -> None:
         try:
             self.producer.poll(0)
         except Exception:  # a callback bug must not stop delivery reports for everyone else
             log.exception("producer poll failed")
-        self._busy = self.outstanding > 0
+        waiting = self._waiting
+        if waiting:
+            now = self.loop.time()
+            while waiting and (waiting[0][0] <= now or waiting[0][1].future.done()):
+                waiting.popleft()[1].expire()
+        self._busy = self.outstanding > 0 or bool(waiting)
         self._handle = self.loop.call_later(self.busy_interval if self._busy else self.idle_interval, self._tick)
 
 
