@@ -76,3 +76,13 @@ def test_invalid_events_get_the_sdk_error() -> None:
     with pytest.raises(BindingError) as sdk:
         event_from_http({**BASE, "ce-id": ""}, b"x")
     assert fast.value.as_dict() == sdk.value.as_dict()
+
+
+def test_trace_context_comes_from_the_request_itself() -> None:
+    # WSGI spells names capitalised, ASGI lower-case; either way the record carries them in a fixed order.
+    headers = {**BASE, "TraceState": "a=b", "Traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    record = http_to_kafka(headers, b"x")
+    assert record.headers[-2:] == [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                                   ("tracestate", b"a=b")]
+    # An explicit trace (the batch path) wins over the request's headers.
+    assert http_to_kafka(headers, b"x", trace={}).headers == record.headers[:-2]
