@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import yaml
 
 from kafka_eventing.core.channel_source import KubeChannelSource
 from kafka_eventing.core.settings import Settings
+from waiting import wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -34,15 +35,6 @@ MINIMAL_CRD: dict[str, Any] = {
     },
 }
 GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _namespace_name(ns: Any) -> str:

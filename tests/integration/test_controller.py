@@ -7,7 +7,6 @@ would report it: the test marks the Pods that the real ReplicaSet controller cre
 
 from __future__ import annotations
 
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
+from waiting import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -43,18 +43,9 @@ FAST = ControllerOptions(workers=2, resync_seconds=2, topic_recheck_seconds=1, w
 
 
 def eventually(check: Callable[[], T | None], timeout: float = 30, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (ApiException, KeyError, IndexError, TypeError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    # The objects under test appear and fill in over time: a missing one or field is "not yet".
+    return wait_for(check, timeout, what, interval=0.2,  # type: ignore[return-value]
+                    tolerate=(ApiException, KeyError, IndexError, TypeError))
 
 
 # -- fixtures ---------------------------------------------------------------------------------------

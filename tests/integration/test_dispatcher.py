@@ -32,6 +32,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import Dispatcher, create_dispatcher
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.kafka import KafkaNode
+from waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -165,16 +166,6 @@ def committed(kafka: KafkaNode, topic: str, group: str, partitions: int = 3) -> 
         return [tp.offset for tp in tps]
     finally:
         consumer.close()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def make_settings(kafka: KafkaNode, name: str, **kw: Any) -> Settings:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,20 +15,11 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
 from kafka_eventing.dispatcher.status import KubeStatusWriter
 from kafka_eventing.localstack.kafka import KafkaNode
+from waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kube]
 
 GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_subscriber_status_written_through_status_subresource(

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from kubernetes import client
 
 from kafka_eventing.localstack.kube import KubeControlPlane, KubeControlPlaneError
 from kafka_eventing.localstack.tools import ToolNotFoundError, tool_path
+from waiting import wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -48,16 +48,6 @@ WIDGET_CRD: dict[str, Any] = {
         }],
     },
 }
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 @pytest.fixture

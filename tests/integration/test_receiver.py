@@ -26,6 +26,7 @@ from confluent_kafka import Consumer
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.kafka import KafkaNode
+from waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -62,15 +63,8 @@ class Receiver:
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    # A receiver that is (re)starting refuses connections: that is "not yet".
+    wait_for(cond, timeout, what, interval=0.1, tolerate=(httpx.HTTPError,))
 
 
 @pytest.fixture

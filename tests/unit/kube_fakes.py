@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 Obj = dict[str, object]
 
@@ -67,13 +67,3 @@ class FakeCustomObjects:
 
     def watch_calls(self) -> list[dict[str, object]]:
         return [c for c in self.calls if c.get("watch")]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll until ``cond()`` holds: the informer and the sources work on their own threads."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")

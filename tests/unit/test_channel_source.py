@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kube_fakes import FakeCustomObjects, gone, kube_obj, wait_for
+from kube_fakes import FakeCustomObjects, gone, kube_obj
 
 from kafka_eventing.core.channel_source import (
     FileChannelSource,
@@ -16,6 +16,7 @@ from kafka_eventing.core.channel_source import (
 )
 from kafka_eventing.core.channels import Channel, ChannelKey
 from kafka_eventing.core.settings import Settings, SettingsError
+from waiting import wait_for
 
 SETTINGS = Settings()
 

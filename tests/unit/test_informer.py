@@ -6,9 +6,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kube_fakes import FakeCustomObjects, Obj, gone, kube_obj, wait_for
+from kube_fakes import FakeCustomObjects, Obj, gone, kube_obj
 
 from kafka_eventing.core.informer import Informer
+from waiting import wait_for
 
 
 def names(objs: list[Mapping[str, Any]]) -> set[str]:
