@@ -115,3 +115,20 @@ def test_a_plain_binary_record_does_not_build_an_event(monkeypatch: pytest.Monke
     assert headers == {"ce-id": "1", "ce-source": "/s", "ce-type": "t", "ce-specversion": "1.0",
                        "content-type": "application/json", "ce-time": "2024-01-02T03:04:05Z"}
     assert body == b"{}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_names, _values), max_size=10), st.one_of(st.none(), st.binary(max_size=20)))
+def test_with_trace_the_record_trace_context_comes_along(extra: Headers, value: bytes | None) -> None:
+    from kafka_eventing.core.binding import trace_from_kafka
+
+    headers = [*BASE, *extra]
+    try:
+        fast = kafka_to_http(headers, value, trace=True)
+    except BindingError:
+        with pytest.raises(BindingError):
+            kafka_to_http(headers, value)
+        return
+    plain, body = kafka_to_http(headers, value)
+    # What the dispatcher used to do in two steps: the event's headers, then the record's trace context.
+    assert fast == ({**plain, **trace_from_kafka(headers)}, body)

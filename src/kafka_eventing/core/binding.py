@@ -326,17 +326,6 @@ _NON_EMPTY = frozenset(("id", "source", "type", "dataschema", "subject"))
 _EXTENSION = re.compile(EXTENSION_NAME)
 
 
-def _attribute_value(attr: str, text: str) -> str:
-    """An attribute's value as the SDK would write it again, for the fast paths; ValueError → take the SDK path."""
-    if attr == "time":
-        return _canonical_time(text)
-    if attr not in _V1_ATTRIBUTES and (attr == RESERVED_EXTENSION_NAMES[0] or not _EXTENSION.match(attr)):
-        raise ValueError("invalid extension name")
-    if not text and attr in _NON_EMPTY:
-        raise ValueError("empty attribute")
-    return text
-
-
 def _canonical_time(text: str) -> str:
     """``time`` as the SDK writes it after parsing it: isoformat, UTC as ``Z``; no zone → ValueError (SDK path)."""
     when = isoparse(text)
@@ -346,39 +335,84 @@ def _canonical_time(text: str) -> str:
     return out[:-6] + "Z" if out.endswith("+00:00") else out
 
 
+# What a Kafka header is to the dispatcher's fast path, by its name as written: (kind, HTTP header name, attribute).
+# Worked out once per name, not once per record; bounded so that random names cannot grow it.
+_KAFKA_ROUTES: dict[str, tuple[str, str, str]] = {}
+
+
+def _kafka_route(name: str) -> tuple[str, str, str]:
+    lname = name.lower()
+    if lname == CONTENT_TYPE_HEADER:
+        route = ("content-type", lname, "")
+    elif lname in TRACE_HEADERS:
+        route = ("trace", lname, "")
+    elif lname.startswith(KAFKA_HEADER_PREFIX):
+        attr = lname[len(KAFKA_HEADER_PREFIX):]
+        valid = attr in _V1_ATTRIBUTES or (attr != RESERVED_EXTENSION_NAMES[0] and _EXTENSION.match(attr))
+        route = ("attr" if valid else "invalid", "ce-" + attr, attr)
+    else:
+        route = ("other", lname, "")
+    if len(_KAFKA_ROUTES) < 256:
+        _KAFKA_ROUTES[name] = route
+    return route
+
+
 def kafka_to_http(
     headers: Sequence[tuple[str, bytes | str | None]] | None,
     value: bytes | None,
+    *,
+    trace: bool = False,
 ) -> tuple[dict[str, str], bytes]:
     """``event_to_http(event_from_kafka(headers, value))`` without building the event, for the dispatcher.
 
-    Only a binary-mode record that the SDK would accept unchanged is mapped here (``ce_x`` → ``ce-x``, the body
-    as is); anything else — structured mode, a missing or empty attribute, an odd extension name, bytes that
-    are not UTF-8 — takes the SDK path, so its errors and edge cases stay the SDK's own. Checked against the
-    SDK path in tests/unit/test_dispatcher_transcode.py.
+    With ``trace``, the record's ``traceparent``/``tracestate`` come along as HTTP headers. Only a binary-mode
+    record that the SDK would accept unchanged is mapped here (``ce_x`` → ``ce-x``, the body as is; a repeated
+    header: the last one wins, as in the SDK); anything else — structured mode, a missing or empty attribute, an
+    odd extension name, bytes that are not UTF-8 — takes the SDK path, so its errors and edge cases stay the
+    SDK's own. Checked against the SDK path in tests/unit/test_dispatcher_transcode.py.
     """
-    hdrs = _header_dict(headers)
-    if hdrs.get("ce_specversion") != b"1.0" or "ce_datacontenttype" in hdrs:
-        return event_to_http(event_from_kafka(headers, value))
     out: dict[str, str] = {}
+    specversion = None
+    routes = _KAFKA_ROUTES
     try:
-        for name, raw in hdrs.items():
-            text = raw.decode()  # every header, as the SDK does: one that is not UTF-8 fails the record
-            if name == "content-type":
+        for name, raw in headers or ():
+            if raw is None:
+                continue
+            # Every header is decoded, as the SDK does: one that is not UTF-8 fails the record.
+            text = raw if isinstance(raw, str) else raw.decode()
+            kind, http_name, attr = routes[name] if name in routes else _kafka_route(name)
+            if kind == "attr":
+                if attr == "time":
+                    text = _canonical_time(text)
+                elif not text and attr in _NON_EMPTY:
+                    raise ValueError("empty attribute")
+                elif attr == "specversion":
+                    specversion = text
+                elif attr == "datacontenttype":
+                    raise ValueError("ce_datacontenttype header")
+                out[http_name] = text if _HTTP_SAFE_SET.issuperset(text) else quote(text, safe=_HTTP_SAFE)
+            elif kind == "content-type":
                 if not text:
                     raise ValueError("empty datacontenttype")
-                out[name] = text  # the SDK does not percent-encode Content-Type
-                continue
-            if not name.startswith("ce_"):
-                continue  # not an attribute (trace context, user headers)
-            attr = name[3:]
-            text = _attribute_value(attr, text)
-            out["ce-" + attr] = text if _HTTP_SAFE_SET.issuperset(text) else quote(text, safe=_HTTP_SAFE)
+                out[http_name] = text  # the SDK does not percent-encode Content-Type
+            elif kind == "trace":
+                if trace:
+                    out[http_name] = text
+            elif kind == "invalid":
+                raise ValueError("invalid extension name")
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
-        return event_to_http(event_from_kafka(headers, value))
-    if "ce-id" not in out or "ce-source" not in out or "ce-type" not in out:
-        return event_to_http(event_from_kafka(headers, value))
+        return _kafka_to_http_sdk(headers, value, trace)
+    if specversion != SPECVERSION or "ce-id" not in out or "ce-source" not in out or "ce-type" not in out:
+        return _kafka_to_http_sdk(headers, value, trace)
     return out, bytes(value) if value else b""
+
+
+def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None, value: bytes | None,
+                       trace: bool) -> tuple[dict[str, str], bytes]:
+    out, body = event_to_http(event_from_kafka(headers, value))
+    if trace:
+        out.update(trace_from_kafka(headers))
+    return out, body
 
 
 # What a request header is to the receiver's fast path, by its name as the server spells it: the CloudEvents

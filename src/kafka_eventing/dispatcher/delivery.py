@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from kafka_eventing.core.binding import (
+    TRACE_HEADERS,
     BindingError,
     CloudEvent,
     error_data,
@@ -24,7 +25,6 @@ from kafka_eventing.core.binding import (
     event_from_kafka,
     event_to_http,
     kafka_to_http,
-    trace_from_kafka,
     with_extensions,
 )
 from kafka_eventing.core.channels import Subscriber
@@ -134,14 +134,13 @@ class Deliverer:
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
             # it is needed (a dead letter), which saves most of the per-event decoding cost.
-            out_headers, body = kafka_to_http(headers, value)
+            out_headers, body = kafka_to_http(headers, value, trace=True)
         except BindingError as exc:
             # Nothing can be delivered or dead-lettered without an event; counted so that it is visible.
             log.error("record is not a CloudEvent, skipped", extra={**labels.as_dict(), "error": str(exc)})
             self.metrics.dropped.labels(*labels, "not_a_cloudevent").inc()
             return Outcome.DROPPED
-        trace = trace_from_kafka(headers)
-        out_headers.update(trace)
+        trace = {name: out_headers[name] for name in TRACE_HEADERS if name in out_headers}
         out_headers["Prefer"] = "reply"
 
         attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels)
