@@ -86,3 +86,37 @@ def test_trace_context_comes_from_the_request_itself() -> None:
                                    ("tracestate", b"a=b")]
     # An explicit trace (the batch path) wins over the request's headers.
     assert http_to_kafka(headers, b"x", trace={}).headers == record.headers[:-2]
+
+
+def _asgi_request(pairs: list[tuple[bytes, bytes]]) -> Any:
+    import falcon.asgi
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/ns/ch", "raw_path": b"/ns/ch", "query_string": b"", "headers": pairs,
+             "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1234)}
+    return falcon.asgi.Request(scope, receive)
+
+
+RAW_BASE = [(b"ce-id", b"1"), (b"ce-source", b"/s"), (b"ce-type", b"t"), (b"ce-specversion", b"1.0")]
+RAW_NAMES = st.sampled_from([b"ce-id", b"ce-subject", b"ce-time", b"ce-myext", b"ce-partitionkey", b"content-type",
+                             b"traceparent", b"tracestate", b"host", b"ce-data"])
+RAW_VALUES = st.one_of(st.sampled_from([b"", b"x", b"2024-01-01T00:00:00Z", b"a%20b", "\u00fc".encode("latin-1"),
+                                        b"1.0"]), st.binary(max_size=6))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(RAW_NAMES, RAW_VALUES), max_size=6), st.binary(max_size=8))
+def test_raw_header_pairs_give_what_the_sdk_gives_on_the_framework_headers(
+        extra: list[tuple[bytes, bytes]], body: bytes) -> None:
+    # Repeated names, non-ASCII bytes, trace headers: the ASGI server's raw pairs against what falcon makes of them.
+    from kafka_eventing.core.binding import raw_http_to_kafka
+
+    pairs = [*RAW_BASE, *extra]
+    req = _asgi_request(pairs)
+    headers = dict(req.headers)
+    own = {k: v for k, v in headers.items() if k in ("traceparent", "tracestate") and v}
+    sdk = _outcome(lambda: event_to_kafka(event_from_http(headers, body), trace=own))
+    assert _outcome(lambda: raw_http_to_kafka(pairs, body, headers=lambda: req.headers)) == sdk, pairs

@@ -11,7 +11,7 @@ import base64
 import enum
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -415,17 +415,18 @@ def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None,
     return out, body
 
 
-# What a request header is to the receiver's fast path, by its name as the server spells it: the CloudEvents
+# What a request header is to the receiver's fast path, by its name as the server read it (bytes): the CloudEvents
 # attribute it carries (with its Kafka header name), the trace context, or nothing. Worked out once per name, not
 # once per request; bounded so that random names cannot grow it.
 _ROUTE_CONTENT_TYPE, _ROUTE_TRACE, _ROUTE_INVALID = "content-type", "trace", "invalid"
-_ROUTES: dict[str, tuple[str, str, str] | None] = {}
+_ROUTES: dict[bytes, tuple[str, str, str] | None] = {}
 _ROUTES_MAX = 256
+_SPECVERSION_BYTES = SPECVERSION.encode()
 
 
-def _route(name: str) -> tuple[str, str, str] | None:
+def _route(name: bytes) -> tuple[str, str, str] | None:
     """(kind, attribute or header, Kafka header name) for a request header name; None: not ours to copy."""
-    lname = name.lower()
+    lname = name.decode("latin-1").lower()
     route: tuple[str, str, str] | None = None
     if lname == CONTENT_TYPE_HEADER:
         route = (_ROUTE_CONTENT_TYPE, lname, lname)
@@ -452,35 +453,60 @@ def http_to_kafka(
 ) -> KafkaRecord:
     """``event_to_kafka(event_from_http(headers, body), mode, trace)`` without building the event, for the receiver.
 
-    ``trace`` defaults to the request's own ``traceparent``/``tracestate`` headers. Only a binary-mode request that
-    the SDK would accept unchanged, going to a binary-mode channel, is mapped here (``ce-x`` → ``ce_x`` in header
-    order, the body as is); anything else — structured or batched mode, a percent-encoded value, a missing or empty
-    attribute, an odd extension name, a repeated attribute — takes the SDK path, so its errors (the 400 bodies)
-    and edge cases stay the SDK's own. Checked against the SDK path in tests/unit/test_receiver_transcode.py.
+    ``headers`` as a WSGI server gives them (str, latin-1 as PEP 3333 says); see ``raw_http_to_kafka``.
+    """
+    try:
+        raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    except UnicodeEncodeError:  # not what a server reads off the wire: the SDK decides
+        return _http_to_kafka_sdk(headers, body, mode, trace)
+    return raw_http_to_kafka(raw, body, mode, trace, headers=lambda: headers)
+
+
+def raw_http_to_kafka(
+    raw: Iterable[tuple[bytes, bytes]],
+    body: bytes,
+    mode: ContentMode = ContentMode.BINARY,
+    trace: Mapping[str, str] | None = None,
+    *,
+    headers: Callable[[], Mapping[str, str]],
+) -> KafkaRecord:
+    """The receiver's fast path, from the header pairs as the server read them (ASGI ``scope["headers"]``).
+
+    ``headers`` gives the same headers as a str mapping (the framework's, with repeated names joined); it is only
+    asked for when the SDK decides. ``trace`` defaults to the request's own ``traceparent``/``tracestate``.
+
+    Only a binary-mode request that the SDK would accept unchanged, going to a binary-mode channel, is mapped here
+    (``ce-x`` → ``ce_x`` in header order, value bytes and body as they came); anything else — structured or
+    batched mode, a percent-encoded or non-ASCII value, a missing or empty attribute, an odd extension name, a
+    repeated attribute — takes the SDK path, so its errors (the 400 bodies) and edge cases stay the SDK's own.
+    Checked against the SDK path in tests/unit/test_receiver_transcode.py.
     """
     if mode is not ContentMode.BINARY:
-        return _http_to_kafka_sdk(headers, body, mode, trace)
+        return _http_to_kafka_sdk(headers(), body, mode, trace)
     out: list[tuple[str, bytes]] = []
     seen: set[str] = set()
-    found: dict[str, str] = {}
+    found: dict[str, bytes] = {}
     specversion = partitionkey = subject = None
     routes = _ROUTES
     try:
-        for name, raw in headers.items():
+        for name, sent in raw:
             route = routes[name] if name in routes else _route(name)
             if route is None:
                 continue  # not an attribute (Host, Content-Length, ...)
             kind, attr, header = route
+            value = sent
+            if not value.isascii():
+                raise ValueError("non-ASCII value")  # the SDK writes the decoded text as UTF-8
             if kind == _ROUTE_TRACE:
-                if raw:
-                    found[attr] = raw
+                if attr in found:
+                    raise ValueError("repeated trace header")  # the framework joins them; the SDK path does too
+                found[attr] = value
                 continue
-            value = raw
-            if attr in seen or kind == _ROUTE_INVALID or "%" in value:
+            if attr in seen or kind == _ROUTE_INVALID or b"%" in value:
                 raise ValueError("repeated attribute, percent-encoded value or invalid extension name")
             seen.add(attr)
             if attr == "time":
-                value = _canonical_time(value)
+                value = _canonical_time(value.decode()).encode()
             elif not value and (attr in _NON_EMPTY or kind == _ROUTE_CONTENT_TYPE):
                 raise ValueError("empty attribute")
             elif attr == "specversion":
@@ -489,17 +515,17 @@ def http_to_kafka(
                 partitionkey = value
             elif attr == "subject":
                 subject = value
-            out.append((header, value.encode()))
+            out.append((header, value))
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
-        return _http_to_kafka_sdk(headers, body, mode, trace)
-    if specversion != SPECVERSION or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
-        return _http_to_kafka_sdk(headers, body, mode, trace)
+        return _http_to_kafka_sdk(headers(), body, mode, trace)
+    if specversion != _SPECVERSION_BYTES or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
+        return _http_to_kafka_sdk(headers(), body, mode, trace)
     if trace is None:
-        trace = found
-    if trace:
+        out.extend((name, found[name]) for name in TRACE_HEADERS if found.get(name))
+    elif trace:
         out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
     key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject
-    return KafkaRecord(key=key.encode() if key else None, value=bytes(body) if body else b"", headers=out)
+    return KafkaRecord(key=key or None, value=bytes(body) if body else b"", headers=out)
 
 
 def _http_to_kafka_sdk(headers: Mapping[str, str], body: bytes, mode: ContentMode,

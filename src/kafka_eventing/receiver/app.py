@@ -31,6 +31,7 @@ from kafka_eventing.core.binding import (
     events_from_http_batch,
     http_to_kafka,
     is_batch,
+    raw_http_to_kafka,
 )
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
@@ -149,7 +150,10 @@ class Ingress:
         try:
             if not is_batch(req.content_type):
                 # One event: straight from HTTP to Kafka (trace context included), through the SDK whenever the
-                # fast path is not certain.
+                # fast path is not certain. ASGI: from the header bytes the server read, no str dict per request.
+                if isinstance(req, falcon.asgi.Request):
+                    return [raw_http_to_kafka(req.scope["headers"], body, channel.content_mode,
+                                              headers=lambda: req.headers)]
                 return [http_to_kafka(req.headers, body, channel.content_mode)]
             events = events_from_http_batch(body)
         except BindingError as exc:
