@@ -15,11 +15,13 @@ takes about 11 minutes with the defaults.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -240,6 +242,9 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen["saturated_events_per_s_all"] = [r["saturated"]["events_per_s"] for r in runs]
     chosen["cpu_s_per_1000_all"] = [r["saturated"]["cpu_s_per_1000"] for r in runs]
     chosen["half_saturation_p99_ms_all"] = [r["half_saturation"]["p99_ms"] for r in runs]
+    # p99 over a few seconds is decided by whether a stall of the shared machine fell into the window: the
+    # median over the repeats, not the p99 of the run chosen for its rate.
+    chosen["half_saturation_p99_ms_median"] = statistics.median(chosen["half_saturation_p99_ms_all"])
     return chosen
 
 
@@ -282,6 +287,7 @@ def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: fl
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     del producer  # closes its connections before the broker stops
+    gc.collect()  # (a reference cycle through the delivery callbacks would keep it, and its reconnect logs, alive)
     return {
         "events_per_s": round(len(latencies) / elapsed, 1), "requests": sent, "errors": errors[0],
         "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
@@ -377,7 +383,8 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
                 # CPU cost per event, bare over receiver: the rate ratio without the broker's share of the cores.
                 "receiver_vs_bare_cpu_efficiency": round(
                     bare["saturated"]["cpu_s_per_1000"] / rec["saturated"]["cpu_s_per_1000"], 3),
-                "receiver_p99_ms_at_half_saturation": rec["half_saturation"]["p99_ms"],
+                "receiver_p99_ms_at_half_saturation": rec["half_saturation_p99_ms_median"],
+                "bare_p99_ms_at_half_saturation": bare["half_saturation_p99_ms_median"],
             }
     return out
 
