@@ -42,8 +42,25 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat, or None off Linux."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already counted in user/nice]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+# Steal time: on a shared VM the host may run other guests on "our" cores; a run with much steal says more
+# about the neighbours than about the code. Counted from the first machine_facts() to write_json().
+_TICKS_AT_START: tuple[int, int] | None = None
+
+
 def machine_facts(packages: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
     """CPU model, cores, memory, OS, Python, the given packages' versions, librdkafka, the date."""
+    global _TICKS_AT_START  # noqa: PLW0603 - one measuring window per benchmark process
+    _TICKS_AT_START = _cpu_ticks()
     facts: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpu_model": _cpu_model(),
@@ -139,7 +156,17 @@ def rss_bytes(pids: Iterable[int]) -> int:
 # -- output -------------------------------------------------------------------------------------------------
 
 
+def steal_percent() -> float | None:
+    """CPU time the hypervisor gave to other guests since machine_facts(), in % of all CPU time."""
+    end = _cpu_ticks()
+    if _TICKS_AT_START is None or end is None or end[1] <= _TICKS_AT_START[1]:
+        return None
+    return round(100 * (end[0] - _TICKS_AT_START[0]) / (end[1] - _TICKS_AT_START[1]), 1)
+
+
 def write_json(name: str, data: dict[str, Any]) -> Path:
+    if isinstance(data.get("machine"), dict):
+        data["machine"]["cpu_steal_percent_during_run"] = steal_percent()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
