@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "docs" / "benchmarks"
@@ -42,25 +42,30 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_ticks() -> tuple[int, int] | None:
-    """(steal, total) jiffies of all CPUs from /proc/stat, or None off Linux."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    # user nice system idle iowait irq softirq steal [guest guest_nice: already counted in user/nice]
-    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+class CpuTicks(NamedTuple):
+    """The whole machine's CPU time so far, in clock ticks (all cores)."""
+
+    busy: int  # everything but idle and iowait (steal included)
+    steal: int  # time the hypervisor gave to other guests
+    total: int
+
+
+def machine_cpu_ticks() -> CpuTicks:
+    """From /proc/stat's first line: user nice system idle iowait irq softirq steal (guest time is already in user)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    total = sum(fields)
+    return CpuTicks(busy=total - fields[3] - fields[4], steal=fields[7] if len(fields) > 7 else 0, total=total)
 
 
 # Steal time: on a shared VM the host may run other guests on "our" cores; a run with much steal says more
 # about the neighbours than about the code. Counted from the first machine_facts() to write_json().
-_TICKS_AT_START: tuple[int, int] | None = None
+_TICKS_AT_START: CpuTicks | None = None
 
 
 def machine_facts(packages: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
     """CPU model, cores, memory, OS, Python, the given packages' versions, librdkafka, the date."""
     global _TICKS_AT_START  # noqa: PLW0603 - one measuring window per benchmark process
-    _TICKS_AT_START = _cpu_ticks()
+    _TICKS_AT_START = machine_cpu_ticks()
     facts: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpu_model": _cpu_model(),
@@ -158,10 +163,10 @@ def rss_bytes(pids: Iterable[int]) -> int:
 
 def steal_percent() -> float | None:
     """CPU time the hypervisor gave to other guests since machine_facts(), in % of all CPU time."""
-    end = _cpu_ticks()
-    if _TICKS_AT_START is None or end is None or end[1] <= _TICKS_AT_START[1]:
+    end = machine_cpu_ticks()
+    if _TICKS_AT_START is None or end.total <= _TICKS_AT_START.total:
         return None
-    return round(100 * (end[0] - _TICKS_AT_START[0]) / (end[1] - _TICKS_AT_START[1]), 1)
+    return round(100 * (end.steal - _TICKS_AT_START.steal) / (end.total - _TICKS_AT_START.total), 1)
 
 
 def write_json(name: str, data: dict[str, Any]) -> Path:

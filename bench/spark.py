@@ -27,7 +27,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _common import CLK_TCK, machine_facts, median, new_figure, process_tree, save_png, write_json
+from _common import (
+    CLK_TCK,
+    machine_cpu_ticks,
+    machine_facts,
+    median,
+    new_figure,
+    process_tree,
+    save_png,
+    write_json,
+)
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -83,13 +92,6 @@ def _tree_cpu(root: int, exclude: set[int]) -> float:
     return total / CLK_TCK
 
 
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) CPU time of the whole machine so far, in clock ticks (/proc/stat)."""
-    values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return sum(values) - idle, sum(values)
-
-
 @dataclass
 class Meter:
     """CPU used between ``start()`` and ``stop()``: ours (driver + JVM + Python workers), the broker's, the rest."""
@@ -100,14 +102,15 @@ class Meter:
         self.t0 = time.monotonic()
         self.ours0 = _tree_cpu(os.getpid(), {self.broker_pid})
         self.broker0 = _tree_cpu(self.broker_pid, set())
-        self.machine0 = _machine_jiffies()
+        self.machine0 = machine_cpu_ticks()
         self.load = os.getloadavg()[0]
 
     def stop(self, events: int) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
         ours = _tree_cpu(os.getpid(), {self.broker_pid}) - self.ours0
         broker = _tree_cpu(self.broker_pid, set()) - self.broker0
-        busy, total = (b - a for a, b in zip(self.machine0, _machine_jiffies(), strict=True))
+        end = machine_cpu_ticks()
+        busy, total = end.busy - self.machine0.busy, end.total - self.machine0.total
         capacity = total / CLK_TCK  # CPU seconds the machine had (all cores) during the run
         return {
             "wall_seconds": wall, "wall_events_per_s": events / wall,

@@ -78,6 +78,7 @@ SPECVERSION = SPECVERSION_V1_0  # the only one CloudEvent accepts
 # The Kafka binary mode's naming (the SDK's): attribute ``x`` is header ``ce_x``, except ``datacontenttype``,
 # which is ``content-type``. Exported for the columnar decoder (core/binding_arrow.py), which must agree.
 KAFKA_HEADER_PREFIX = ce_kafka.CE_PREFIX
+HTTP_HEADER_PREFIX = ce_http.CE_PREFIX  # ``ce-x`` in HTTP binary mode
 KAFKA_CONTENT_TYPE_HEADER = CONTENT_TYPE_HEADER
 DATACONTENTTYPE = DATACONTENTTYPE_ATTR
 # The SDK's rule for extension names (checked inline in its v1 CloudEvent, not exported); "data" is reserved.
@@ -175,7 +176,7 @@ def event_from_http(headers: Mapping[str, str], body: bytes) -> CloudEvent:
     """One event in binary or structured content mode (mode by the ``ce-*`` headers, as the spec says)."""
     lowered = {k.lower(): v for k, v in headers.items()}
     content_type = lowered.get("content-type")
-    if not any(k.startswith("ce-") for k in lowered):
+    if not any(k.startswith(HTTP_HEADER_PREFIX) for k in lowered):
         if not is_structured(content_type):
             raise BindingError(
                 "not a CloudEvent: no ce-* headers (binary mode) and Content-Type is not "
@@ -335,24 +336,35 @@ def _canonical_time(text: str) -> str:
     return out[:-6] + "Z" if out.endswith("+00:00") else out
 
 
-# What a Kafka header is to the dispatcher's fast path, by its name as written: (kind, HTTP header name, attribute).
-# Worked out once per name, not once per record; bounded so that random names cannot grow it.
+# What a header is to the fast paths (kafka_to_http, raw_http_to_kafka), by its lower-case name.
+_CONTENT_TYPE, _TRACE, _ATTR, _INVALID, _OTHER = "content-type", "trace", "attr", "invalid", "other"
+# Each path caches its routes by the name as it arrives (the work is per name, not per event); bounded so that
+# random names cannot grow the caches.
+_ROUTES_MAX = 256
+
+
+def _header_kind(lname: str, prefix: str) -> tuple[str, str]:
+    """(kind, attribute) of a lower-case header name; ``prefix`` is the binding's (``ce_`` Kafka, ``ce-`` HTTP)."""
+    if lname == CONTENT_TYPE_HEADER:
+        return _CONTENT_TYPE, ""
+    if lname in TRACE_HEADERS:
+        return _TRACE, ""
+    if lname.startswith(prefix):
+        attr = lname[len(prefix):]
+        valid = attr in _V1_ATTRIBUTES or (attr != RESERVED_EXTENSION_NAMES[0] and _EXTENSION.match(attr))
+        return (_ATTR if valid else _INVALID), attr
+    return _OTHER, ""
+
+
 _KAFKA_ROUTES: dict[str, tuple[str, str, str]] = {}
 
 
 def _kafka_route(name: str) -> tuple[str, str, str]:
+    """(kind, HTTP header name, attribute) for a Kafka header name."""
     lname = name.lower()
-    if lname == CONTENT_TYPE_HEADER:
-        route = ("content-type", lname, "")
-    elif lname in TRACE_HEADERS:
-        route = ("trace", lname, "")
-    elif lname.startswith(KAFKA_HEADER_PREFIX):
-        attr = lname[len(KAFKA_HEADER_PREFIX):]
-        valid = attr in _V1_ATTRIBUTES or (attr != RESERVED_EXTENSION_NAMES[0] and _EXTENSION.match(attr))
-        route = ("attr" if valid else "invalid", "ce-" + attr, attr)
-    else:
-        route = ("other", lname, "")
-    if len(_KAFKA_ROUTES) < 256:
+    kind, attr = _header_kind(lname, KAFKA_HEADER_PREFIX)
+    route = (kind, HTTP_HEADER_PREFIX + attr if attr else lname, attr)
+    if len(_KAFKA_ROUTES) < _ROUTES_MAX:
         _KAFKA_ROUTES[name] = route
     return route
 
@@ -381,7 +393,7 @@ def kafka_to_http(
             # Every header is decoded, as the SDK does: one that is not UTF-8 fails the record.
             text = raw if isinstance(raw, str) else raw.decode()
             kind, http_name, attr = routes[name] if name in routes else _kafka_route(name)
-            if kind == "attr":
+            if kind == _ATTR:
                 if attr == "time":
                     text = _canonical_time(text)
                 elif not text and attr in _NON_EMPTY:
@@ -391,14 +403,14 @@ def kafka_to_http(
                 elif attr == "datacontenttype":
                     raise ValueError("ce_datacontenttype header")
                 out[http_name] = text if _HTTP_SAFE_SET.issuperset(text) else quote(text, safe=_HTTP_SAFE)
-            elif kind == "content-type":
+            elif kind == _CONTENT_TYPE:
                 if not text:
                     raise ValueError("empty datacontenttype")
                 out[http_name] = text  # the SDK does not percent-encode Content-Type
-            elif kind == "trace":
+            elif kind == _TRACE:
                 if trace:
                     out[http_name] = text
-            elif kind == "invalid":
+            elif kind == _INVALID:
                 raise ValueError("invalid extension name")
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
         return _kafka_to_http_sdk(headers, value, trace)
@@ -415,27 +427,16 @@ def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None,
     return out, body
 
 
-# What a request header is to the receiver's fast path, by its name as the server read it (bytes): the CloudEvents
-# attribute it carries (with its Kafka header name), the trace context, or nothing. Worked out once per name, not
-# once per request; bounded so that random names cannot grow it.
-_ROUTE_CONTENT_TYPE, _ROUTE_TRACE, _ROUTE_INVALID = "content-type", "trace", "invalid"
 _ROUTES: dict[bytes, tuple[str, str, str] | None] = {}
-_ROUTES_MAX = 256
 _SPECVERSION_BYTES = SPECVERSION.encode()
 
 
 def _route(name: bytes) -> tuple[str, str, str] | None:
-    """(kind, attribute or header, Kafka header name) for a request header name; None: not ours to copy."""
+    """(kind, attribute or header name, Kafka header name) for a request header name as the server read it;
+    None: not ours to copy (Host, Content-Length, ...)."""
     lname = name.decode("latin-1").lower()
-    route: tuple[str, str, str] | None = None
-    if lname == CONTENT_TYPE_HEADER:
-        route = (_ROUTE_CONTENT_TYPE, lname, lname)
-    elif lname in TRACE_HEADERS:
-        route = (_ROUTE_TRACE, lname, lname)
-    elif lname.startswith("ce-"):
-        attr = lname[3:]
-        valid = attr in _V1_ATTRIBUTES or (attr != RESERVED_EXTENSION_NAMES[0] and _EXTENSION.match(attr))
-        route = ("attr" if valid else _ROUTE_INVALID, attr, KAFKA_HEADER_PREFIX + attr)
+    kind, attr = _header_kind(lname, HTTP_HEADER_PREFIX)
+    route = None if kind == _OTHER else (kind, attr, KAFKA_HEADER_PREFIX + attr) if attr else (kind, lname, lname)
     if len(_ROUTES) < _ROUTES_MAX:
         _ROUTES[name] = route
     return route
@@ -497,17 +498,17 @@ def raw_http_to_kafka(
             value = sent
             if not value.isascii():
                 raise ValueError("non-ASCII value")  # the SDK writes the decoded text as UTF-8
-            if kind == _ROUTE_TRACE:
+            if kind == _TRACE:
                 if attr in found:
                     raise ValueError("repeated trace header")  # the framework joins them; the SDK path does too
                 found[attr] = value
                 continue
-            if attr in seen or kind == _ROUTE_INVALID or b"%" in value:
+            if attr in seen or kind == _INVALID or b"%" in value:
                 raise ValueError("repeated attribute, percent-encoded value or invalid extension name")
             seen.add(attr)
             if attr == "time":
                 value = _canonical_time(value.decode()).encode()
-            elif not value and (attr in _NON_EMPTY or kind == _ROUTE_CONTENT_TYPE):
+            elif not value and (attr in _NON_EMPTY or kind == _CONTENT_TYPE):
                 raise ValueError("empty attribute")
             elif attr == "specversion":
                 specversion = value
