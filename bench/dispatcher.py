@@ -65,6 +65,9 @@ class _Delayed:
 
     The event loop's own timers are not: epoll waits in whole milliseconds, rounded up, so a ``call_later(0.010)``
     answered after 10.5-11.5 ms, and the "10 ms" subscriber was slower than 10 ms by itself.
+
+    The thread writes the answer to the socket itself: a hop to the loop's thread (``call_soon_threadsafe``)
+    cost a wake-up of the loop on top, ~0.1-0.2 ms on this VM, and made "10 ms" 10.2 ms at the median.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -91,7 +94,10 @@ class _Delayed:
                     self.cond.wait(wait)  # a futex wait with a ns timeout; re-check (a sooner one may have come)
                     continue
                 heapq.heappop(self.heap)
-            self.loop.call_soon_threadsafe(callback)
+            callback()
+
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
 
 class _Sink(asyncio.Protocol):
@@ -150,15 +156,34 @@ class _Sink(asyncio.Protocol):
             if self.delayed is None:
                 _Sink.delayed = _Delayed(asyncio.get_running_loop())
             assert self.delayed is not None
-            self.delayed.at(now + delay, lambda: self._reply(path, now))
+            self.delayed.at(now + delay, lambda: self._reply_now(path, now))
         else:
             self._reply(path, now)
 
     def _reply(self, path: str, received: float) -> None:
         if self.transport.is_closing():
             return
-        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        self.transport.write(_OK)
         self.service.setdefault(path, []).append(time.monotonic() - received)
+
+    def _reply_now(self, path: str, received: float) -> None:
+        """On the timer thread: write the answer to the socket at once, not after a hop to the loop's thread.
+
+        Safe without the loop: a client waits for this answer before it sends on this connection again, so
+        nothing else writes to the socket meanwhile. Whatever the kernel does not take at once (never, for 38
+        bytes on an idle connection) goes through the loop after all.
+        """
+        sock = self.transport.get_extra_info("socket")
+        try:
+            sent = os.write(sock.fileno(), _OK) if sock is not None else 0
+        except OSError:
+            sent = 0
+        if sent == len(_OK):
+            self.service.setdefault(path, []).append(time.monotonic() - received)
+        elif sent == 0 and self.delayed is not None:
+            self.delayed.loop.call_soon_threadsafe(self._reply, path, received)
+        elif self.delayed is not None:  # half an answer written: this connection cannot be saved
+            self.delayed.loop.call_soon_threadsafe(self.transport.close)
 
 
 def serve(port: int) -> None:

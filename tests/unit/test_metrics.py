@@ -1,6 +1,12 @@
-"""core.metrics.Tally: buffered increments reach prometheus_client exactly as direct calls would."""
+"""core.metrics: Tally's buffered increments reach prometheus_client exactly as direct calls would; the cached pid of
+multiprocess values still tells a forked process apart."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -49,3 +55,33 @@ def test_flush_all_is_what_a_scrape_runs() -> None:
     tally.inc(counter.labels("400"), 2)
     Tally.flush_all()
     assert _samples(registry)[("t_events_total", (("code", "400"),))] == 2
+
+
+_FORK_SCRIPT = """
+import os, sys
+from kafka_eventing.core import metrics
+from prometheus_client import CollectorRegistry, Counter, values, multiprocess
+assert values.ValueClass is not values.MutexValue
+counter = Counter("t_forked_total", "events")
+counter.inc(2)                      # the parent's file exists before the fork
+pid = os.fork()
+if pid == 0:
+    counter.inc(5)                  # must go to the child's own file, not the parent's
+    os._exit(0)
+os.waitpid(pid, 0)
+counter.inc(1)
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+total = registry.get_sample_value("t_forked_total")
+files = sorted(f for f in os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]) if f.startswith("counter_"))
+print(total, len(files), metrics._pid() == os.getpid())
+"""
+
+
+def test_multiprocess_values_notice_a_fork_with_the_cached_pid(tmp_path: Path) -> None:
+    # The pid prometheus_client checks per update is cached (no getpid() system call); a forked worker must
+    # still get its own file and the parent's counts must not be reset or double counted.
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["8.0", "2", "True"]

@@ -100,6 +100,9 @@ class _Answer:
     retry_after: int | None = None
 
 
+_ACCEPTED = _Answer(falcon.HTTP_202)  # never mutated: one for every accepted request
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -169,7 +172,7 @@ class Ingress:
     def finish(self, result: Result, channel: Channel, count: int, started: float) -> _Answer:
         TALLY.observe(PRODUCE_LATENCY, time.perf_counter() - started)
         if result.ok:
-            return _Answer(falcon.HTTP_202)
+            return _ACCEPTED
         if result.outcome is Outcome.TOO_LARGE:
             return _Answer(falcon.HTTP_413, {"error": result.detail})
         # Never log event data; the channel and the librdkafka reason are enough to act on.
