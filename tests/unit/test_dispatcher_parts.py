@@ -1,4 +1,5 @@
-"""Dispatcher pieces with fakes: offset low-water mark, retry timing, delivery pipeline, status, rate limit."""
+"""Dispatcher pieces with fakes: offset low-water mark, retry timing, delivery pipeline, status, rate limit,
+flow control."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 import pytest
+from confluent_kafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
-from kafka_eventing.core.channels import Subscriber
+from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec
 from kafka_eventing.dispatcher.delivery import Attempt, Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.offsets import OffsetTracker
 from kafka_eventing.dispatcher.retry import parse_retry_after, retry_delay
 from kafka_eventing.dispatcher.status import SubscriberStatus, build_status
-from kafka_eventing.dispatcher.subscription import TokenBucket
+from kafka_eventing.dispatcher.subscription import SubscriptionConsumer, TokenBucket, _Partition
 
 LABELS = Labels("ns", "ch", "uid")
 
@@ -204,3 +206,67 @@ def test_token_bucket() -> None:
     assert bucket.take() == pytest.approx(0.5)
     now[0] = 0.5
     assert bucket.take() == 0.0
+
+
+# -- flow control -----------------------------------------------------------------------------------
+class _PausingConsumer:
+    def __init__(self) -> None:
+        self.paused: set[int] = set()
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.calls.append(("pause", [tp.partition for tp in tps]))
+        self.paused |= {tp.partition for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.calls.append(("resume", [tp.partition for tp in tps]))
+        self.paused -= {tp.partition for tp in tps}
+
+
+def _consumer_with(ordered: bool, queued: dict[int, int]) -> tuple[SubscriptionConsumer, _PausingConsumer]:
+    sub = Subscriber(uid="u1", subscriber_uri="http://sink", ordered=ordered)
+    channel = Channel(namespace="ns", name="ch", topic="t", num_partitions=len(queued), subscribers=(sub,))
+    metrics = Metrics(CollectorRegistry())
+    consumer = SubscriptionConsumer(channel, sub, group_id="g", consumer_config={}, deliverer=None,  # type: ignore[arg-type]
+                                    metrics=metrics, board=None, max_in_flight=64,  # type: ignore[arg-type]
+                                    queue_bytes=256 * 1024)
+    for number in queued:
+        consumer._parts[number] = _Partition(number, None, TopicPartition("t", number))
+    consumer._resize()
+    fake = _PausingConsumer()
+    consumer._consumer = fake
+    for number, size in queued.items():
+        consumer._parts[number].queued_bytes = size
+    return consumer, fake
+
+
+def test_unordered_never_pauses_a_partition_for_its_share() -> None:
+    # One partition holding the whole budget while the others are empty (the end of a backlog) is not paused:
+    # a pause drops librdkafka's prefetched batch and stalled delivery at ~1,000 events/s (docs/dispatcher.md).
+    consumer, fake = _consumer_with(False, {0: 250 * 1024, 1: 0, 2: 0, 3: 0})
+    consumer._flow_control()
+    assert fake.calls == []
+
+
+def test_unordered_pauses_at_twice_the_budget_and_resumes_within_it() -> None:
+    consumer, fake = _consumer_with(False, {0: 400 * 1024, 1: 120 * 1024, 2: 0, 3: 0})
+    consumer._flow_control()
+    assert fake.paused == {0, 1, 2, 3}  # a subscriber that takes nothing: the valve
+    consumer._parts[0].queued_bytes = 200 * 1024
+    consumer._flow_control()
+    assert fake.paused == {0, 1, 2, 3}  # 320 KB: still over the 256 KB budget
+    consumer._parts[1].queued_bytes = 0
+    consumer._flow_control()
+    assert fake.paused == set()
+
+
+def test_ordered_pauses_a_partition_over_its_share() -> None:
+    consumer, fake = _consumer_with(True, {0: 70 * 1024, 1: 0, 2: 0, 3: 0})  # share: 64 KB each
+    consumer._flow_control()
+    assert fake.paused == {0}
+    consumer._parts[0].queued_bytes = 40 * 1024
+    consumer._flow_control()
+    assert fake.paused == {0}  # resumed only at half its share
+    consumer._parts[0].queued_bytes = 30 * 1024
+    consumer._flow_control()
+    assert fake.paused == set()

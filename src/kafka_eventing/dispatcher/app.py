@@ -49,6 +49,11 @@ def consumer_settings(settings: Settings, connection: KafkaConnection, group_id:
         "queued.min.messages": 1000,
         # A paused partition drops its prefetched records; once resumed, fetch again at once (default 1 s).
         "fetch.queue.backoff.ms": 10,
+        # ... and a resumed partition is fetched only when the fetch under way returns: with the default 500 ms
+        # long poll on the other (caught-up) partitions, ordered delivery under a backlog stalled for up to 0.5 s
+        # per resume (bench: 100,000 events took 28 s at 500 ms, 15 s at 100 ms). Idle, a consumer then sends
+        # ~10 fetch requests per second.
+        "fetch.wait.max.ms": 100,
         "fetch.max.bytes": fetch_max,
         "message.max.bytes": fetch_max,
         "max.partition.fetch.bytes": max(32 * 1024, fetch_max // max(1, partitions)),

@@ -256,7 +256,7 @@ class SubscriptionConsumer:
         nothing but its own, so a full partition is paused rather than let it hold records that another, idle
         one needs (librdkafka hands records over in fetch order). Unordered, the partitions feed one in-flight
         budget, so they share the byte budget: while it is full, records wait in librdkafka's own (bounded)
-        prefetch instead of being dropped by a pause (see ``_resize``). At least one: polling must go on for
+        prefetch instead of being dropped by a pause (see ``_flow_control``). At least one: polling must go on for
         rebalance callbacks and ``max.poll.interval.ms``; the flag says the budget is full.
         """
         records = 0
@@ -299,10 +299,9 @@ class SubscriptionConsumer:
         if not self._ordered:
             cap = max(QUEUE_RECORDS, math.ceil(4 * self.max_in_flight / partitions))
         share = self.queue_bytes // partitions
-        # Unordered, a partition is paused only when it holds twice its share of the shared budget, i.e. when
-        # it crowds the others out. Pausing drops librdkafka's prefetched records of the partition, and
-        # librdkafka takes 0.1-0.3 s to fetch again after a resume: pausing at one share paused every partition
-        # at once under a backlog and stalled delivery ~85 ms about once a second.
+        # Unordered, no partition is paused for its share (see _flow_control); the cap only spreads _room()'s
+        # intake. Pausing drops librdkafka's prefetched records of the partition, and librdkafka takes 0.1-0.5 s
+        # to fetch again after a resume.
         self._byte_cap = max(32 * 1024, share if self._ordered else 2 * share)
         for part in self._parts.values():
             part.cap = cap
@@ -310,14 +309,29 @@ class SubscriptionConsumer:
 
     def _flow_control(self) -> None:
         pause, resume = [], []
-        for part in self._parts.values():
-            queued = len(part.queue)
-            if not part.paused and (queued >= part.cap or part.queued_bytes >= self._byte_cap):
-                part.paused = True
-                pause.append(TopicPartition(self.topic, part.number))
-            elif part.paused and queued <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2:
-                part.paused = False
-                resume.append(TopicPartition(self.topic, part.number))
+        if self._ordered:
+            for part in self._parts.values():
+                if not part.paused and (len(part.queue) >= part.cap or part.queued_bytes >= self._byte_cap):
+                    part.paused = True
+                    pause.append(part.tp)
+                elif part.paused and self._may_resume(part):
+                    part.paused = False
+                    resume.append(part.tp)
+        else:
+            # Unordered, no partition is paused for holding more than its share. A pause drops librdkafka's
+            # prefetched records, and a resumed partition is fetched again only after the fetch under way returns
+            # (up to fetch.wait.max.ms), from the start of the record batch: with a producer's large batches,
+            # pausing at a share delivered ~500 records per pause/resume cycle, ~1,000 events/s, once only one
+            # partition had records left (docs/dispatcher.md). The intake is bounded by _room(); pausing stays as
+            # the valve for a subscriber that takes nothing (one record per poll beyond the budget), at twice it.
+            queued = sum(p.queued_bytes for p in self._parts.values())
+            for part in self._parts.values():
+                if not part.paused and queued >= 2 * self.queue_bytes:
+                    part.paused = True
+                    pause.append(part.tp)
+                elif part.paused and self._may_resume(part):
+                    part.paused = False
+                    resume.append(part.tp)
         try:
             if pause:
                 self._consumer.pause(pause)
@@ -325,6 +339,11 @@ class SubscriptionConsumer:
                 self._consumer.resume(resume)
         except KafkaException as exc:
             log.warning("pause/resume failed", extra={**self.labels.as_dict(), "error": str(exc)})
+
+    def _may_resume(self, part: _Partition) -> bool:
+        if self._ordered:
+            return len(part.queue) <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2
+        return sum(p.queued_bytes for p in self._parts.values()) <= self.queue_bytes
 
     # -- scheduling ---------------------------------------------------------------------------------
     def _rate_ok(self) -> bool:
@@ -401,7 +420,7 @@ class SubscriptionConsumer:
                 self._unstored.append(part)
             part.unstored = position
         self._pump()
-        if part.paused and len(part.queue) <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2:
+        if part.paused and self._may_resume(part):
             self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
     def _store_done(self) -> None:
