@@ -47,10 +47,11 @@ SIZES = (1024, 20 * 1024)
 WORKERS = 2
 THREADS = 32
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
-# acknowledgement, so by Little's law the rate is capped at connections / latency.
-SATURATION_CONNECTIONS = 256
+# acknowledgement, so by Little's law the rate is capped at connections / latency. 256 left ~20 % of the CPU
+# idle under the receiver once the machine ran ~20,000 events/s (vmstat, session 5): 512.
+SATURATION_CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "512"))
 # Open loop at half rate: enough connections that the client never waits for one (rate x worst latency).
-HALF_CONNECTIONS = 128
+HALF_CONNECTIONS = 256
 DURATION = int(os.environ.get("BENCH_SECONDS", "8"))
 # Each (server, size) is measured this many times, interleaved with the others, and reported as the median run:
 # the machine is shared, so one run can be off by 2x.
@@ -63,6 +64,8 @@ MODELS = {
 }
 # Which worker models to measure (BENCH_MODELS=uvicorn,gthread); gthread is the rejected one, kept to show why.
 MODELS = {name: MODELS[name] for name in os.environ.get("BENCH_MODELS", "uvicorn,gthread").split(",")}
+#: The local broker's pid, once started (its CPU is recorded next to each server's).
+BROKER_PID: list[int] = []
 CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",
               "content-type": "application/octet-stream"}
 
@@ -151,11 +154,13 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
 def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: int) -> dict[str, Any]:
     pids = process_tree(server_pid)
     cpu_before = cpu_seconds(pids)
+    broker_before = cpu_seconds([BROKER_PID[0]]) if BROKER_PID else 0.0
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
+    broker = cpu_seconds([BROKER_PID[0]]) - broker_before if BROKER_PID else 0.0
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
@@ -167,6 +172,8 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: 
         else None, "p50_ms": pct.get("50"), "p99_ms": pct.get("99"),
         "cpu_s_per_1000": round(cpu / max(ok, 1) * 1000, 4), "server_cpu_s": round(cpu, 2),
         "server_cores_busy": round(cpu / seconds, 2), "rss_mib": round(rss_bytes(pids) / 2**20, 1),
+        # The broker shares the machine's cores with the servers: what it spent meanwhile, per 1,000 answers.
+        "broker_cpu_s_per_1000": round(broker / max(ok, 1) * 1000, 4),
     }
 
 
@@ -328,6 +335,7 @@ def main() -> None:
         workdir = Path(tmp)
         node = KafkaNode(workdir / "kafka", heap="768m")
         node.start()
+        BROKER_PID.append(node.pid)
         try:
             admin = AdminClient(node.client_config())
             for fut in admin.create_topics([NewTopic("bench.events", 3, 1)]).values():

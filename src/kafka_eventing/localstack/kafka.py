@@ -188,6 +188,13 @@ class KafkaNode:
             check=True, capture_output=True, timeout=120,
         )
 
+    @property
+    def pid(self) -> int:
+        """The broker JVM's process id (benchmarks record its CPU); the node must be started."""
+        if self._proc is None:
+            raise RuntimeError("the Kafka node is not started")
+        return self._proc.pid
+
     def start(self) -> KafkaNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
         props = self._write_config()
