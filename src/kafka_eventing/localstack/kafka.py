@@ -201,7 +201,9 @@ class KafkaNode:
         self._format(props)
         log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            self._java("kafka.Kafka", str(props)),
+            # GC pauses next to the broker's log: the first suspect when a benchmark's tail latency jumps.
+            self._java(f"-Xlog:gc:file={self.workdir / 'gc.log'}:uptime,level:filecount=2,filesize=10m",
+                       "kafka.Kafka", str(props)),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         log.close()
