@@ -309,29 +309,14 @@ class SubscriptionConsumer:
 
     def _flow_control(self) -> None:
         pause, resume = [], []
-        if self._ordered:
-            for part in self._parts.values():
-                if not part.paused and (len(part.queue) >= part.cap or part.queued_bytes >= self._byte_cap):
-                    part.paused = True
-                    pause.append(part.tp)
-                elif part.paused and self._may_resume(part):
-                    part.paused = False
-                    resume.append(part.tp)
-        else:
-            # Unordered, no partition is paused for holding more than its share. A pause drops librdkafka's
-            # prefetched records, and a resumed partition is fetched again only after the fetch under way returns
-            # (up to fetch.wait.max.ms), from the start of the record batch: with a producer's large batches,
-            # pausing at a share delivered ~500 records per pause/resume cycle, ~1,000 events/s, once only one
-            # partition had records left (docs/dispatcher.md). The intake is bounded by _room(); pausing stays as
-            # the valve for a subscriber that takes nothing (one record per poll beyond the budget), at twice it.
-            queued = sum(p.queued_bytes for p in self._parts.values())
-            for part in self._parts.values():
-                if not part.paused and queued >= 2 * self.queue_bytes:
-                    part.paused = True
-                    pause.append(part.tp)
-                elif part.paused and self._may_resume(part):
-                    part.paused = False
-                    resume.append(part.tp)
+        queued = sum(p.queued_bytes for p in self._parts.values())
+        for part in self._parts.values():
+            if not part.paused and self._must_pause(part, queued):
+                part.paused = True
+                pause.append(part.tp)
+            elif part.paused and self._may_resume(part):
+                part.paused = False
+                resume.append(part.tp)
         try:
             if pause:
                 self._consumer.pause(pause)
@@ -339,6 +324,20 @@ class SubscriptionConsumer:
                 self._consumer.resume(resume)
         except KafkaException as exc:
             log.warning("pause/resume failed", extra={**self.labels.as_dict(), "error": str(exc)})
+
+    def _must_pause(self, part: _Partition, queued: int) -> bool:
+        """Ordered: a partition over its share. Unordered: every partition, once all hold twice the budget.
+
+        Unordered, no partition is paused for holding more than its share. A pause drops librdkafka's prefetched
+        records, and a resumed partition is fetched again only after the fetch under way returns (up to
+        fetch.wait.max.ms), from the start of the record batch: with a producer's large batches, pausing at a
+        share delivered ~500 records per pause/resume cycle, ~1,000 events/s, once only one partition had records
+        left (docs/dispatcher.md). The intake is bounded by _room(); pausing stays as the valve for a subscriber
+        that takes nothing (one record per poll beyond the budget).
+        """
+        if self._ordered:
+            return len(part.queue) >= part.cap or part.queued_bytes >= self._byte_cap
+        return queued >= 2 * self.queue_bytes
 
     def _may_resume(self, part: _Partition) -> bool:
         if self._ordered:
