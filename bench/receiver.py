@@ -142,6 +142,9 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
     total = sum(codes.values())
     ok = sum(v for k, v in codes.items() if 200 <= k < 300)
     pct = report["latencyPercentiles"]
+    if pct.get("p99") is None:  # no request answered at all: say what oha saw instead of a TypeError
+        errors = report.get("errorDistribution")
+        raise RuntimeError(f"oha got no answers at {rate:.0f}/s: codes {codes}, errors {errors}")
     return {
         "events_per_s": round(report["summary"]["requestsPerSec"], 1), "requests": total, "non_2xx": total - ok,
         "errors": sum(report.get("errorDistribution", {}).values()),
@@ -233,7 +236,12 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
         half_rate = saturated["events_per_s"] / 2
         body = workdir / f"body-{size}"
         body.write_bytes(b"x" * size)
-        half = run_oha(target, body, half_rate, connections=HALF_CONNECTIONS, seconds=DURATION, server_pid=proc.pid)
+        try:
+            half = run_oha(target, body, half_rate, connections=HALF_CONNECTIONS, seconds=DURATION,
+                           server_pid=proc.pid)
+        except RuntimeError as exc:  # kept in the results as a failed run rather than losing the whole benchmark
+            print(f"half-rate run failed: {exc}", flush=True)
+            half = {"failed": str(exc), "p99_ms": None}
         half["target_events_per_s"] = round(half_rate, 1)
         return {"saturated": saturated, "half_saturation": half}
     finally:
@@ -250,7 +258,8 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen["half_saturation_p99_ms_all"] = [r["half_saturation"]["p99_ms"] for r in runs]
     # p99 over a few seconds is decided by whether a stall of the shared machine fell into the window: the
     # median over the repeats, not the p99 of the run chosen for its rate.
-    chosen["half_saturation_p99_ms_median"] = statistics.median(chosen["half_saturation_p99_ms_all"])
+    measured = [p for p in chosen["half_saturation_p99_ms_all"] if p is not None]
+    chosen["half_saturation_p99_ms_median"] = statistics.median(measured) if measured else None
     return chosen
 
 
@@ -403,7 +412,7 @@ def print_table(results: dict[str, Any]) -> None:
     for name, run in results["runs"].items():
         sat, half = run["saturated"], run.get("half_saturation", {})
         print(f"{name:34} {sat['events_per_s']:9.0f} {sat['p50_ms']:7.2f} {sat['p99_ms']:7.2f} "
-              f"{sat['cpu_s_per_1000']:7.3f} {sat['rss_mib']:7.0f} {half.get('p99_ms', float('nan')):9.2f} "
+              f"{sat['cpu_s_per_1000']:7.3f} {sat['rss_mib']:7.0f} {half.get('p99_ms') or float('nan'):9.2f} "
               f"{sat.get('non_2xx', 0):7}")
     for name, row in results["summary"].items():
         print(name, row)
@@ -424,7 +433,7 @@ def plot(results: dict[str, Any]) -> None:
             for name in names:
                 run = runs[f"{name}/{label}"]
                 if metric == "p99_ms":  # the median over the repeats, as in the summary
-                    values.append(run.get("half_saturation_p99_ms_median") or run["half_saturation"]["p99_ms"])
+                    values.append(run.get("half_saturation_p99_ms_median") or run["half_saturation"].get("p99_ms") or 0)
                 else:
                     values.append(run["saturated"].get(metric) or 0)
             ax.bar([x + i * width for x in range(len(names))], values, width, label=label)
