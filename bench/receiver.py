@@ -322,7 +322,7 @@ def measure_raw_producer(bootstrap: str, topic: str, size: int) -> dict[str, Any
 
 
 def main() -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
 
     from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
 
@@ -350,8 +350,7 @@ def main() -> None:
         BROKER_PID.append(node.pid)
         try:
             admin = AdminClient(node.client_config())
-            for fut in admin.create_topics([NewTopic("bench.events", 3, 1)]).values():
-                fut.result(30)
+            fresh_topic(admin)
             channels = workdir / "channels.yaml"
             channels.write_text("apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
                                 "metadata: {name: events, namespace: bench}\n")
@@ -361,6 +360,7 @@ def main() -> None:
             for size in SIZES:
                 label = f"{size // 1024}KB"
                 print(f"[{time.monotonic() - began:5.0f}s] raw producer {label}", flush=True)
+                fresh_topic(admin)
                 results["runs"][f"raw_producer/{label}"] = measure_raw_producer(node.bootstrap_servers,
                                                                                   "bench.events", size)
                 repeats: dict[str, list[dict[str, Any]]] = {}
@@ -368,6 +368,8 @@ def main() -> None:
                     for model in MODELS:
                         for kind in ("bare", "receiver"):
                             print(f"[{time.monotonic() - began:5.0f}s] {model} {kind} {label} #{rep + 1}", flush=True)
+                            if kind == "receiver":
+                                fresh_topic(admin)
                             repeats.setdefault(f"{model}/{kind}/{label}", []).append(
                                 measure_server(model, kind, size, env, workdir))
                 for name, runs in repeats.items():
@@ -381,6 +383,29 @@ def main() -> None:
     plot(results)
     print_table(results)
     print(f"wrote {path} and receiver.png in {results['elapsed_s']} s")
+
+
+def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
+    """Delete and recreate the topic before each run that writes to it: the whole benchmark writes ~20 GB, more
+    than a development machine may have free (a full disk stopped the broker mid-run in session 5)."""
+    from confluent_kafka.admin import NewTopic
+
+    if topic in admin.list_topics(timeout=10).topics:
+        for fut in admin.delete_topics([topic]).values():
+            fut.result(30)
+        deadline = time.monotonic() + 30
+        while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while True:  # the broker may still be deleting the old one
+        try:
+            for fut in admin.create_topics([NewTopic(topic, 3, 1)]).values():
+                fut.result(30)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:
