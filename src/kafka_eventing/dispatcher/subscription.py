@@ -326,7 +326,7 @@ class SubscriptionConsumer:
             log.warning("pause/resume failed", extra={**self.labels.as_dict(), "error": str(exc)})
 
     def _must_pause(self, part: _Partition, queued: int) -> bool:
-        """Ordered: a partition over its share. Unordered: every partition, once all hold twice the budget.
+        """Ordered: a partition over its share. Unordered: every partition, once together they hold twice the budget.
 
         Unordered, no partition is paused for holding more than its share. A pause drops librdkafka's prefetched
         records, and a resumed partition is fetched again only after the fetch under way returns (up to

@@ -57,7 +57,7 @@ class Result:
         return self.outcome is Outcome.DELIVERED
 
 
-#: The common answer, made once (a frozen dataclass costs a few µs to build, per request).
+#: The common answer, made once (a frozen dataclass costs ~0.5 µs to build, per request).
 DELIVERED = Result(Outcome.DELIVERED)
 
 
