@@ -164,6 +164,9 @@ class _Sink(asyncio.Protocol):
         if self.transport.is_closing():
             return
         self.transport.write(_OK)
+        self._served(path, received)
+
+    def _served(self, path: str, received: float) -> None:
         self.service.setdefault(path, []).append(time.monotonic() - received)
 
     def _reply_now(self, path: str, received: float) -> None:
@@ -179,7 +182,7 @@ class _Sink(asyncio.Protocol):
         except OSError:
             sent = 0
         if sent == len(_OK):
-            self.service.setdefault(path, []).append(time.monotonic() - received)
+            self._served(path, received)
         elif sent == 0 and self.delayed is not None:
             self.delayed.loop.call_soon_threadsafe(self._reply, path, received)
         elif self.delayed is not None:  # half an answer written: this connection cannot be saved

@@ -64,8 +64,6 @@ MODELS = {
 }
 # Which worker models to measure (BENCH_MODELS=uvicorn,gthread); gthread is the rejected one, kept to show why.
 MODELS = {name: MODELS[name] for name in os.environ.get("BENCH_MODELS", "uvicorn,gthread").split(",")}
-#: The local broker's pid, once started (its CPU is recorded next to each server's).
-BROKER_PID: list[int] = []
 CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",
               "content-type": "application/octet-stream"}
 
@@ -154,16 +152,17 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
     }
 
 
-def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: int) -> dict[str, Any]:
+def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: int, *,
+            broker_pid: int) -> dict[str, Any]:
     pids = process_tree(server_pid)
     cpu_before = cpu_seconds(pids)
-    broker_before = cpu_seconds([BROKER_PID[0]]) if BROKER_PID else 0.0
+    broker_before = cpu_seconds([broker_pid])
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
-    broker = cpu_seconds([BROKER_PID[0]]) - broker_before if BROKER_PID else 0.0
+    broker = cpu_seconds([broker_pid]) - broker_before
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
@@ -226,13 +225,15 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdir: Path, *,
+                   broker_pid: int) -> dict[str, Any]:
     proc, url = start_server(model, kind, env, workdir)
     try:
         target = url + "/bench/events"
         full = lua_script(workdir / f"full-{size}.lua", size)
-        run_wrk(target, full, SATURATION_CONNECTIONS, 2, proc.pid)  # warm-up: connections, JIT-less caches, metadata
-        saturated = run_wrk(target, full, SATURATION_CONNECTIONS, DURATION, proc.pid)
+        # warm-up: connections, JIT-less caches, metadata
+        run_wrk(target, full, SATURATION_CONNECTIONS, 2, proc.pid, broker_pid=broker_pid)
+        saturated = run_wrk(target, full, SATURATION_CONNECTIONS, DURATION, proc.pid, broker_pid=broker_pid)
         half_rate = saturated["events_per_s"] / 2
         body = workdir / f"body-{size}"
         body.write_bytes(b"x" * size)
@@ -347,7 +348,6 @@ def main() -> None:
         # (3 runs each, session 5: p99 104-185 ms at 768 MiB, 17-36 ms at 2 GiB). Production brokers run 4-6 GiB.
         node = KafkaNode(workdir / "kafka", heap="2g")
         node.start()
-        BROKER_PID.append(node.pid)
         try:
             admin = AdminClient(node.client_config())
             fresh_topic(admin)
@@ -371,7 +371,7 @@ def main() -> None:
                             if kind == "receiver":
                                 fresh_topic(admin)
                             repeats.setdefault(f"{model}/{kind}/{label}", []).append(
-                                measure_server(model, kind, size, env, workdir))
+                                measure_server(model, kind, size, env, workdir, broker_pid=node.pid))
                 for name, runs in repeats.items():
                     results["runs"][name] = median_run(runs)
         finally:

@@ -314,7 +314,7 @@ class SubscriptionConsumer:
             if not part.paused and self._must_pause(part, queued):
                 part.paused = True
                 pause.append(part.tp)
-            elif part.paused and self._may_resume(part):
+            elif part.paused and self._may_resume(part, queued):
                 part.paused = False
                 resume.append(part.tp)
         try:
@@ -339,10 +339,11 @@ class SubscriptionConsumer:
             return len(part.queue) >= part.cap or part.queued_bytes >= self._byte_cap
         return queued >= 2 * self.queue_bytes
 
-    def _may_resume(self, part: _Partition) -> bool:
+    def _may_resume(self, part: _Partition, queued: int) -> bool:
+        """``queued``: the bytes all partitions hold (only the unordered rule reads it)."""
         if self._ordered:
             return len(part.queue) <= part.cap // 2 and part.queued_bytes <= self._byte_cap // 2
-        return sum(p.queued_bytes for p in self._parts.values()) <= self.queue_bytes
+        return queued <= self.queue_bytes
 
     # -- scheduling ---------------------------------------------------------------------------------
     def _rate_ok(self) -> bool:
@@ -419,7 +420,7 @@ class SubscriptionConsumer:
                 self._unstored.append(part)
             part.unstored = position
         self._pump()
-        if part.paused and self._may_resume(part):
+        if part.paused and self._may_resume(part, sum(p.queued_bytes for p in self._parts.values())):
             self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
     def _store_done(self) -> None:
