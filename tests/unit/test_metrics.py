@@ -85,3 +85,36 @@ def test_multiprocess_values_notice_a_fork_with_the_cached_pid(tmp_path: Path) -
     out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=60, check=True).stdout.split()
     assert out == ["8.0", "2", "True"]
+
+
+def test_loop_tally_is_flushed_by_its_loop_after_the_interval() -> None:
+    """The ASGI receiver's tally: lock-free updates on the loop's thread, written out by the loop itself."""
+    import asyncio
+    import threading
+
+    from kafka_eventing.core.metrics import LoopTally
+
+    registry, counter, hist = _metrics()
+
+    async def run() -> tuple[float, float, float, float]:
+        tally = LoopTally(asyncio.get_running_loop(), interval=0.05)
+        tally.count(counter.labels("202"))
+        tally.inc(counter.labels("202"), 2)
+        tally.observe(hist, 0.005)
+        before = _samples(registry)[("t_events_total", (("code", "202"),))]
+        await asyncio.sleep(0.2)  # the loop's timer flushes
+        after = _samples(registry)[("t_events_total", (("code", "202"),))]
+        tally.count(counter.labels("202"))
+        # A flush asked for from another thread (a scrape hook) is handed to the loop, not run on the dicts.
+        other = threading.Thread(target=tally.flush)
+        other.start()
+        other.join()
+        handed = _samples(registry)[("t_events_total", (("code", "202"),))]
+        await asyncio.sleep(0)  # the loop runs the handed-over flush (well before the 50 ms timer)
+        ran = _samples(registry)[("t_events_total", (("code", "202"),))]
+        tally.count(counter.labels("202"))
+        tally.close()  # shutdown: flushed at once
+        return before, after, handed, ran, _samples(registry)[("t_events_total", (("code", "202"),))]
+
+    assert asyncio.run(run()) == (0, 3, 3, 4, 5)
+    assert _samples(registry)[("t_latency_seconds_count", ())] == 1

@@ -12,8 +12,7 @@ import enum
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from cloudevents.core.base import BaseCloudEvent
@@ -62,9 +61,12 @@ class ContentMode(enum.StrEnum):
     STRUCTURED = "structured"
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaRecord:
-    """What goes to ``Producer.produce``: key, value and headers as a list (duplicates allowed by Kafka)."""
+class KafkaRecord(NamedTuple):
+    """What goes to ``Producer.produce``: key, value and headers as a list (duplicates allowed by Kafka).
+
+    A NamedTuple, not a frozen dataclass: one is built per event on the receiver's hot path, and a frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) cost ~1 µs of it (session 6 profile).
+    """
 
     key: bytes | None
     value: bytes
@@ -429,6 +431,7 @@ def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None,
 
 _ROUTES: dict[bytes, tuple[str, str, str] | None] = {}
 _SPECVERSION_BYTES = SPECVERSION.encode()
+_STRUCTURED_PREFIX = b"application/cloudevents"  # +json, -batch+json, +avro...: never binary mode
 
 
 def _route(name: bytes) -> tuple[str, str, str] | None:
@@ -508,6 +511,8 @@ def raw_http_to_kafka(
             seen.add(attr)
             if attr == "time":
                 value = _canonical_time(value.decode()).encode()
+            elif kind == _CONTENT_TYPE and value[:23].lower() == _STRUCTURED_PREFIX:
+                raise ValueError("structured or batched mode")  # the body is the event, not its data
             elif not value and (attr in _NON_EMPTY or kind == _CONTENT_TYPE):
                 raise ValueError("empty attribute")
             elif attr == "specversion":
@@ -522,7 +527,8 @@ def raw_http_to_kafka(
     if specversion != _SPECVERSION_BYTES or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
         return _http_to_kafka_sdk(headers(), body, mode, trace)
     if trace is None:
-        out.extend((name, found[name]) for name in TRACE_HEADERS if found.get(name))
+        if found:  # most requests carry no trace context: no generator to build for them
+            out.extend((name, found[name]) for name in TRACE_HEADERS if found.get(name))
     elif trace:
         out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
     key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject

@@ -53,21 +53,24 @@ PRODUCE_LATENCY = Histogram(
     "kafka_receiver_produce_latency_seconds", "From produce() to the last delivery report of a request.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
-# Bytes in and produce latency go through a buffer: written straight to the multiprocess files, the three
-# per-request metrics cost ~25 µs/event. The answer count is written through (see Ingress.respond).
+# The per-request metrics go through a buffer: written straight to the multiprocess files, the three per-request
+# metrics cost ~25 µs/event (WSGI, session 2). Here, for the WSGI app, the answer count is written through
+# (Tally.count); the ASGI app buffers all three on its loop (LoopTally, asgi.py).
 TALLY = Tally()
 
 
 @functools.lru_cache(maxsize=4096)
-def _events(channel: str, code: str) -> Any:
-    # labels() validates and locks on every call; a child per (channel, code) is looked up once. Only known
-    # channel names reach here (404s use ""), so the cache is bounded by the channels that exist.
-    return EVENTS.labels(channel, code)
+def _events(key: ChannelKey | None, status: str) -> Any:
+    # labels() validates and locks on every call; a child per (channel, answer) is looked up once, by the key
+    # the request already has (no label string built per request). Only known channels are counted by name
+    # (a 404 counts under ""), so the cache is bounded by the channels that exist.
+    label = f"{key[0]}/{key[1]}" if key and status != falcon.HTTP_404 else ""
+    return EVENTS.labels(label, status[:3])
 
 
 @functools.lru_cache(maxsize=4096)
-def _bytes_in(channel: str) -> Any:
-    return BYTES_IN.labels(channel)
+def _bytes_in(namespace: str, name: str) -> Any:
+    return BYTES_IN.labels(f"{namespace}/{name}")
 
 
 class KafkaProbe:
@@ -119,8 +122,10 @@ def _cannot_write(exc: Exception) -> _Answer:
 class Ingress:
     """What a POST does, apart from reading the body and waiting: shared by the WSGI and ASGI apps."""
 
-    def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings, max_body: int) -> None:
+    def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings, max_body: int,
+                 tally: Tally = TALLY) -> None:
         self.sender, self.channels, self.settings, self.max_body = sender, channels, settings, max_body
+        self.tally = tally
 
     @staticmethod
     def key(req: falcon.Request | falcon.asgi.Request, namespace: str | None,
@@ -149,7 +154,7 @@ class Ingress:
     def decode(self, channel: Channel, req: falcon.Request | falcon.asgi.Request,
                body: bytes) -> list[KafkaRecord] | _Answer:
         """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""
-        TALLY.inc(_bytes_in(f"{channel.namespace}/{channel.name}"), len(body))
+        self.tally.inc(_bytes_in(channel.namespace, channel.name), len(body))
         try:
             if not is_batch(req.content_type):
                 # One event: straight from HTTP to Kafka (trace context included), through the SDK whenever the
@@ -170,7 +175,7 @@ class Ingress:
             return _cannot_write(exc)
 
     def finish(self, result: Result, channel: Channel, count: int, started: float) -> _Answer:
-        TALLY.observe(PRODUCE_LATENCY, time.perf_counter() - started)
+        self.tally.observe(PRODUCE_LATENCY, time.perf_counter() - started)
         if result.ok:
             return _ACCEPTED
         if result.outcome is Outcome.TOO_LARGE:
@@ -181,20 +186,15 @@ class Ingress:
             "outcome": result.outcome.value, "reason": result.detail})
         return self.unavailable(f"Kafka did not accept the event ({result.outcome.value}): {result.detail}")
 
-    @staticmethod
-    def respond(resp: falcon.Response | falcon.asgi.Response, answer: _Answer, key: ChannelKey | None) -> None:
+    def respond(self, resp: falcon.Response | falcon.asgi.Response, answer: _Answer, key: ChannelKey | None) -> None:
         resp.status = answer.status
         if answer.body is not None:
             resp.data = _media_json(answer.body)
             resp.content_type = falcon.MEDIA_JSON
         if answer.retry_after is not None:
             resp.set_header("Retry-After", str(answer.retry_after))
-        # Unknown names must not create metric series.
-        label = f"{key[0]}/{key[1]}" if key and answer.status != falcon.HTTP_404 else ""
-        # Written through, not buffered: with several workers a scrape served by another worker could not see a
-        # buffered count, and "every answered request is counted by the time its answer is sent" is what users
-        # (and tests/integration/test_receiver.py) rely on. Bytes and latency may lag by the Tally's interval.
-        _events(label, answer.status[:3]).inc()
+        # Counted promptly (Tally.count): written through, or within the LoopTally's few milliseconds.
+        self.tally.count(_events(key, answer.status))
 
     @staticmethod
     def options(req: falcon.Request | falcon.asgi.Request, resp: falcon.Response | falcon.asgi.Response) -> None:
