@@ -18,7 +18,8 @@ from kafka_eventing.core.binding import BindingError, ContentMode, event_from_ht
 BASE = {"ce-id": "1", "ce-source": "/s", "ce-type": "t", "ce-specversion": "1.0"}
 TEXTS = st.one_of(
     st.sampled_from(["", "x", "a b", "1.0", "0.3", "%41", "ü", "2024-01-01T00:00:00Z", "2024-01-01T00:00:00",
-                     "2024-01-01T01:02:03.123+02:00", "nope", "/src", "http://x/y", "application/json"]),
+                     "2024-01-01T01:02:03.123+02:00", "nope", "/src", "http://x/y", "application/json",
+                     "application/cloudevents+json", "Application/CloudEvents+JSON; charset=utf-8"]),
     st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=12),
 )
 NAMES = st.one_of(
@@ -120,3 +121,17 @@ def test_raw_header_pairs_give_what_the_sdk_gives_on_the_framework_headers(
     own = {k: v for k, v in headers.items() if k in ("traceparent", "tracestate") and v}
     sdk = _outcome(lambda: event_to_kafka(event_from_http(headers, body), trace=own))
     assert _outcome(lambda: raw_http_to_kafka(pairs, body, headers=lambda: req.headers)) == sdk, pairs
+
+
+def test_ce_specversion_header_means_binary_mode_whatever_the_content_type() -> None:
+    """The SDK's rule, kept by the fast path: a ce-specversion header makes a request binary mode, even when
+    its Content-Type says structured (the body is then the data)."""
+    import json
+
+    body = json.dumps({"specversion": "1.0", "id": "from-body", "source": "/b", "type": "t.b"}).encode()
+    headers = {**BASE, "Content-Type": "application/cloudevents+json"}
+    record = http_to_kafka(headers, body)
+    assert dict(record.headers)["ce_id"] == b"1"
+    assert record.value == body
+    assert _outcome(lambda: http_to_kafka(headers, body)) == _outcome(
+        lambda: event_to_kafka(event_from_http(headers, body), ContentMode.BINARY))

@@ -431,7 +431,6 @@ def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None,
 
 _ROUTES: dict[bytes, tuple[str, str, str] | None] = {}
 _SPECVERSION_BYTES = SPECVERSION.encode()
-_STRUCTURED_PREFIX = b"application/cloudevents"  # +json, -batch+json, +avro...: never binary mode
 
 
 def _route(name: bytes) -> tuple[str, str, str] | None:
@@ -511,8 +510,6 @@ def raw_http_to_kafka(
             seen.add(attr)
             if attr == "time":
                 value = _canonical_time(value.decode()).encode()
-            elif kind == _CONTENT_TYPE and value[:23].lower() == _STRUCTURED_PREFIX:
-                raise ValueError("structured or batched mode")  # the body is the event, not its data
             elif not value and (attr in _NON_EMPTY or kind == _CONTENT_TYPE):
                 raise ValueError("empty attribute")
             elif attr == "specversion":
