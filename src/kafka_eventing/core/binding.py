@@ -152,7 +152,9 @@ def is_structured(content_type: str | None) -> bool:
 
 
 def is_batch(content_type: str | None) -> bool:
-    return _media_type(content_type) == BATCH_CONTENT_TYPE
+    # Asked once per request: a substring test first, the full parse only for what could be a batch.
+    return content_type is not None and "batch" in content_type.lower() and (
+        _media_type(content_type) == BATCH_CONTENT_TYPE)
 
 
 def _validation_details(exc: BaseCloudEventException) -> dict[str, list[str]]:
@@ -429,16 +431,29 @@ def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None,
     return out, body
 
 
-_ROUTES: dict[bytes, tuple[str, str, str] | None] = {}
+_ROUTES: dict[bytes, tuple[str, str, int] | None] = {}
 _SPECVERSION_BYTES = SPECVERSION.encode()
+# What the fast path does with a header beyond copying it, as a small int in its route: most headers (id, source,
+# type, Content-Type) are 0, so the loop tests one int instead of comparing the name against each special case.
+_PLAIN, _S_TRACE, _S_INVALID, _S_TIME, _S_SPECVERSION, _S_PARTITIONKEY, _S_SUBJECT = range(7)
+_SPECIAL = {"time": _S_TIME, "specversion": _S_SPECVERSION, "partitionkey": _S_PARTITIONKEY, "subject": _S_SUBJECT}
+_MUST_NOT_BE_EMPTY = _NON_EMPTY | {CONTENT_TYPE_HEADER}
 
 
-def _route(name: bytes) -> tuple[str, str, str] | None:
-    """(kind, attribute or header name, Kafka header name) for a request header name as the server read it;
-    None: not ours to copy (Host, Content-Length, ...)."""
+def _route(name: bytes) -> tuple[str, str, int] | None:
+    """(attribute or header name, Kafka header name, special case) for a request header name as the server read
+    it; None: not ours to copy (Host, Content-Length, ...)."""
     lname = name.decode("latin-1").lower()
     kind, attr = _header_kind(lname, HTTP_HEADER_PREFIX)
-    route = None if kind == _OTHER else (kind, attr, KAFKA_HEADER_PREFIX + attr) if attr else (kind, lname, lname)
+    route: tuple[str, str, int] | None
+    if kind == _OTHER:
+        route = None
+    elif kind == _TRACE:
+        route = (lname, lname, _S_TRACE)
+    elif kind == _CONTENT_TYPE:
+        route = (lname, lname, _PLAIN)
+    else:
+        route = (attr, KAFKA_HEADER_PREFIX + attr, _S_INVALID if kind == _INVALID else _SPECIAL.get(attr, _PLAIN))
     if len(_ROUTES) < _ROUTES_MAX:
         _ROUTES[name] = route
     return route
@@ -492,32 +507,38 @@ def raw_http_to_kafka(
     specversion = partitionkey = subject = None
     routes = _ROUTES
     try:
-        for name, sent in raw:
+        # Every raise below means "not certain": the SDK path decides, so the checks' order does not matter.
+        for name, value in raw:
             route = routes[name] if name in routes else _route(name)
             if route is None:
                 continue  # not an attribute (Host, Content-Length, ...)
-            kind, attr, header = route
-            value = sent
+            attr, header, special = route
             if not value.isascii():
                 raise ValueError("non-ASCII value")  # the SDK writes the decoded text as UTF-8
-            if kind == _TRACE:
+            if special == _S_TRACE:
                 if attr in found:
                     raise ValueError("repeated trace header")  # the framework joins them; the SDK path does too
                 found[attr] = value
                 continue
-            if attr in seen or kind == _INVALID or b"%" in value:
-                raise ValueError("repeated attribute, percent-encoded value or invalid extension name")
+            if attr in seen or b"%" in value:
+                raise ValueError("repeated attribute or percent-encoded value")
             seen.add(attr)
-            if attr == "time":
-                value = _canonical_time(value.decode()).encode()
-            elif not value and (attr in _NON_EMPTY or kind == _CONTENT_TYPE):
+            if special:
+                if special == _S_INVALID:
+                    raise ValueError("invalid extension name")
+                if special == _S_TIME:
+                    out.append((header, _canonical_time(value.decode()).encode()))
+                    continue
+                if not value and attr in _MUST_NOT_BE_EMPTY:
+                    raise ValueError("empty attribute")
+                if special == _S_SPECVERSION:
+                    specversion = value
+                elif special == _S_PARTITIONKEY:
+                    partitionkey = value
+                else:
+                    subject = value
+            elif not value and attr in _MUST_NOT_BE_EMPTY:
                 raise ValueError("empty attribute")
-            elif attr == "specversion":
-                specversion = value
-            elif attr == "partitionkey":
-                partitionkey = value
-            elif attr == "subject":
-                subject = value
             out.append((header, value))
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
         return _http_to_kafka_sdk(headers(), body, mode, trace)

@@ -37,7 +37,7 @@ from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
 from kafka_eventing.core.metrics import MetricsResource, Tally
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.receiver.sender import KafkaSender, Outcome, Producer, Result
+from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Producer, Result
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class Ingress:
 
     def finish(self, result: Result, channel: Channel, count: int, started: float) -> _Answer:
         self.tally.observe(PRODUCE_LATENCY, time.perf_counter() - started)
-        if result.ok:
+        if result is DELIVERED or result.ok:  # the shared result first: no property call for the common answer
             return _ACCEPTED
         if result.outcome is Outcome.TOO_LARGE:
             return _Answer(falcon.HTTP_413, {"error": result.detail})

@@ -224,6 +224,7 @@ class KafkaSender:
         self.timeout = timeout
         self.poll_interval = poll_interval
         self._closing = threading.Event()
+        self._closed = False  # _closing as a plain attribute, for the per-request check (Event.is_set is a call)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._tracker = _InFlight()
@@ -254,9 +255,19 @@ class KafkaSender:
 
     def submit_async(self, topic: str, records: Sequence[KafkaRecord], poller: LoopPoller) -> AsyncPending | Result:
         """``submit`` for the event loop: reports are served by ``poller`` and resolve a future."""
-        if self._closing.is_set():
+        if self._closed:
             return Result(Outcome.CLOSED, "receiver is shutting down")
         pending = AsyncPending(len(records), poller)
+        if len(records) == 1:  # one event, as nearly every request: no loop, no tuple to unpack
+            try:
+                record = records[0]
+                self.producer.produce(topic, record.value, record.key, headers=record.headers,
+                                      on_delivery=pending.on_delivery)
+            except Exception as exc:
+                return _produce_error(exc)
+            poller.outstanding += 1
+            poller.kick()
+            return pending
         failed, produced = self._produce(topic, records, pending.on_delivery)
         # Reports are served on this thread, later: none can have counted down yet.
         poller.outstanding += produced
@@ -271,9 +282,7 @@ class KafkaSender:
             try:
                 self.producer.produce(topic, record.value, record.key, headers=record.headers,
                                       on_delivery=on_delivery)
-            except BufferError:
-                return Result(Outcome.QUEUE_FULL, "producer queue is full"), produced
-            except Exception as exc:  # KafkaException from confluent_kafka: classify by its error code name
+            except Exception as exc:
                 return _produce_error(exc), produced
         return None, len(records)
 
@@ -296,6 +305,7 @@ class KafkaSender:
         Returns the number of records still undelivered (their requests got no 202).
         """
         self._closing.set()
+        self._closed = True
         deadline = time.monotonic() + timeout
         while self._tracker.count and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -309,6 +319,9 @@ class KafkaSender:
 
 
 def _produce_error(exc: Exception) -> Result:
+    """BufferError: librdkafka's queue is full; KafkaException: classified by its error code's name."""
+    if isinstance(exc, BufferError):
+        return Result(Outcome.QUEUE_FULL, "producer queue is full")
     code = ""
     args = getattr(exc, "args", ())
     if args and hasattr(args[0], "name"):
