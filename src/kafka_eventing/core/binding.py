@@ -438,6 +438,8 @@ _SPECVERSION_BYTES = SPECVERSION.encode()
 _PLAIN, _S_TRACE, _S_INVALID, _S_TIME, _S_SPECVERSION, _S_PARTITIONKEY, _S_SUBJECT = range(7)
 _SPECIAL = {"time": _S_TIME, "specversion": _S_SPECVERSION, "partitionkey": _S_PARTITIONKEY, "subject": _S_SUBJECT}
 _MUST_NOT_BE_EMPTY = _NON_EMPTY | {CONTENT_TYPE_HEADER}
+# `int in bytes` is a plain byte scan; `b"%" in value` goes through the buffer protocol (~140 vs ~15 ns).
+_PERCENT = ord("%")
 
 
 def _route(name: bytes) -> tuple[str, str, int] | None:
@@ -520,7 +522,7 @@ def raw_http_to_kafka(
                     raise ValueError("repeated trace header")  # the framework joins them; the SDK path does too
                 found[attr] = value
                 continue
-            if attr in seen or b"%" in value:
+            if attr in seen or _PERCENT in value:
                 raise ValueError("repeated attribute or percent-encoded value")
             seen.add(attr)
             if special:
