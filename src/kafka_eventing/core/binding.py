@@ -552,7 +552,7 @@ def raw_http_to_kafka(
     elif trace:
         out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
     key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject
-    return KafkaRecord(key=key or None, value=bytes(body) if body else b"", headers=out)
+    return KafkaRecord(key or None, bytes(body) if body else b"", out)  # positional: the faster __new__
 
 
 def _http_to_kafka_sdk(headers: Mapping[str, str], body: bytes, mode: ContentMode,
