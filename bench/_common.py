@@ -57,6 +57,13 @@ def machine_cpu_ticks() -> CpuTicks:
     return CpuTicks(busy=total - fields[3] - fields[4], steal=fields[7] if len(fields) > 7 else 0, total=total)
 
 
+def busy_percent(since: CpuTicks) -> float:
+    """How busy the whole machine was since ``since`` (all cores, steal included), in percent. A server's tail
+    latency follows this more than its own CPU share: the broker and the load generator share the cores."""
+    now = machine_cpu_ticks()
+    return round(100 * (now.busy - since.busy) / max(now.total - since.total, 1), 1)
+
+
 # Steal time: on a shared VM the host may run other guests on "our" cores; a run with much steal says more
 # about the neighbours than about the code. Counted from the first machine_facts() to write_json().
 _TICKS_AT_START: CpuTicks | None = None

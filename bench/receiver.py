@@ -33,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     ROOT,
+    busy_percent,
     cpu_seconds,
+    machine_cpu_ticks,
     machine_facts,
     new_figure,
     percentile,
@@ -131,6 +133,7 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
     """``rate`` requests/s on a fixed schedule (open loop) with latency from the scheduled send time."""
     pids = process_tree(server_pid)
     cpu_before = cpu_seconds(pids)
+    machine_before = machine_cpu_ticks()
     headers = [arg for k, v in CE_HEADERS.items() for arg in ("-H", f"{k}: {v}")]
     out = subprocess.run(
         ["oha", "-z", f"{seconds}s", "-q", f"{rate:.0f}", "--latency-correction", "-c", str(connections),
@@ -138,6 +141,7 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
         capture_output=True, text=True, check=True, timeout=seconds + 60,
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
+    machine_busy = busy_percent(machine_before)
     report = json.loads(out)
     codes = {int(k): v for k, v in report["statusCodeDistribution"].items()}
     total = sum(codes.values())
@@ -151,7 +155,8 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
         "errors": sum(report.get("errorDistribution", {}).values()),
         "p50_ms": round(pct["p50"] * 1000, 2), "p99_ms": round(pct["p99"] * 1000, 2),
         "p99_9_ms": round(pct["p99.9"] * 1000, 2), "cpu_s_per_1000": round(cpu / max(ok, 1) * 1000, 4),
-        "server_cpu_s": round(cpu, 2), "load_generator": "oha, open loop, latency corrected",
+        "server_cpu_s": round(cpu, 2), "machine_busy_percent": machine_busy,
+        "load_generator": "oha, open loop, latency corrected",
     }
 
 
@@ -160,12 +165,14 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: 
     pids = process_tree(server_pid)
     cpu_before = cpu_seconds(pids)
     broker_before = cpu_seconds([broker_pid])
+    machine_before = machine_cpu_ticks()
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
     broker = cpu_seconds([broker_pid]) - broker_before
+    machine_busy = busy_percent(machine_before)
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
@@ -178,7 +185,7 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: 
         "cpu_s_per_1000": round(cpu / max(ok, 1) * 1000, 4), "server_cpu_s": round(cpu, 2),
         "server_cores_busy": round(cpu / seconds, 2), "rss_mib": round(rss_bytes(pids) / 2**20, 1),
         # The broker shares the machine's cores with the servers: what it spent meanwhile, per 1,000 answers.
-        "broker_cpu_s_per_1000": round(broker / max(ok, 1) * 1000, 4),
+        "broker_cpu_s_per_1000": round(broker / max(ok, 1) * 1000, 4), "machine_busy_percent": machine_busy,
     }
 
 
@@ -290,6 +297,7 @@ def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: fl
         else:
             latencies.append((time.perf_counter() - sent) * 1000)
 
+    machine_before = machine_cpu_ticks()
     cpu0, start = time.process_time(), time.perf_counter()
     sent = 0
     while (now := time.perf_counter()) - start < seconds:
@@ -310,7 +318,7 @@ def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: fl
         "events_per_s": round(len(latencies) / elapsed, 1), "requests": sent, "errors": errors[0],
         "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
         "cpu_s_per_1000": round(cpu / max(len(latencies), 1) * 1000, 4), "server_cpu_s": round(cpu, 2),
-        "rss_mib": round(rss_bytes([os.getpid()]) / 2**20, 1),
+        "rss_mib": round(rss_bytes([os.getpid()]) / 2**20, 1), "machine_busy_percent": busy_percent(machine_before),
     }
 
 
@@ -455,6 +463,9 @@ def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
                 "raw_producer_p99_ms_at_receiver_half_rate": floors.get(label, {}).get("p99_ms_median")
                 if model == "uvicorn" else None,
                 "bare_p99_ms_at_half_saturation": bare["half_saturation_p99_ms_median"],
+                # The tail at half rate follows how busy the whole machine was (servers, broker, oha together).
+                "receiver_machine_busy_percent_at_half": rec["half_saturation"].get("machine_busy_percent"),
+                "bare_machine_busy_percent_at_half": bare["half_saturation"].get("machine_busy_percent"),
             }
     return out
 
