@@ -1,7 +1,8 @@
 """The receiver as it runs: a real gunicorn subprocess in front of the real broker.
 
 Events are read back from the topic and compared attribute by attribute; the broker is stopped and started
-under the receiver; channels come and go through the channels file; SIGTERM loses no accepted event.
+under the receiver; channels come and go through the channels file and through the real kube-apiserver; SIGTERM
+loses no accepted event; fuzzed requests never get a 500 nor crash a worker.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from fuzzing import ALLOWED, random_requests, structured_requests
 from kafka_eventing.core.binding import event_from_kafka
+from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
@@ -270,3 +275,136 @@ def test_broker_down_503_then_back_202(kafka_running: KafkaNode, topic: str,
                "202 after the broker came back")
     ids = {event_from_kafka(m.headers(), m.value()).get_id() for m in read_topic(kafka_running, topic, 2)}
     assert {"before", "after"} <= ids
+
+
+def read_all(kafka: KafkaNode, topic: str, timeout: float = 30.0) -> list[Any]:
+    """Every record in ``topic`` now: each partition read from its start to the high watermark of the moment."""
+    consumer = Consumer({**kafka.client_config(), "group.id": f"t-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
+        position = {p: low for p, (low, _high) in marks.items()}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while any(position[p] < high for p, (_low, high) in marks.items()):
+            assert time.monotonic() < deadline, f"topic {topic} not read to its end: at {position}, ends {marks}"
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+                position[msg.partition()] = msg.offset() + 1
+        return out
+    finally:
+        consumer.close()
+
+
+def worker_pids(master: int) -> set[int]:
+    return {int(pid) for pid in Path(f"/proc/{master}/task/{master}/children").read_text().split()}
+
+
+def test_fuzzed_requests_never_a_server_error(kafka_running: KafkaNode, topic: str,
+                                              start_receiver: Callable[..., Receiver]) -> None:
+    """The unit tier's request strategies, sent over real HTTP to gunicorn with the real broker behind it."""
+    receiver = start_receiver(channels_yaml(("shop", "orders", topic, "binary")),
+                              bootstrap=kafka_running.bootstrap_servers)
+    workers = worker_pids(receiver.proc.pid)
+    statuses: dict[int, int] = {}
+    unsendable = [0]
+    single_accepted = [0]
+
+    with httpx.Client(base_url=receiver.url, timeout=20) as client:
+
+        @settings(max_examples=150, deadline=None, database=None)
+        @given(request=st.one_of(random_requests, structured_requests))
+        def check(request: tuple[dict[str, str], str, bytes, str, str]) -> None:
+            headers, content_type, body, method, path = request
+            # Bytes on the wire as a client would send them (header values are latin-1 text).
+            raw = [(b"Host", b"orders-kn-channel.shop.svc"),
+                   *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
+            if content_type:
+                raw.append((b"content-type", content_type.encode()))
+            try:
+                res = client.request(method, path, headers=raw, content=body)
+            except (httpx.LocalProtocolError, UnicodeError):
+                unsendable[0] += 1  # the client itself refuses, e.g. a non-ASCII header name: nothing reached us
+                return
+            assert res.status_code in ALLOWED, (res.status_code, res.text)
+            statuses[res.status_code] = statuses.get(res.status_code, 0) + 1
+            if res.status_code >= 400:
+                assert "error" in res.json(), res.text
+            if res.status_code == 202 and "batch" not in content_type:
+                single_accepted[0] += 1
+
+        check()
+
+    # The generator reached both the produce path and the parse errors; most requests went out.
+    assert statuses.get(202, 0) > 0 and statuses.get(400, 0) > 0, statuses
+    assert unsendable[0] < sum(statuses.values()), (unsendable, statuses)
+    # No worker crashed or was replaced, and nothing was logged as an unhandled error.
+    assert receiver.proc.poll() is None
+    assert worker_pids(receiver.proc.pid) == workers
+    assert "Traceback" not in receiver.log.read_text()
+    # Every 202 stands for records Kafka holds, and each reads back as a CloudEvent.
+    records = read_all(kafka_running, topic)
+    assert len(records) >= single_accepted[0], (len(records), single_accepted[0], statuses)
+    for msg in records:
+        event_from_kafka(msg.headers(), msg.value())
+
+
+@pytest.mark.kube
+def test_channels_from_the_apiserver_at_runtime(kafka_running: KafkaNode, topic: str,
+                                                start_receiver: Callable[..., Receiver],
+                                                kube_control_plane: Any, kube_namespace: str) -> None:
+    """KE_CHANNEL_SOURCE=kube: the receiver follows KafkaChannels on a real kube-apiserver — added, not ready,
+    ready again, deleted — without a restart."""
+    from kubernetes import client
+
+    from kafka_eventing.controller.crd import install_crd
+
+    group, version, plural = "messaging.knative.dev", "v1beta1", "kafkachannels"
+    api = kube_control_plane.api_client()
+    install_crd(api)
+    objects = client.CustomObjectsApi(api)
+    ns = kube_namespace
+    receiver = start_receiver("", bootstrap=kafka_running.bootstrap_servers,
+                              env={"KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    path = f"/{ns}/orders"
+    by_host = {"Host": f"orders-kn-channel.{ns}.svc.cluster.local"}
+
+    def status(event_id: str) -> int:
+        return receiver.post(path, event_id.encode(), binary_headers(event_id)).status_code
+
+    def set_topic_ready(ready: bool) -> None:
+        condition = {"type": "TopicReady", "status": str(ready), "reason": "TopicReady" if ready else "TopicFailed",
+                     "message": "" if ready else "quota exceeded"}
+        objects.patch_namespaced_custom_object_status(group, version, ns, plural, "orders",
+                                                      {"status": {"conditions": [condition]}})
+
+    try:
+        assert status("unknown") == 404
+        objects.create_namespaced_custom_object(group, version, ns, plural, {
+            "apiVersion": f"{group}/{version}", "kind": "KafkaChannel",
+            "metadata": {"name": "orders", "namespace": ns, "annotations": {ANNOTATION_EXTERNAL_TOPIC: topic}},
+            "spec": {"numPartitions": 3}})
+        wait_until(lambda: status("added") == 202, 30, "202 once the channel exists")
+        res = httpx.post(receiver.url + "/", content=b"by host", headers={**binary_headers("host"), **by_host},
+                         timeout=20)
+        assert res.status_code == 202, res.text
+
+        set_topic_ready(False)
+        wait_until(lambda: status("not-ready") == 503, 30, "503 while the topic is not ready")
+        res = receiver.post(path, b"x", binary_headers("not-ready-2"))
+        assert res.status_code == 503 and res.headers["Retry-After"], res.text
+        assert "quota exceeded" in res.json()["error"]
+
+        set_topic_ready(True)
+        wait_until(lambda: status("ready-again") == 202, 30, "202 once the topic is ready again")
+
+        objects.delete_namespaced_custom_object(group, version, ns, plural, "orders")
+        wait_until(lambda: status("deleted") == 404, 30, "404 once the channel is deleted")
+    finally:
+        api.close()
+    ids = {event_from_kafka(m.headers(), m.value()).get_id() for m in read_all(kafka_running, topic)}
+    assert {"added", "host", "ready-again"} <= ids
+    assert not ids & {"unknown", "not-ready", "not-ready-2", "deleted"}

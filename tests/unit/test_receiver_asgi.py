@@ -50,6 +50,9 @@ def test_routing_and_other_endpoints() -> None:
         res = client.simulate_options("/", headers={"WebHook-Request-Origin": "o.example"})
         assert res.headers["WebHook-Allowed-Origin"] == "o.example"
         assert client.simulate_get("/").status_code == 405
+        # falcon's own errors answer in the same JSON shape as ours (and as the WSGI app's)
+        for res in (client.simulate_post("/x", body=b"x", headers=HEADERS), client.simulate_put("/shop/orders")):
+            assert res.status_code in (404, 405) and "error" in res.json, res.text
         assert client.simulate_get("/healthz").status_code == 200
         assert client.simulate_get("/readyz").json == {"channels": True, "kafka": True, "accepting": True}
         assert "kafka_receiver_events_total" in client.simulate_get("/metrics").text

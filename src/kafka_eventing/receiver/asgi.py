@@ -25,7 +25,7 @@ from kafka_eventing.core.channels import ChannelKey
 from kafka_eventing.core.metrics import LoopTally, exposition
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver import app as wsgi
-from kafka_eventing.receiver.app import READ_CHUNK, Ingress, KafkaProbe, _Answer, _BodyTooLarge
+from kafka_eventing.receiver.app import READ_CHUNK, Ingress, KafkaProbe, _Answer, _BodyTooLarge, _JsonErrors
 from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, LoopPoller, Producer
 
 AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
@@ -140,6 +140,14 @@ class AsyncMetrics:
         resp.data, resp.content_type = exposition()
 
 
+class _AsyncJsonErrors(_JsonErrors):
+    """The WSGI app's JSON errors for falcon's own (other paths, 405, bad headers): ASGI wants a coroutine."""
+
+    async def __call__(self, req: Any, resp: Any, ex: falcon.HTTPError,  # type: ignore[override]
+                       params: dict[str, Any], **_kwargs: Any) -> None:
+        super().__call__(req, resp, ex, params)
+
+
 class _Shutdown:
     """ASGI lifespan shutdown (after uvicorn drained its connections): flush and stop."""
 
@@ -166,6 +174,7 @@ def create_app(
                                             min(settings.max_event_bytes, message_max_bytes)))
     app: AsgiApp = falcon.asgi.App(middleware=[_Shutdown(resource)])  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(falcon.HTTPError, _AsyncJsonErrors())
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", AsyncHealth())
