@@ -39,6 +39,9 @@ def test_subscriber_status_written_through_status_subresource(
             {"uid": "sub-1", "generation": 3, "subscriberUri": "http://127.0.0.1:9/"}]},
     }
     objects.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, body)
+    # What the controller (not running here) reports once the topic exists: until then the channel is not ready.
+    objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "kc", {"status": {
+        "conditions": [{"type": "TopicReady", "status": "True", "reason": "TopicReady"}]}})
 
     settings = Settings(bootstrap_servers=kafka_running.bootstrap_servers, channel_source="kube",
                         channel_namespace=kube_namespace, channel_name="kc",

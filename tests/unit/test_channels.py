@@ -61,6 +61,18 @@ def test_file_parsing(tmp_path: Path) -> None:
     assert audit.content_mode is ContentMode.STRUCTURED
 
 
+def test_readiness_from_the_api_server_needs_the_controllers_status() -> None:
+    obj = {"metadata": {"name": "orders", "namespace": "shop"}, "spec": {}}
+    assert channel_from_resource(obj, Settings()).ready  # standalone YAML: no controller, no status, ready
+    fresh = channel_from_resource(obj, Settings(), reconciled=True)
+    assert not fresh.ready and "not reconciled yet" in fresh.reason
+    done = {**obj, "status": {"conditions": [{"type": "TopicReady", "status": "True"}]}}
+    assert channel_from_resource(done, Settings(), reconciled=True).ready
+    failed = {**obj, "status": {"conditions": [{"type": "TopicReady", "status": "False", "reason": "TopicFailed"}]}}
+    got = channel_from_resource(failed, Settings(), reconciled=True)
+    assert not got.ready and got.reason == "TopicFailed"
+
+
 def test_invalid_channel_names_field() -> None:
     with pytest.raises(ChannelSpecError, match="shop/x.*backoffDelay"):
         channel_from_resource({"kind": "KafkaChannel", "metadata": {"name": "x", "namespace": "shop"},

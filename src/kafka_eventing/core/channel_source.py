@@ -210,7 +210,7 @@ class KubeChannelSource(_Cache):
     # -- informer cache -> channel snapshot ---------------------------------------------------------
     def _channel(self, obj: Mapping[str, Any]) -> Channel | None:
         try:
-            return channel_from_resource(obj, self.settings)
+            return channel_from_resource(obj, self.settings, reconciled=True)
         except ChannelSpecError as exc:
             meta = obj.get("metadata") or {}
             log.error("KafkaChannel rejected", extra={

@@ -83,8 +83,13 @@ def _ordered(value: str | None, where: str, default: bool = True) -> bool:
     return low == "ordered"
 
 
-def channel_from_resource(obj: Mapping[str, Any], settings: Settings) -> Channel:
-    """Build a Channel from a KafkaChannel object (dict as returned by the API or read from YAML)."""
+def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconciled: bool = False) -> Channel:
+    """Build a Channel from a KafkaChannel object (dict as returned by the API or read from YAML).
+
+    ``reconciled``: readiness must come from the controller's status (objects from the API server). Until the
+    controller reports TopicReady the topic may not exist — or a broker that auto-creates topics would make one
+    with its own defaults — so such a channel is known but not ready (503). A standalone YAML has no controller:
+    without status it is ready."""
     meta = obj.get("metadata") or {}
     name, namespace = meta.get("name"), meta.get("namespace") or "default"
     if not name:
@@ -102,14 +107,15 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings) -> Channel
         raise ChannelSpecError(f"{where}: content mode {mode_raw!r} must be binary or structured") from None
     ordered = _ordered(annotations.get(ANNOTATION_ORDER), where)
 
-    # Readiness for the data plane: the topic must exist. With no status at all (standalone YAML), ready.
+    # Readiness for the data plane: the topic must exist.
     ready, reason = True, ""
-    if status.get("conditions"):
+    if status.get("conditions") or reconciled:
         cond = _condition(status, "TopicReady") or _condition(status, "Ready")
         ready = cond is not None and str(cond.get("status")) == "True"
-        if not ready:
-            details: Mapping[str, Any] = cond or {}
-            reason = details.get("message") or details.get("reason") or "topic not ready"
+        if cond is None:
+            reason = "not reconciled yet: the controller has not reported TopicReady"
+        elif not ready:
+            reason = cond.get("message") or cond.get("reason") or "topic not ready"
 
     try:
         channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"))
