@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from kafka_eventing.core.channel_source import KubeChannelSource
 from kafka_eventing.core.settings import Settings
@@ -17,23 +15,6 @@ from waiting import wait_for
 
 pytestmark = pytest.mark.kube
 
-CANONICAL_CRD = Path(__file__).resolve().parents[2] / "src/kafka_eventing/controller/crds/kafkachannels.yaml"
-# Used only while the controller's canonical CRD is not in the tree yet.
-MINIMAL_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "kafkachannels.messaging.knative.dev"},
-    "spec": {
-        "group": "messaging.knative.dev", "scope": "Namespaced",
-        "names": {"kind": "KafkaChannel", "plural": "kafkachannels", "singular": "kafkachannel",
-                  "listKind": "KafkaChannelList", "shortNames": ["kc"]},
-        "versions": [{
-            "name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}},
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
-        }],
-    },
-}
 GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
 
 
@@ -43,22 +24,10 @@ def _namespace_name(ns: Any) -> str:
 
 @pytest.fixture
 def api_client(kube_control_plane: Any) -> Iterator[Any]:
-    from kubernetes import client, config
+    from kafka_eventing.controller.crd import install_crd
 
-    api = config.new_client_from_config(config_file=str(kube_control_plane.kubeconfig))
-    crd = yaml.safe_load(CANONICAL_CRD.read_text()) if CANONICAL_CRD.exists() else MINIMAL_CRD
-    ext = client.ApiextensionsV1Api(api)
-    try:
-        ext.create_custom_resource_definition(crd)
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    def established() -> bool:
-        got = ext.read_custom_resource_definition(crd["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or ()))
-
-    wait_for(established)
+    api = kube_control_plane.api_client()
+    install_crd(api)  # the controller's own CRD, as the other kube tests install it
     try:
         yield api
     finally:
