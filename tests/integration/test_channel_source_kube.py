@@ -63,13 +63,16 @@ def test_watch_follows_changes(api_client: Any, kube_namespace: Any) -> None:
         objects.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _channel(second, ns))
         wait_for(lambda: source.get((ns, second)) is not None)
         wait_for(lambda: set(single.snapshot()) == {(ns, second)})
+        # No controller has reported on it yet: known, not ready.
+        fresh = source.get((ns, second))
+        assert fresh is not None and not fresh.ready and fresh.reason.startswith("not reconciled yet")
 
         # Status drives readiness: TopicReady=False makes the channel known but not ready.
         objects.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, second, {"status": {
             "conditions": [{"type": "TopicReady", "status": "False", "reason": "TopicFailed",
                             "message": "quota exceeded"}]}})
-        wait_for(lambda: (c := source.get((ns, second))) is not None and not c.ready)
-        assert source.get((ns, second)).reason == "quota exceeded"  # type: ignore[union-attr]
+        wait_for(lambda: (c := source.get((ns, second))) is not None and c.reason == "quota exceeded")
+        assert not source.get((ns, second)).ready  # type: ignore[union-attr]
 
         # An invalid spec is kept out (and logged), not served with a guessed meaning.
         objects.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, first, {"metadata": {
