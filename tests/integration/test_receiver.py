@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from fuzzing import ALLOWED, random_requests, structured_requests
 from kafka_eventing.core.binding import event_from_kafka
-from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC
+from kafka_eventing.core.channel_source import VERSION
+from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, KIND, PLURAL
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
@@ -114,9 +115,14 @@ def start_receiver(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
                 receiver.proc.wait(5)
 
 
+def _reader(kafka: KafkaNode) -> Consumer:
+    """A throwaway consumer (its own group, no commits) that starts at the beginning of what it reads."""
+    return Consumer({**kafka.client_config(), "group.id": f"t-{uuid.uuid4().hex[:8]}",
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False})
+
+
 def read_topic(kafka: KafkaNode, topic: str, count: int, timeout: float = 30.0) -> list[Any]:
-    consumer = Consumer({**kafka.client_config(), "group.id": f"t-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = _reader(kafka)
     consumer.subscribe([topic])
     out: list[Any] = []
     deadline = time.monotonic() + timeout
@@ -279,8 +285,7 @@ def test_broker_down_503_then_back_202(kafka_running: KafkaNode, topic: str,
 
 def read_all(kafka: KafkaNode, topic: str, timeout: float = 30.0) -> list[Any]:
     """Every record in ``topic`` now: each partition read from its start to the high watermark of the moment."""
-    consumer = Consumer({**kafka.client_config(), "group.id": f"t-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
+    consumer = _reader(kafka)
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
@@ -363,7 +368,6 @@ def test_channels_from_the_apiserver_at_runtime(kafka_running: KafkaNode, topic:
 
     from kafka_eventing.controller.crd import install_crd
 
-    group, version, plural = "messaging.knative.dev", "v1beta1", "kafkachannels"
     api = kube_control_plane.api_client()
     install_crd(api)
     objects = client.CustomObjectsApi(api)
@@ -379,13 +383,13 @@ def test_channels_from_the_apiserver_at_runtime(kafka_running: KafkaNode, topic:
     def set_topic_ready(ready: bool) -> None:
         condition = {"type": "TopicReady", "status": str(ready), "reason": "TopicReady" if ready else "TopicFailed",
                      "message": "" if ready else "quota exceeded"}
-        objects.patch_namespaced_custom_object_status(group, version, ns, plural, "orders",
+        objects.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, "orders",
                                                       {"status": {"conditions": [condition]}})
 
     try:
         assert status("unknown") == 404
-        objects.create_namespaced_custom_object(group, version, ns, plural, {
-            "apiVersion": f"{group}/{version}", "kind": "KafkaChannel",
+        objects.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
             "metadata": {"name": "orders", "namespace": ns, "annotations": {ANNOTATION_EXTERNAL_TOPIC: topic}},
             "spec": {"numPartitions": 3}})
         # Known but not reconciled: the topic may not exist yet, so nothing is produced (no controller runs here).
@@ -405,7 +409,7 @@ def test_channels_from_the_apiserver_at_runtime(kafka_running: KafkaNode, topic:
         set_topic_ready(True)
         wait_until(lambda: status("ready-again") == 202, 30, "202 once the topic is ready again")
 
-        objects.delete_namespaced_custom_object(group, version, ns, plural, "orders")
+        objects.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "orders")
         wait_until(lambda: status("deleted") == 404, 30, "404 once the channel is deleted")
     finally:
         api.close()
