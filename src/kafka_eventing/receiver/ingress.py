@@ -27,11 +27,11 @@ from kafka_eventing.core.binding import (
     event_to_kafka,
     events_from_http_batch,
     is_batch,
-    raw_http_to_kafka,
 )
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.transcode import raw_http_to_kafka
 from kafka_eventing.receiver.metrics import Tally
 from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Producer, Result
 
