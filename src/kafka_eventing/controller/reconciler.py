@@ -30,7 +30,7 @@ from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
-from kafka_eventing.core.delivery import DeliverySpecError, parse_duration
+from kafka_eventing.core.durations import DurationError, parse_duration
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError
 from kafka_eventing.core.settings import Settings
@@ -168,7 +168,7 @@ class Reconciler:
         manage = self.settings.topic_management == "admin" and not external
         try:
             retention = parse_duration(str(spec.get("retentionDuration") or "PT168H"), "retentionDuration")
-        except DeliverySpecError as exc:
+        except DurationError as exc:
             return Condition.false(cond.TOPIC_READY, "InvalidRetention", str(exc)), Result()
         retention_ms = int(retention / timedelta(milliseconds=1))
         if retention_ms <= 0:
