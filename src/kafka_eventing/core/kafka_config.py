@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kafka_eventing.core.redaction import REDACTED, redact
+
 if TYPE_CHECKING:
     from kafka_eventing.core.settings import Settings
 
@@ -54,20 +56,12 @@ PROVIDERS: dict[Provider, dict[str, Any]] = {
     Provider.AWS_MSK_IAM: {"protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "msk_iam": True},
 }
 
-_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauth_cb")
-
-
 class KafkaConfigError(ValueError):
     """The connection Secret or preset cannot make a working config; the message says what to change."""
 
 
 class KafkaConnectionError(RuntimeError):
     """Kafka could not be reached or refused the credentials (message never contains a secret)."""
-
-
-def redact(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log: values of secret-looking keys replaced."""
-    return {k: ("<redacted>" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in config.items()}
 
 
 def _text(data: Mapping[str, str | bytes], key: str) -> str | None:
@@ -258,7 +252,7 @@ def _scrub(text: str, connection: KafkaConnection) -> str:
     for key in ("sasl.password", "ssl.key.pem"):
         secret = connection.config.get(key)
         if secret:
-            text = text.replace(str(secret), "<redacted>")
+            text = text.replace(str(secret), REDACTED)
     return text
 
 
