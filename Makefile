@@ -40,8 +40,12 @@ local-down: ## Stop what local-up started.
 test: setup verify lint test-unit test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
 
 .PHONY: test-unit
-test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-charts.
-	$(PYTEST) tests/unit -q --ignore=tests/unit/test_chart.py
+test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
+	$(PYTEST) tests/unit -q
+
+.PHONY: test-chart
+test-chart: ## Render assertions and schema validation of every Helm scenario and Kustomize overlay (tests/chart).
+	$(PYTEST) tests/chart -q
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
