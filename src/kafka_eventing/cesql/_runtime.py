@@ -30,7 +30,7 @@ WHITESPACE = (
 )
 
 
-class Fail(Exception):  # noqa: N818 - a control-flow signal carrying the error, not an error type of its own
+class Fail(Exception):
     """Stops an evaluation at its first error."""
 
     __slots__ = ("error",)

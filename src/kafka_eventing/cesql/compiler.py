@@ -282,7 +282,8 @@ def fold(node: ast.Node, namespace: dict[str, object]) -> ast.Node:
         val = eval(src, namespace, {})  # noqa: S307 - our own generated code; names are validated identifiers
     except rt.Fail:
         return node
-    return {bool: ast.BoolLit, int: ast.IntLit, str: ast.StrLit}[val.__class__](val)
+    literal: ast.Node = {bool: ast.BoolLit, int: ast.IntLit, str: ast.StrLit}[val.__class__](val)
+    return literal
 
 
 class Result(NamedTuple):
