@@ -293,38 +293,53 @@ class Result(NamedTuple):
     errors: tuple[CesqlError, ...]
 
 
+_TRUE, _FALSE = Result(True, ()), Result(False, ())
+
+
 def _missing_attribute(exc: KeyError) -> CesqlError:
     name = exc.args[0] if exc.args else "?"
     return CesqlError(ErrorKind.MISSING_ATTRIBUTE, f"the event has no attribute {name!r}")
 
 
 class Expression:
-    """A compiled CESQL expression. Build with ``compile_expression``; use from any number of threads."""
+    """A compiled CESQL expression. Build with ``compile_expression``; use from any number of threads.
 
-    __slots__ = ("_fallback", "_strict", "_zero", "matches", "source", "text", "tree", "type")
+    ``matches`` and ``evaluate`` are the generated functions themselves (attributes, not methods), so a call costs
+    no extra Python frame.
+    """
+
+    __slots__ = ("_fallback", "_strict", "_zero", "evaluate", "matches", "source", "text", "tree", "type")
 
     #: True only when the expression's value is Boolean true and no error occurred (the filter's rule, spec §1.2).
     matches: Callable[[Event], bool]
+    #: The value and the errors of this expression on an event (attribute name → value). Never raises.
+    evaluate: Callable[[Event], Result]
 
     def __init__(self, text: str, tree: ast.Node) -> None:
         self.text = text
         self.tree = tree
-        namespace: dict[str, object] = dict(_HELPERS)
+        namespace: dict[str, object] = {**_HELPERS, "_TRUE": _TRUE, "_FALSE": _FALSE, "_Result": Result,
+                                        "_new_result": tuple.__new__, "_with_errors": self._evaluate_with_errors}
         folded = fold(tree, namespace)
         strict = _Generator(namespace, tolerant=False).root(folded)
         tolerant = _Generator(namespace, tolerant=True).root(folded)
         self.type = strict.type
         self._zero = ZERO[strict.type]
+        # The filter's verdict, and the Result of an error-free evaluation: a Boolean one is one of two shared
+        # Results (nothing allocated); other values get a new one (tuple.__new__ skips Result's Python __new__).
         if strict.type is Type.BOOLEAN:
-            verdict = strict.src
+            verdict, result = strict.src, "_TRUE if v else _FALSE"
         elif strict.type is Type.ANY:
             verdict = f"({strict.src}) is True"
+            result = "_TRUE if v is True else _FALSE if v is False else _new_result(_Result, (v, ()))"
         else:
-            verdict = "False"
+            verdict, result = "False", "_new_result(_Result, (v, ()))"
         self.source = (
             f"def _strict(e):\n    return {strict.src}\n\n"
             f"def _tolerant(e, _R):\n    return {tolerant.src}\n\n"
-            f"def _matches(e):\n    try:\n        return {verdict}\n    except Exception:\n        return False\n"
+            f"def _matches(e):\n    try:\n        return {verdict}\n    except Exception:\n        return False\n\n"
+            f"def _evaluate(e):\n    try:\n        v = {strict.src}\n    except Exception:\n"
+            f"        return _with_errors(e)\n    return {result}\n"
         )
         try:
             exec(compile(self.source, "<cesql>", "exec"), namespace)  # noqa: S102 - code generated from the tree
@@ -333,13 +348,9 @@ class Expression:
         self._strict: Callable[[Event], Value] = namespace["_strict"]  # type: ignore[assignment]
         self._fallback: Callable[[Event, list[CesqlError]], Value] = namespace["_tolerant"]  # type: ignore[assignment]
         self.matches = namespace["_matches"]  # type: ignore[assignment]
+        self.evaluate = namespace["_evaluate"]  # type: ignore[assignment]
 
-    def evaluate(self, event: Event) -> Result:
-        """The value and the errors of this expression on ``event`` (attribute name → value). Never raises."""
-        try:
-            return Result(self._strict(event), ())
-        except Exception:  # noqa: S110 - any error: evaluate again, collecting the errors
-            pass
+    def _evaluate_with_errors(self, event: Event) -> Result:
         errors: list[CesqlError] = []
         try:
             return Result(self._fallback(event, errors), tuple(errors))

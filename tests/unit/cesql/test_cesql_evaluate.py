@@ -233,4 +233,4 @@ def test_compiled_code_folds_constants_and_reads_attributes_inline() -> None:
     expr = compile_expression("type = CONCAT('com.', 'example') AND 2 * 3 = 6")
     assert "CONCAT" not in expr.source and "'com.example'" in expr.source
     assert "e['type']" in expr.source
-    assert compile_expression("1 / 0").source.count("_divide") == 2  # the error is not folded away
+    assert "_divide(1, 0, None)" in compile_expression("1 / 0").source  # the error is not folded away
