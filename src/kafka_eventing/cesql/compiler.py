@@ -296,9 +296,15 @@ class Result(NamedTuple):
 _TRUE, _FALSE = Result(True, ()), Result(False, ())
 
 
-def _missing_attribute(exc: KeyError) -> CesqlError:
-    name = exc.args[0] if exc.args else "?"
-    return CesqlError(ErrorKind.MISSING_ATTRIBUTE, f"the event has no attribute {name!r}")
+def _error_of(exc: Exception) -> CesqlError:
+    """The error an evaluation stopped with: its own, a missing attribute (``event[name]`` raised KeyError), or
+    whatever else the event mapping raised, as a generic error."""
+    if isinstance(exc, rt.Fail):
+        return exc.error
+    if isinstance(exc, KeyError):
+        name = exc.args[0] if exc.args else "?"
+        return CesqlError(ErrorKind.MISSING_ATTRIBUTE, f"the event has no attribute {name!r}")
+    return CesqlError(ErrorKind.GENERIC, f"reading the event failed: {exc!r}")
 
 
 class Expression:
@@ -308,7 +314,7 @@ class Expression:
     no extra Python frame.
     """
 
-    __slots__ = ("_fallback", "_strict", "_zero", "evaluate", "matches", "source", "text", "tree", "type")
+    __slots__ = ("_fallback", "_zero", "evaluate", "matches", "source", "text", "tree", "type")
 
     #: True only when the expression's value is Boolean true and no error occurred (the filter's rule, spec §1.2).
     matches: Callable[[Event], bool]
@@ -334,32 +340,33 @@ class Expression:
             result = "_TRUE if v is True else _FALSE if v is False else _new_result(_Result, (v, ()))"
         else:
             verdict, result = "False", "_new_result(_Result, (v, ()))"
+        # The variant in which the outermost operator reports its own errors is needed only where it has some
+        # (a cast, a division, a function); otherwise the first error decides, and the exception carries it.
+        fallback = tolerant.src != strict.src
         self.source = (
-            f"def _strict(e):\n    return {strict.src}\n\n"
-            f"def _tolerant(e, _R):\n    return {tolerant.src}\n\n"
             f"def _matches(e):\n    try:\n        return {verdict}\n    except Exception:\n        return False\n\n"
-            f"def _evaluate(e):\n    try:\n        v = {strict.src}\n    except Exception:\n"
-            f"        return _with_errors(e)\n    return {result}\n"
+            f"def _evaluate(e):\n    try:\n        v = {strict.src}\n    except Exception as x:\n"
+            f"        return _with_errors(e, x)\n    return {result}\n"
+            + (f"\ndef _tolerant(e, _R):\n    return {tolerant.src}\n" if fallback else "")
         )
         try:
             exec(compile(self.source, "<cesql>", "exec"), namespace)  # noqa: S102 - code generated from the tree
         except (SyntaxError, RecursionError, MemoryError) as exc:
             raise CesqlParseError(f"the expression is too complex to compile ({exc})") from None
-        self._strict: Callable[[Event], Value] = namespace["_strict"]  # type: ignore[assignment]
-        self._fallback: Callable[[Event, list[CesqlError]], Value] = namespace["_tolerant"]  # type: ignore[assignment]
+        self._fallback: Callable[[Event, list[CesqlError]], Value] | None = \
+            namespace["_tolerant"] if fallback else None  # type: ignore[assignment]
         self.matches = namespace["_matches"]  # type: ignore[assignment]
         self.evaluate = namespace["_evaluate"]  # type: ignore[assignment]
 
-    def _evaluate_with_errors(self, event: Event) -> Result:
+    def _evaluate_with_errors(self, event: Event, first: Exception) -> Result:
+        """``evaluate`` after the fail-fast code stopped with ``first``."""
         errors: list[CesqlError] = []
-        try:
-            return Result(self._fallback(event, errors), tuple(errors))
-        except rt.Fail as exc:
-            errors.append(exc.error)
-        except KeyError as exc:
-            errors.append(_missing_attribute(exc))
-        except Exception as exc:
-            errors.append(CesqlError(ErrorKind.GENERIC, f"reading the event failed: {exc!r}"))
+        if self._fallback is not None:
+            try:
+                return Result(self._fallback(event, errors), tuple(errors))
+            except Exception as exc:  # the same error again, from a sub-expression
+                first = exc
+        errors.append(_error_of(first))
         return Result(self._zero, tuple(errors))
 
     def __repr__(self) -> str:
