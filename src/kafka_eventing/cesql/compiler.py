@@ -20,6 +20,7 @@ MissingAttributeError.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -342,7 +343,7 @@ class Expression:
             verdict, result = "False", "_new_result(_Result, (v, ()))"
         # The variant in which the outermost operator reports its own errors is needed only where it has some
         # (a cast, a division, a function); otherwise the first error decides, and the exception carries it.
-        fallback = tolerant.src != strict.src
+        fallback = re.search(r"\b_R\b", tolerant.src) is not None
         self.source = (
             f"def _matches(e):\n    try:\n        return {verdict}\n    except Exception:\n        return False\n\n"
             f"def _evaluate(e):\n    try:\n        v = {strict.src}\n    except Exception as x:\n"
