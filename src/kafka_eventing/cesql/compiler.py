@@ -7,11 +7,12 @@ class check. Constant sub-expressions are folded. The result is a Python functio
 
 * ``matches(event)``: the filter's question, "is the value Boolean true with no error". Any error stops the
   evaluation (the spec's fail-fast mode, §4.1); nothing is allocated on the way.
-* ``evaluate(event)``: value and errors. It first runs the same fail-fast code; only when that meets an error does
-  it run a second variant in which the outermost operator reports its own errors and still returns the value the
-  spec defines for them (``ABS(-2147483648)`` is ``2147483647`` with a math error). An error in any
-  sub-expression makes the whole expression take the zero value of its type (spec §3.2, §3.3), which is what the
-  conformance suite expects (``true AND (1 != 1/0)`` is ``false`` with a math error).
+* ``evaluate(event)``: value and errors. It runs the same fail-fast code. An error in a sub-expression makes the
+  whole expression take the zero value of its type with that error (spec §3.2, §3.3), which is what the
+  conformance suite expects (``true AND (1 != 1/0)`` is ``false`` with a math error). An error of the outermost
+  operator itself gives the value the spec defines for it (``ABS(-2147483648)`` is ``2147483647`` with a math
+  error): for that, when the fail-fast code stopped, a second variant runs in which the outermost operator
+  reports its own errors and carries on. It is generated only for operators that can have errors.
 
 Attribute reads are ``event[name]``: a missing one raises ``KeyError``, which the caller turns into a
 MissingAttributeError.
@@ -44,7 +45,7 @@ ZERO: dict[Type, Value] = {Type.BOOLEAN: False, Type.INTEGER: 0, Type.STRING: ""
 
 # The helpers generated code calls, by the names it uses.
 _HELPERS: dict[str, object] = {
-    "_Fail": rt.Fail, "_value": rt.value, "_cast": rt.cast, "_as_str": rt.as_str, "_as_int": rt.as_int,
+    "_value": rt.value, "_cast": rt.cast, "_as_str": rt.as_str, "_as_int": rt.as_int,
     "_as_bool": rt.as_bool, "_int_of_str": rt.int_of_str, "_bool_of_str": rt.bool_of_str,
     "_implicit_bool_of_int": rt.implicit_bool_of_int, "_overflow": rt.overflow, "_divide": rt.divide,
     "_modulo": rt.modulo, "_equals": rt.equals, "_in_equals": rt.in_equals, "_member": rt.member,
@@ -103,10 +104,6 @@ class _Generator:
         code = self.emit(node, "_R" if self.tolerant else "None")
         return _Code(self.value_of(code), code.type) if code.type is Type.ANY else code
 
-    def emit(self, node: ast.Node, errs: str = "None") -> _Code:
-        """``node`` compiled; its own errors go to the list named ``errs`` ("None": raise)."""
-        return self._emit(node, errs)
-
     # -- casts -----------------------------------------------------------------------------------------------
 
     def value_of(self, code: _Code) -> str:
@@ -119,7 +116,7 @@ class _Generator:
     def cast(self, code: _Code, target: Type, errs: str) -> _Code:
         """``code`` implicitly cast to ``target`` by the operator that owns ``errs``."""
         if target is Type.ANY:
-            return _Code(self.value_of(code), code.type if code.type is not Type.ANY else Type.ANY)
+            return _Code(self.value_of(code), code.type)
         if code.type is target:
             return code
         if code.is_const:
@@ -153,7 +150,8 @@ class _Generator:
 
     # -- nodes -----------------------------------------------------------------------------------------------
 
-    def _emit(self, node: ast.Node, errs: str) -> _Code:
+    def emit(self, node: ast.Node, errs: str = "None") -> _Code:
+        """``node`` compiled; its own errors go to the list named ``errs`` ("None": raise)."""
         match node:
             case ast.BoolLit(val) | ast.IntLit(val) | ast.StrLit(val):
                 return _literal(val)
