@@ -368,6 +368,11 @@ class Expression:
         errors.append(_error_of(first))
         return Result(self._zero, tuple(errors))
 
+    def __reduce__(self) -> tuple[Callable[[str], Expression], tuple[str]]:
+        # Pickled as its text and compiled again where it lands (e.g. a Spark executor): generated code does not
+        # travel.
+        return compile_expression, (self.text,)
+
     def __repr__(self) -> str:
         return f"Expression({self.text!r})"
 

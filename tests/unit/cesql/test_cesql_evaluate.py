@@ -4,6 +4,7 @@ compiler picks (inline casts, LIKE shapes, IN shapes), overflow, the error model
 from __future__ import annotations
 
 import datetime as dt
+import pickle
 from collections.abc import Iterator, Mapping
 
 import pytest
@@ -227,6 +228,13 @@ def test_public_api() -> None:
     assert str(failed.errors[0]).startswith("functionEvaluation: ")
     assert {kind.value for kind in ErrorKind} >= {"parse", "math", "cast", "missingFunction", "functionEvaluation",
                                                   "missingAttribute"}
+
+
+def test_expressions_pickle_as_their_text() -> None:
+    expr = compile_expression("seq > 5 AND source LIKE 'https://%'")
+    copy = pickle.loads(pickle.dumps(expr))
+    assert copy.text == expr.text
+    assert copy.evaluate(HEADERS) == expr.evaluate(HEADERS) == Result(True, ())
 
 
 def test_compiled_code_folds_constants_and_reads_attributes_inline() -> None:
