@@ -295,6 +295,11 @@ class Result(NamedTuple):
 _TRUE, _FALSE = Result(True, ()), Result(False, ())
 
 
+def _too_complex(why: str) -> CesqlParseError:
+    # The parser's depth limit keeps ordinary expressions well below this; a defence against what slips past it.
+    return CesqlParseError(f"the expression is too complex to compile ({why}); split it or use IN for long lists")
+
+
 def _error_of(exc: Exception) -> CesqlError:
     """The error an evaluation stopped with: its own, a missing attribute (``event[name]`` raised KeyError), or
     whatever else the event mapping raised, as a generic error."""
@@ -325,9 +330,12 @@ class Expression:
         self.tree = tree
         namespace: dict[str, object] = {**_HELPERS, "_TRUE": _TRUE, "_FALSE": _FALSE, "_Result": Result,
                                         "_new_result": tuple.__new__, "_with_errors": self._evaluate_with_errors}
-        folded = fold(tree, namespace)
-        strict = _Generator(namespace, tolerant=False).root(folded)
-        tolerant = _Generator(namespace, tolerant=True).root(folded)
+        try:
+            folded = fold(tree, namespace)
+            strict = _Generator(namespace, tolerant=False).root(folded)
+            tolerant = _Generator(namespace, tolerant=True).root(folded)
+        except RecursionError:
+            raise _too_complex("nesting") from None
         self.type = strict.type
         self._zero = ZERO[strict.type]
         # The filter's verdict, and the Result of an error-free evaluation: a Boolean one is one of two shared
@@ -351,7 +359,7 @@ class Expression:
         try:
             exec(compile(self.source, "<cesql>", "exec"), namespace)  # noqa: S102 - code generated from the tree
         except (SyntaxError, RecursionError, MemoryError) as exc:
-            raise CesqlParseError(f"the expression is too complex to compile ({exc})") from None
+            raise _too_complex(str(exc) or type(exc).__name__) from None
         self._fallback: Callable[[Event, list[CesqlError]], Value] | None = \
             namespace["_tolerant"] if fallback else None  # type: ignore[assignment]
         self.matches = namespace["_matches"]  # type: ignore[assignment]
