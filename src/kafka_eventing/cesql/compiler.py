@@ -206,21 +206,24 @@ class _Generator:
                      Type.INTEGER)
 
     def _like(self, src: str, pattern: str, negated: bool) -> _Code:
+        # The common shapes become string methods; the rest a regular expression.
         parts = rt.like_parts(pattern)
-        literals = [part for part in parts if part not in ("%", "_")]
-        if "_" in parts or len(literals) > 1 or parts.count("%") > 2:
+        literals = [part for part in parts if isinstance(part, str)]
+        wildcards = len(parts) - len(literals)
+        any_, one = rt.Wildcard.ANY, rt.Wildcard.ONE
+        if one in parts or len(literals) > 1 or wildcards > 2:
             test = f"({self._const_name(rt.like_regex(parts).fullmatch)}({src}) is not None)"
         elif not parts:
             test = f"({src} == '')"
-        elif parts == literals:
+        elif not wildcards:
             test = f"({src} == {literals[0]!r})"
         elif not literals:  # only '%': anything matches, but the operand is still evaluated
             test = f"({src}).__class__ is str"
-        elif parts == [literals[0], "%"]:
+        elif parts == [literals[0], any_]:
             test = f"{src}.startswith({literals[0]!r})"
-        elif parts == ["%", literals[0]]:
+        elif parts == [any_, literals[0]]:
             test = f"{src}.endswith({literals[0]!r})"
-        elif parts == ["%", literals[0], "%"]:
+        elif parts == [any_, literals[0], any_]:
             test = f"({literals[0]!r} in {src})"
         else:
             test = f"({self._const_name(rt.like_regex(parts).fullmatch)}({src}) is not None)"

@@ -132,6 +132,9 @@ def test_values_and_errors(text: str, value: object, errors: list[ErrorKind]) ->
         ("a\\%b", ["a%b"], ["azb"]),
         ("%a\\_b", ["xa_b"], ["xazb"]),
         ("100\\%", ["100%"], ["1000"]),
+        ("\\%", ["%"], ["", "a"]),  # an escaped wildcard alone is a literal, not a wildcard
+        ("\\_%", ["_", "_x"], ["x"]),
+        ("%\\%%", ["%", "a%b"], ["ab"]),
         ("a.*(_", ["a.*(x"], ["ab*(x", "a.*("]),  # regex characters are literal
     ],
 )
