@@ -192,12 +192,14 @@ class _Generator:
         if op in ast.EQUALITY_OPS:
             python_op = "==" if op == "=" else "!="
             lcode, rcode = self.emit(left), self.emit(right)
-            if rcode.type is Type.ANY:
-                # The right operand's type, which decides the cast (spec §3.7), is known per event only.
-                call = f"_equals({self.value_of(lcode)}, {self.value_of(rcode)}, {errs})"
-                return _Code(call if op == "=" else f"(not {call})", Type.BOOLEAN)
-            lsrc = self.cast(lcode, rcode.type, errs).src
-            return _Code(f"({lsrc} {python_op} {rcode.src})", Type.BOOLEAN)
+            if rcode.is_const:
+                # The common `attribute = 'literal'`: the left operand cast inline to the literal's type.
+                lsrc = self.cast(lcode, rcode.type, errs).src
+                return _Code(f"({lsrc} {python_op} {rcode.src})", Type.BOOLEAN)
+            # Otherwise both operands are evaluated first, then the left is cast to the right's type (spec §3.7),
+            # which for an attribute is known per event only.
+            call = f"_equals({self.value_of(lcode)}, {self.value_of(rcode)}, {errs})"
+            return _Code(call if op == "=" else f"(not {call})", Type.BOOLEAN)
         lsrc, rsrc = self.operand(left, Type.INTEGER, errs), self.operand(right, Type.INTEGER, errs)
         if op in ("/", "%"):
             return _Code(f"{'_divide' if op == '/' else '_modulo'}({lsrc}, {rsrc}, {errs})", Type.INTEGER)
