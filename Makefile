@@ -37,7 +37,7 @@ local-down: ## Stop what local-up started.
 
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup verify lint test-unit test-cesql test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), chart checks.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
@@ -46,6 +46,14 @@ test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test
 .PHONY: test-chart
 test-chart: ## Render assertions and schema validation of every Helm scenario and Kustomize overlay (tests/chart).
 	$(PYTEST) tests/chart -q
+
+# The CloudEvents SQL conformance suite (cloudevents/spec cesql/cesql_tck) lives beside the repository.
+CESQL_TCK ?= $(ROOT)/../shared/reference/cesql-tck
+
+.PHONY: test-cesql
+test-cesql: ## CloudEvents SQL conformance: every case of every TCK file in ../shared/reference/cesql-tck.
+	@test -d "$(CESQL_TCK)" || { echo "test-cesql: no CESQL TCK at $(CESQL_TCK) (../shared/reference/cesql-tck beside the repository; or set CESQL_TCK=dir)" >&2; exit 1; }
+	$(PY) -m kafka_eventing cesql tck $(CESQL_TCK)
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
@@ -97,7 +105,7 @@ bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .ca
 	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
-bench: bench-receiver bench-dispatcher bench-controller bench-spark ## All benchmarks.
+bench: bench-receiver bench-dispatcher bench-controller bench-spark bench-cesql ## All benchmarks.
 
 .PHONY: bench-receiver
 bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.
@@ -114,3 +122,7 @@ bench-controller: setup ## 500 KafkaChannels to Ready on the real apiserver + Ka
 .PHONY: bench-spark
 bench-spark: setup ## Archive/replay throughput at local[1] and local[2] vs a single-process baseline.
 	$(PY) bench/spark.py
+
+.PHONY: bench-cesql
+bench-cesql: setup ## CESQL per-event evaluation vs a hand-written Python lambda, side by side; compile time.
+	$(PY) bench/cesql.py
