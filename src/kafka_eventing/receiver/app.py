@@ -13,9 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,29 +69,6 @@ def _events(key: ChannelKey | None, status: str) -> Any:
 @functools.lru_cache(maxsize=4096)
 def _bytes_in(namespace: str, name: str) -> Any:
     return BYTES_IN.labels(f"{namespace}/{name}")
-
-
-class KafkaProbe:
-    """Readiness of the Kafka side: cluster metadata within ``timeout``, remembered for ``ttl`` seconds."""
-
-    def __init__(self, producer: Producer, timeout: float = 2.0, ttl: float = 5.0) -> None:
-        self.producer, self.timeout, self.ttl = producer, timeout, ttl
-        self._checked_at = -1e9
-        self._ok = False
-        self._lock = threading.Lock()
-
-    def __call__(self) -> bool:
-        with self._lock:  # one probe at a time; the others read its answer
-            if time.monotonic() - self._checked_at >= self.ttl:
-                try:
-                    self.producer.list_topics(timeout=self.timeout)
-                    self._ok = True
-                except Exception as exc:
-                    if self._ok:
-                        log.warning("Kafka unreachable", extra={"error": type(exc).__name__})
-                    self._ok = False
-                self._checked_at = time.monotonic()
-            return self._ok
 
 
 @dataclass
@@ -266,15 +241,19 @@ class HealthResource:
         resp.media = {"status": "ok"}
 
 
+def readiness(channels: ChannelSource, sender: KafkaSender) -> tuple[str, dict[str, bool]]:
+    """Can this pod answer? Kafka is deliberately not asked: a broker blip would take every receiver pod out of
+    the Service at once, and clients would get connection errors instead of a 503 + Retry-After per request."""
+    checks = {"channels": channels.synced(), "accepting": not sender.closing}
+    return (falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503), checks
+
+
 class ReadyResource:
-    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender) -> None:
-        self.channels, self.kafka_ready, self.sender = channels, kafka_ready, sender
+    def __init__(self, channels: ChannelSource, sender: KafkaSender) -> None:
+        self.channels, self.sender = channels, sender
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        checks = {"channels": self.channels.synced(), "kafka": self.kafka_ready(),
-                  "accepting": not self.sender.closing}
-        resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
-        resp.media = checks
+        resp.status, resp.media = readiness(self.channels, self.sender)
 
 
 class _JsonErrors:
@@ -295,7 +274,6 @@ def create_app(
     settings: Settings,
     *,
     sender: KafkaSender | None = None,
-    kafka_ready: Callable[[], bool] | None = None,
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
 ) -> falcon.App[falcon.Request, falcon.Response]:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app)."""
@@ -309,7 +287,7 @@ def create_app(
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, kafka_ready or KafkaProbe(producer), sender))
+    app.add_route("/readyz", ReadyResource(channels, sender))
     app.add_route("/metrics", MetricsResource())
     return app
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -25,7 +24,7 @@ from kafka_eventing.core.channels import ChannelKey
 from kafka_eventing.core.metrics import LoopTally, exposition
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver import app as wsgi
-from kafka_eventing.receiver.app import READ_CHUNK, Ingress, KafkaProbe, _Answer, _BodyTooLarge, _JsonErrors
+from kafka_eventing.receiver.app import READ_CHUNK, Ingress, _Answer, _BodyTooLarge, _JsonErrors, readiness
 from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, LoopPoller, Producer
 
 AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
@@ -125,14 +124,11 @@ class AsyncHealth:
 
 
 class AsyncReady:
-    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender) -> None:
-        self.channels, self.kafka_ready, self.sender = channels, kafka_ready, sender
+    def __init__(self, channels: ChannelSource, sender: KafkaSender) -> None:
+        self.channels, self.sender = channels, sender
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        kafka = await asyncio.to_thread(self.kafka_ready)  # a metadata request may block for its timeout
-        checks = {"channels": self.channels.synced(), "kafka": kafka, "accepting": not self.sender.closing}
-        resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
-        resp.media = checks
+        resp.status, resp.media = readiness(self.channels, self.sender)
 
 
 class AsyncMetrics:
@@ -165,7 +161,6 @@ def create_app(
     settings: Settings,
     *,
     sender: KafkaSender | None = None,
-    kafka_ready: Callable[[], bool] | None = None,
     message_max_bytes: int = wsgi.DEFAULT_MESSAGE_MAX_BYTES,
 ) -> AsgiApp:
     # No poll thread: the event loop polls (AsyncChannelResource.poller).
@@ -178,7 +173,7 @@ def create_app(
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", AsyncHealth())
-    app.add_route("/readyz", AsyncReady(channels, kafka_ready or KafkaProbe(producer), sender))
+    app.add_route("/readyz", AsyncReady(channels, sender))
     app.add_route("/metrics", AsyncMetrics())
     return app
 
