@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec
-from kafka_eventing.dispatcher.delivery import Attempt, Deliverer, Outcome
+from kafka_eventing.core.http_delivery import Attempt, parse_retry_after, retry_delay
+from kafka_eventing.dispatcher.delivery import Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.offsets import OffsetTracker
-from kafka_eventing.dispatcher.retry import parse_retry_after, retry_delay
 from kafka_eventing.dispatcher.status import SubscriberStatus, build_status
 from kafka_eventing.dispatcher.subscription import SubscriptionConsumer, TokenBucket, _Partition
 
