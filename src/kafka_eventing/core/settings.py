@@ -56,6 +56,9 @@ class Settings:
     max_event_bytes: int = 1024 * 1024
     produce_timeout_seconds: float = 10.0
     retry_after_seconds: int = 5
+    #: a request must arrive whole (head and body) within this many seconds of its first byte, and a new
+    #: connection must start one as quickly; slower clients are cut off so they cannot hold connections forever.
+    request_timeout_seconds: float = 30.0
     compression_type: str = "none"
     linger_ms: int = 5
 

@@ -7,8 +7,9 @@ waiting for its delivery report is a suspended coroutine, and the producer is po
 parsing, limits, answers — is ``receiver.ingress``.
 
 ``create_app`` builds the app from injected parts (tests use fakes); ``get_app()`` reads the environment and is
-what gunicorn runs: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf -k uvicorn.workers.UvicornWorker
-'kafka_eventing.receiver.app:get_app()'`` (``python -m kafka_eventing.receiver`` does exactly that).
+what gunicorn runs: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf
+-k kafka_eventing.receiver.server.ReceiverWorker 'kafka_eventing.receiver.app:get_app()'``
+(``python -m kafka_eventing.receiver`` does exactly that).
 """
 
 from __future__ import annotations
