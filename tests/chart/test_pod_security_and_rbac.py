@@ -5,7 +5,7 @@ Kustomize overlay) and over the dispatcher Deployment the controller creates at 
 - Pod Security "restricted" (the Kubernetes profile, container settings overriding the pod's) on every pod,
   plus a read-only root filesystem.
 
-Renders come from the real ``helm`` / ``kustomize`` binaries through test_chart's helpers.
+Renders come from the real ``helm`` / ``kustomize`` binaries (tests/chart/render.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
-from test_chart import NAMESPACE, RENDERS, helm, kustomize, of_kind, scenario
 
 from kafka_eventing.controller.resources import ChannelRef, DispatcherConfig, dispatcher_deployment
 from kafka_eventing.core.settings import Settings
+
+from .render import NAMESPACE, RENDERS, helm, of_kind, render
 
 READ_VERBS = {"get", "list", "watch"}
 #: Verbs that hand out more than the role holds: never granted.
@@ -26,13 +27,6 @@ ESCALATING_VERBS = {"escalate", "bind", "impersonate"}
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                       "projected", "secret"}
 POD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"}
-
-
-def render(name: str) -> tuple[dict[str, Any], ...]:
-    source, _, what = name.partition(":")
-    docs = scenario(what) if source == "helm" else kustomize(what)
-    assert docs, name
-    return docs
 
 
 def pods(docs: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:

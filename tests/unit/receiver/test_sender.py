@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 from falcon import testing
-from test_receiver import FakeChannels, FakeProducer
 
 from kafka_eventing.core.channels import Channel
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
+
+from .test_app import FakeChannels, FakeProducer
 
 ORDERS = Channel("shop", "orders", "shop.orders")
 HEADERS = {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/t", "ce-type": "t",

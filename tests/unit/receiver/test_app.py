@@ -19,7 +19,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
 
-# -- fakes (also used by test_receiver_fuzz.py and test_receiver_asgi.py) ---------------------------------
+# -- fakes (also used by test_app_fuzz.py and test_sender.py) ------------------------------------------
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kafka_eventing.core.binding import (
@@ -96,7 +96,6 @@ _values = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(_names, _values), max_size=10), st.one_of(st.none(), st.binary(max_size=20)))
 def test_any_record_matches_the_sdk_path(extra: Headers, value: bytes | None) -> None:
     for headers in (extra, [*BASE, *extra]):
@@ -117,7 +116,6 @@ def test_a_plain_binary_record_does_not_build_an_event(monkeypatch: pytest.Monke
     assert body == b"{}"
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(_names, _values), max_size=10), st.one_of(st.none(), st.binary(max_size=20)))
 def test_with_trace_the_record_trace_context_comes_along(extra: Headers, value: bytes | None) -> None:
     from kafka_eventing.core.binding import trace_from_kafka

@@ -139,7 +139,7 @@ def records(draw: st.DrawFn) -> tuple[Record, bool]:
 # -- properties ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(records(), min_size=1, max_size=25), st.booleans())
 def test_columnar_decode_matches_the_sdk_path_row_for_row(batch_records: list[tuple[Record, bool]],
                                                           keep_raw: bool) -> None:

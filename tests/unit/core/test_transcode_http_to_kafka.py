@@ -43,7 +43,7 @@ def _outcome(build: Any) -> Any:
     return (record.key, record.value, record.headers)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(suppress_health_check=list(HealthCheck))
 @given(st.dictionaries(NAMES, TEXTS, max_size=8), st.booleans(), st.binary(max_size=8), TRACES,
        st.sampled_from(list(ContentMode)))
 def test_fast_path_equals_the_sdk_path(extra: dict[str, str], with_base: bool, body: bytes,
@@ -109,7 +109,7 @@ RAW_VALUES = st.one_of(st.sampled_from([b"", b"x", b"2024-01-01T00:00:00Z", b"a%
                                         b"1.0"]), st.binary(max_size=6))
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(RAW_NAMES, RAW_VALUES), max_size=6), st.binary(max_size=8))
 def test_raw_header_pairs_give_what_the_sdk_gives_on_the_framework_headers(
         extra: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_receiver import Client, FakeProducer, make_app
 
 from fuzzing import ALLOWED, random_requests, structured_requests
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.core.channels import Channel
+
+from .test_app import Client, FakeProducer, make_app
 
 ORDERS = Channel("shop", "orders", "shop.orders")
 STATUSES: dict[int, int] = {}
@@ -26,7 +27,7 @@ def app_and_producer() -> Iterator[tuple[Any, FakeProducer]]:
     sender.close(1.0)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=st.one_of(random_requests, structured_requests))
 def test_never_a_server_error(app_and_producer: tuple[Any, FakeProducer],
                               request: tuple[dict[str, str], str, bytes, str, str]) -> None:
