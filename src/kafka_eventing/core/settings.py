@@ -85,6 +85,16 @@ class Settings:
     request_timeout_seconds: float = 30.0
     compression_type: str = "none"
     linger_ms: int = 5
+    #: ingress authentication, off while empty: the OIDC issuer whose JWTs (Kubernetes service-account tokens
+    #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience.
+    auth_issuer: str = ""
+    #: CA bundle trusted for the issuer's discovery document and JWKS (in-cluster: the service-account ca.crt).
+    auth_ca_file: Path | None = None
+    #: bearer token presented to the issuer when fetching them (in-cluster: the service-account token), re-read
+    #: at each fetch so a rotated token is used.
+    auth_token_file: Path | None = None
+    #: how long signing keys are kept before the JWKS is fetched again (a new key id fetches at once).
+    auth_keys_ttl_seconds: float = 300.0
 
     # -- dispatcher ---------------------------------------------------------------------------------
     channel_name: str = ""

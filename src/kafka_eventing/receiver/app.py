@@ -27,6 +27,7 @@ import falcon.asgi
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import ChannelKey
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver.auth import AuthMiddleware, TokenVerifier
 from kafka_eventing.receiver.ingress import (
     DEFAULT_MESSAGE_MAX_BYTES,
     READ_CHUNK,
@@ -174,6 +175,7 @@ def create_app(
     *,
     sender: KafkaSender | None = None,
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
+    verifier: TokenVerifier | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
 
@@ -181,7 +183,10 @@ def create_app(
     """
     sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
     resource = ChannelResource(Ingress(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes)))
-    app: AsgiApp = falcon.asgi.App(middleware=[_Shutdown(resource)])  # type: ignore[arg-type]
+    middleware: list[object] = [_Shutdown(resource)]
+    if verifier is not None:  # only then: without authentication a request meets no middleware at all
+        middleware.append(AuthMiddleware(verifier, resource.ingress, resource))
+    app: AsgiApp = falcon.asgi.App(middleware=middleware)  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(falcon.HTTPError, JsonErrors())
     app.add_route("/", resource)
@@ -254,7 +259,7 @@ def get_app() -> AsgiApp:
     """Build the receiver from the environment: what gunicorn runs."""
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
-                      message_max_bytes=parts.message_max_bytes)
+                      message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings))
 
 
 def shutdown() -> None:
