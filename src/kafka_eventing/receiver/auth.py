@@ -2,7 +2,8 @@
 — a Kubernetes service-account token (TokenRequest) or any OIDC provider's — naming the channel's audience.
 
 The issuer's keys come from its JWKS, found through OIDC discovery (``<issuer>/.well-known/openid-configuration``)
-and kept for ``KE_AUTH_KEYS_TTL_SECONDS``; fetches run off the event loop. Signature, issuer and expiry are checked
+and kept for ``KE_AUTH_KEYS_TTL_SECONDS`` (an unknown key id refetches, at most every 30 s); fetches run off
+the event loop. Signature, issuer and expiry are checked
 by PyJWT. No token or an invalid one: 401; a valid token for another audience: 403. Both are answered before the
 body is read, so nothing reaches Kafka. When authentication is off, none of this is installed: the request path
 is the same as without it.
@@ -42,9 +43,12 @@ class TokenVerifier:
     """Verifies bearer tokens of one issuer against a channel's audience."""
 
     def __init__(self, issuer: str, *, ca_file: Path | None = None, token_file: Path | None = None,
-                 keys_ttl: float = 300.0) -> None:
+                 keys_ttl: float = 300.0, refetch_cooldown: float = 30.0) -> None:
         self.issuer = issuer
         self.keys_ttl = keys_ttl
+        # An unknown key id fetches the JWKS again at most this often, so tokens with made-up key ids cannot
+        # make the receiver hammer the issuer.
+        self.refetch_cooldown = refetch_cooldown
         self._token_file = token_file
         self._ssl = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
         self._jwks: jwt.PyJWKClient | None = None
@@ -76,7 +80,8 @@ class TokenVerifier:
             if doc.get("issuer") != self.issuer or not doc.get("jwks_uri"):
                 raise AuthError(f"{url}: issuer {doc.get('issuer')!r} is not {self.issuer!r}, or no jwks_uri")
             self._jwks = jwt.PyJWKClient(doc["jwks_uri"], cache_jwk_set=True, lifespan=self.keys_ttl,
-                                         headers=self._headers(), timeout=FETCH_TIMEOUT, ssl_context=self._ssl)
+                                         headers=self._headers(), timeout=FETCH_TIMEOUT, ssl_context=self._ssl,
+                                         cooldown_duration=self.refetch_cooldown)
         return self._jwks
 
     def _fetch(self, kid: str) -> jwt.PyJWK:
