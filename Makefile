@@ -68,8 +68,8 @@ lint-charts: ## helm lint, ct lint, helm-docs drift, schema validation of every 
 
 ##@ Build
 .PHONY: generate
-generate: ## Write every generated copy from its one source: CRDs, provider presets (values-*.yaml, overlays, ApplicationSets, docs), base images, chart README.
-	$(PY) hack/generate.py --helm-docs $(BIN)/helm-docs
+generate: ## Write every generated file from its one source: the Kustomize base (from the chart), CRD copies, provider presets (values-*.yaml, overlays, ApplicationSets, docs), chart README.
+	$(PY) hack/generate.py --helm $(BIN)/helm --helm-docs $(BIN)/helm-docs
 
 .PHONY: verify
 verify: generate ## Fail when `make generate` changes anything (a copy edited by hand, or a source changed without it).
