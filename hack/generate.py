@@ -219,7 +219,8 @@ def presets() -> None:
 #: Labels only Helm sets (a Kustomize install is not managed by Helm) and the pod annotations that roll pods on a
 #: values change (Kustomize rolls them by the ConfigMaps' name hash instead).
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
-PARTS = ("crds", "config", "receiver", "controller", "dispatcher")
+#: The base's folders: the CRDs and the settings first, then one per `app.kubernetes.io/component` the chart renders.
+PARTS = ("crds", "config")
 BASE_NOTE = "# Rendered from the chart's default values by `make generate`: edit the chart, not this file."
 
 
@@ -282,19 +283,17 @@ def kustomize_base(helm: str) -> None:
     and a change rolls the pods through the name hash."""
     docs = _render(helm, "crds.keep=false")
     base = KUSTOMIZE / "base"
-    parts: dict[str, list[dict[str, Any]]] = {p: [] for p in PARTS}
+    parts: dict[str, list[dict[str, Any]]] = {}
     config_maps: dict[str, dict[str, str]] = {}
     for doc in docs:
         component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
         if doc["kind"] == "ConfigMap":
             config_maps[doc["metadata"]["name"]] = doc["data"]
-        elif doc["kind"] == "CustomResourceDefinition":
-            parts["crds"].append(doc)
-        else:
-            parts[component].append(doc)
-    for part in ("receiver", "controller", "dispatcher"):
+        elif doc["kind"] != "CustomResourceDefinition":  # the CRDs are the canonical files (crds())
+            parts.setdefault(component, []).append(doc)
+    for part, part_docs in parts.items():
         by_kind: dict[str, list[dict[str, Any]]] = {}
-        for doc in parts[part]:
+        for doc in part_docs:
             by_kind.setdefault(doc["kind"].lower(), []).append(doc)
         for kind, items in by_kind.items():
             text = yaml.safe_dump_all(items, sort_keys=False, width=120)
@@ -329,7 +328,7 @@ def kustomize_base(helm: str) -> None:
         "# settings (params.env) and components. The role images are the chart's (image.registry, appVersion): set",
         "# once there; an `images:` block over this base replaces them.",
         "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", f"namespace: {NAMESPACE}",
-        "resources:", "  - namespace.yaml", *(f"  - {p}" for p in PARTS),
+        "resources:", "  - namespace.yaml", *(f"  - {p}" for p in (*PARTS, *parts)),
         "# Channels' ExternalName Services point at the receiver Service by the name the controller reads from",
         "# KE_RECEIVER_SERVICE, and ReceiverDeploymentReady watches the Deployment named in KE_RECEIVER_DEPLOYMENT:",
         "# keep them in step if an overlay renames the objects (namePrefix, a patch).",
