@@ -54,6 +54,8 @@ class DeadlineHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.in_head:
             self.head_bytes += len(data)
+            if self.started is None:  # the first bytes of a request: its clock starts
+                self.started = self.loop.time()
         super().data_received(data)
         if self.in_head:
             cycle = self.cycle
@@ -69,10 +71,6 @@ class DeadlineHttpProtocol(HttpToolsProtocol):
         if self.loop not in self._sweeping:
             self._sweeping.add(self.loop)
             self.loop.call_later(SWEEP_INTERVAL, _sweep, self.loop, self.connections)
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.started = self.loop.time()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
