@@ -43,6 +43,8 @@ from _common import (
     write_json,
 )
 
+from kafka_eventing.receiver.__main__ import WORKER as RECEIVER_WORKER
+
 SIZES = (1024, 20 * 1024)
 WORKERS = 2
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
@@ -62,7 +64,8 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 # The worker model the receiver ships with (gunicorn_conf); gthread workers with a WSGI app measured 5.8x less
 # throughput at 5.9x the CPU per event (docs/receiver.md) and are no longer offered.
 MODELS = {
-    "uvicorn": {"args": ["-k", "uvicorn.workers.UvicornWorker"], "receiver": "kafka_eventing.receiver.app:get_app()",
+    # The receiver's own worker class (uvicorn + slow-client deadlines) for both, so they differ only by the app.
+    "uvicorn": {"args": ["-k", RECEIVER_WORKER], "receiver": "kafka_eventing.receiver.app:get_app()",
                 "bare": "receiver:bare_asgi()"},
 }
 CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",

@@ -72,6 +72,11 @@ CI_VALUES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 SCENARIOS = [f"ci/{n}" for n in CI_VALUES] + list(PRESETS)
 
 
+#: Every render users can install: each Helm scenario and Kustomize overlay ("helm:<file>", "kustomize:<dir>").
+RENDERS = [f"helm:{n}" for n in SCENARIOS] + [f"kustomize:{p.name}" for p in sorted(
+    (KUSTOMIZE / "overlays").iterdir())]
+
+
 def tool(name: str) -> str:
     path = BIN / name
     if not path.is_file():
@@ -111,6 +116,12 @@ def kustomize(overlay: str) -> tuple[dict[str, Any], ...]:
 def scenario(name: str) -> tuple[dict[str, Any], ...]:
     # Scenarios render with the optional APIs served, so capability-guarded objects are checked too.
     return helm(name, apis=OPTIONAL_APIS)
+
+
+def render(name: str) -> tuple[dict[str, Any], ...]:
+    """One of ``RENDERS``."""
+    source, _, what = name.partition(":")
+    return scenario(what) if source == "helm" else kustomize(what)
 
 
 def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

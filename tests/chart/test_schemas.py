@@ -8,30 +8,24 @@ import jsonschema
 import pytest
 
 from .render import (
-    KUSTOMIZE,
-    SCENARIOS,
+    RENDERS,
     helm,
-    kustomize,
     of_kind,
     one,
-    scenario,
+    render,
     validate,
 )
 
-RENDERS = [f"helm:{n}" for n in SCENARIOS] + [f"kustomize:{p.name}" for p in sorted(
-    (KUSTOMIZE / "overlays").iterdir())]
 
-
-@pytest.mark.parametrize("render", RENDERS)
-def test_renders_validate_against_kubernetes_and_crd_schemas(render: str) -> None:
-    source, name = render.split(":", 1)
-    docs = scenario(name) if source == "helm" else kustomize(name)
+@pytest.mark.parametrize("name", RENDERS)
+def test_renders_validate_against_kubernetes_and_crd_schemas(name: str) -> None:
+    docs = render(name)
     assert docs
     for d in docs:
         try:
             validate(d)
         except jsonschema.ValidationError as exc:
-            pytest.fail(f"{render}: {d['kind']}/{d['metadata']['name']}: {str(exc).splitlines()[0]}")
+            pytest.fail(f"{name}: {d['kind']}/{d['metadata']['name']}: {str(exc).splitlines()[0]}")
 
 
 def test_schema_validation_catches_errors() -> None:

@@ -25,42 +25,21 @@ from .render import (
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_restricted_pod_security(name: str) -> None:
+def test_pods_run_as_the_images_uid(name: str) -> None:
+    # Pod Security and RBAC rules over every render: test_pod_security_and_rbac.py.
     specs = pod_specs(scenario(name))
     assert {n for n, _ in specs} >= {"kafka-eventing-receiver", "kafka-eventing-controller"}
     for pod, spec in specs:
-        psc = spec["securityContext"]
         # Numeric, so the kubelet can verify non-root: the spark image runs as Spark's UID 185, the others as 65532.
         uid = 185 if "kafka-eventing-spark:" in spec["containers"][0]["image"] else 65532
-        assert psc["runAsNonRoot"] is True, pod
-        assert psc["runAsUser"] == uid, pod
-        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, pod
-        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), pod
-        assert all("hostPath" not in v for v in spec.get("volumes", [])), pod
+        assert spec["securityContext"]["runAsUser"] == uid, pod
         for c in spec["containers"] + spec.get("initContainers", []):
-            sc = c["securityContext"]
-            assert sc["allowPrivilegeEscalation"] is False, (pod, c["name"])
-            assert sc["readOnlyRootFilesystem"] is True, (pod, c["name"])
-            assert sc["capabilities"] == {"drop": ["ALL"]}, (pod, c["name"])
-            assert sc["runAsNonRoot"] is True and not sc.get("privileged"), (pod, c["name"])
-            assert sc.get("runAsUser", uid) == uid, (pod, c["name"])
-            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, (pod, c["name"])
-
-
-def rbac_rules(docs: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    return [(d, r) for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d.get("rules", [])]
+            assert c["securityContext"].get("runAsUser", uid) == uid, (pod, c["name"])
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_rbac_least_privilege(name: str) -> None:
+def test_rbac_bindings_stay_inside_the_render(name: str) -> None:
     docs = scenario(name)
-    for role, rule in rbac_rules(docs):
-        for field in ("apiGroups", "resources", "verbs", "resourceNames"):
-            assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
-        if "secrets" in rule["resources"]:
-            # Only in the release namespace (where the connection Secret is), read-only.
-            assert role["kind"] == "Role" and role["metadata"]["namespace"] == NAMESPACE, rule
-            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
     # Every binding points at a role of this render and at ServiceAccounts of this render.
     roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
     accounts = {d["metadata"]["name"] for d in of_kind(docs, "ServiceAccount")}

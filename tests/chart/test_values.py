@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+from kafka_eventing.core.settings import Settings
+
 from .render import (
     CHART,
     OPTIONAL_APIS,
     RELEASE,
+    container_env,
     helm,
     of_kind,
     one,
@@ -74,3 +77,15 @@ def test_helm_test_sends_a_cloudevent_to_the_test_channel() -> None:
     assert env["RECEIVER_URL"].startswith("http://kafka-channel-receiver.")
     script = pod["spec"]["containers"][0]["command"][-1]
     assert "ce-specversion: 1.0" in script and '= 202' in script
+
+
+def test_receiver_auth_is_off_by_default_and_reaches_settings_when_on() -> None:
+    assert not [k for k in container_env(helm(), "kafka-eventing-receiver") if k.startswith("KE_AUTH_")]
+    env = container_env(helm(sets=("receiver.auth.enabled=true", "receiver.auth.keysTtlSeconds=60")),
+                        "kafka-eventing-receiver")
+    auth = {k: v for k, v in env.items() if k.startswith("KE_AUTH_")}
+    settings = Settings.from_env(auth)
+    assert settings.auth_issuer == "https://kubernetes.default.svc.cluster.local"
+    assert str(settings.auth_token_file) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert str(settings.auth_ca_file) == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    assert settings.auth_keys_ttl_seconds == 60

@@ -143,9 +143,9 @@ def test_receiver_answers_healthz_in_standalone_file_mode(
         engine: Engine, images: dict[str, str], tmp_path: Path) -> None:
     """The receiver's real entrypoint (gunicorn) starts under the restricted flags and serves /healthz.
 
-    The uvicorn workers must find everything they import in the image. There is no Kafka in
-    a ``--network none`` container, so /healthz (alive) answers 200 while /readyz (connected to Kafka) must not
-    claim readiness: the two probes stay distinct in the image too.
+    The uvicorn workers must find everything they import in the image. There is no Kafka in a ``--network none``
+    container; readiness means "this pod can answer" (channels loaded), not "Kafka is up" (a broker blip must not
+    empty the Service), so /readyz answers 200 too.
     """
     config = tmp_path / "config"
     config.mkdir()
@@ -164,7 +164,7 @@ def test_receiver_answers_healthz_in_standalone_file_mode(
         status = _wait_for_status(engine, name, "/healthz", deadline_s=60)
         assert status == 200, f"/healthz answered {status}\n{_logs(engine, name)}"
         ready = _http_status(engine, name, "/readyz")
-        assert ready is not None and ready != 200, f"/readyz claimed ready without Kafka ({ready})"
+        assert ready == 200, f"/readyz answered {ready} with the channels loaded\n{_logs(engine, name)}"
         state = engine.docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
         assert state == "true", _logs(engine, name)
     finally:

@@ -57,6 +57,12 @@ class Channel:
     generation: int = 0
     uid: str = ""
     subscribers: tuple[Subscriber, ...] = ()
+    #: the audience a token must name to send to this channel; empty: ``default_audience``.
+    audience: str = ""
+
+    @property
+    def token_audience(self) -> str:
+        return self.audience or default_audience(self.namespace, self.name)
 
     @property
     def key(self) -> ChannelKey:
@@ -65,6 +71,12 @@ class Channel:
     @property
     def host(self) -> str:
         return f"{self.name}{CHANNEL_HOST_SUFFIX}.{self.namespace}.svc.cluster.local"
+
+
+def default_audience(namespace: str, name: str) -> str:
+    """Knative's audience of an addressable: ``<group>/<kind>/<namespace>/<name>``, lower-cased — what upstream
+    publishes in ``status.address.audience`` when OIDC authentication is on."""
+    return f"{GROUP}/{KIND}/{namespace}/{name}".lower()
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -129,6 +141,8 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
         namespace=namespace, name=name, topic=topic, ready=ready, reason=reason, content_mode=mode,
         ordered=ordered, num_partitions=int(partitions), generation=int(meta.get("generation") or 0),
         uid=str(meta.get("uid") or ""), subscribers=subscribers,
+        # What the channel publishes as its address's audience is what senders ask tokens for.
+        audience=str((status.get("address") or {}).get("audience") or ""),
     )
 
 

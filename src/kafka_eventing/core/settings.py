@@ -80,8 +80,21 @@ class Settings:
     max_event_bytes: int = 1024 * 1024
     produce_timeout_seconds: float = 10.0
     retry_after_seconds: int = 5
+    #: a request must arrive whole (head and body) within this many seconds of its first byte, and a new
+    #: connection must start one as quickly; slower clients are cut off so they cannot hold connections forever.
+    request_timeout_seconds: float = 30.0
     compression_type: str = "none"
     linger_ms: int = 5
+    #: ingress authentication, off while empty: the OIDC issuer whose JWTs (Kubernetes service-account tokens
+    #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience.
+    auth_issuer: str = ""
+    #: CA bundle trusted for the issuer's discovery document and JWKS (in-cluster: the service-account ca.crt).
+    auth_ca_file: Path | None = None
+    #: bearer token presented to the issuer when fetching them (in-cluster: the service-account token), re-read
+    #: at each fetch so a rotated token is used.
+    auth_token_file: Path | None = None
+    #: how long signing keys are kept before the JWKS is fetched again (a new key id fetches at once).
+    auth_keys_ttl_seconds: float = 300.0
 
     # -- dispatcher ---------------------------------------------------------------------------------
     channel_name: str = ""

@@ -271,6 +271,10 @@ class KubeControlPlane:
             "--authorization-mode=RBAC",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
+            # The first issuer names new tokens and the discovery document: the loopback address, so a process here
+            # (the receiver's ingress authentication) can fetch /.well-known/openid-configuration and the JWKS from
+            # the issuer itself. The in-cluster name stays accepted.
+            f"--service-account-issuer={self.server}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",

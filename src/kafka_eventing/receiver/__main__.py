@@ -9,7 +9,7 @@ import os
 import sys
 
 APP = "kafka_eventing.receiver.app:get_app()"
-WORKER = "uvicorn.workers.UvicornWorker"
+WORKER = "kafka_eventing.receiver.server.ReceiverWorker"  # uvicorn, with deadlines for slow clients
 
 
 def command(argv: list[str]) -> list[str]:

@@ -7,8 +7,9 @@ waiting for its delivery report is a suspended coroutine, and the producer is po
 parsing, limits, answers — is ``receiver.ingress``.
 
 ``create_app`` builds the app from injected parts (tests use fakes); ``get_app()`` reads the environment and is
-what gunicorn runs: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf -k uvicorn.workers.UvicornWorker
-'kafka_eventing.receiver.app:get_app()'`` (``python -m kafka_eventing.receiver`` does exactly that).
+what gunicorn runs: ``gunicorn -c python:kafka_eventing.receiver.gunicorn_conf
+-k kafka_eventing.receiver.server.ReceiverWorker 'kafka_eventing.receiver.app:get_app()'``
+(``python -m kafka_eventing.receiver`` does exactly that).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ import falcon.asgi
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import ChannelKey
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver.auth import AuthMiddleware, TokenVerifier
 from kafka_eventing.receiver.ingress import (
     DEFAULT_MESSAGE_MAX_BYTES,
     READ_CHUNK,
@@ -35,7 +36,6 @@ from kafka_eventing.receiver.ingress import (
     BodyTooLarge,
     Ingress,
     JsonErrors,
-    KafkaProbe,
 )
 from kafka_eventing.receiver.metrics import LoopTally, exposition
 from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, LoopPoller, Producer
@@ -140,12 +140,14 @@ class HealthResource:
 
 
 class ReadyResource:
-    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender) -> None:
-        self.channels, self.kafka_ready, self.sender = channels, kafka_ready, sender
+    """Can this pod answer? Kafka is deliberately not asked: a broker blip would take every receiver pod out of
+    the Service at once, and clients would get connection errors instead of a 503 + Retry-After per request."""
+
+    def __init__(self, channels: ChannelSource, sender: KafkaSender) -> None:
+        self.channels, self.sender = channels, sender
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        kafka = await asyncio.to_thread(self.kafka_ready)  # a metadata request may block for its timeout
-        checks = {"channels": self.channels.synced(), "kafka": kafka, "accepting": not self.sender.closing}
+        checks = {"channels": self.channels.synced(), "accepting": not self.sender.closing}
         resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
         resp.media = checks
 
@@ -172,8 +174,8 @@ def create_app(
     settings: Settings,
     *,
     sender: KafkaSender | None = None,
-    kafka_ready: Callable[[], bool] | None = None,
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
+    verifier: TokenVerifier | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
 
@@ -181,13 +183,16 @@ def create_app(
     """
     sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
     resource = ChannelResource(Ingress(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes)))
-    app: AsgiApp = falcon.asgi.App(middleware=[_Shutdown(resource)])  # type: ignore[arg-type]
+    middleware: list[object] = [_Shutdown(resource)]
+    if verifier is not None:  # only then: without authentication a request meets no middleware at all
+        middleware.append(AuthMiddleware(verifier, resource.ingress, resource))
+    app: AsgiApp = falcon.asgi.App(middleware=middleware)  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(falcon.HTTPError, JsonErrors())
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, kafka_ready or KafkaProbe(producer), sender))
+    app.add_route("/readyz", ReadyResource(channels, sender))
     app.add_route("/metrics", MetricsResource())
     return app
 
@@ -254,7 +259,7 @@ def get_app() -> AsgiApp:
     """Build the receiver from the environment: what gunicorn runs."""
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
-                      message_max_bytes=parts.message_max_bytes)
+                      message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings))
 
 
 def shutdown() -> None:

@@ -19,7 +19,7 @@ _settings = Settings.from_env()
 
 bind = [f"0.0.0.0:{os.environ.get('PORT', '8080')}"]
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-worker_class = "uvicorn.workers.UvicornWorker"
+worker_class = "kafka_eventing.receiver.server.ReceiverWorker"  # uvicorn workers; see receiver/server.py
 wsgi_app = "kafka_eventing.receiver.app:get_app()"  # gunicorn's name for the app setting, ASGI included
 # The producer and its threads must be created in the worker, never inherited across fork().
 preload_app = False

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_h
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.core.transcode import raw_http_to_kafka
 from kafka_eventing.receiver.metrics import Tally
-from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Producer, Result
+from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Result
 
 log = logging.getLogger(__name__)
 
@@ -67,29 +66,6 @@ def _events(key: ChannelKey | None, status: str) -> Any:
 @functools.lru_cache(maxsize=4096)
 def _bytes_in(namespace: str, name: str) -> Any:
     return BYTES_IN.labels(f"{namespace}/{name}")
-
-
-class KafkaProbe:
-    """Readiness of the Kafka side: cluster metadata within ``timeout``, remembered for ``ttl`` seconds."""
-
-    def __init__(self, producer: Producer, timeout: float = 2.0, ttl: float = 5.0) -> None:
-        self.producer, self.timeout, self.ttl = producer, timeout, ttl
-        self._checked_at = -1e9
-        self._ok = False
-        self._lock = threading.Lock()
-
-    def __call__(self) -> bool:
-        with self._lock:  # one probe at a time; the others read its answer
-            if time.monotonic() - self._checked_at >= self.ttl:
-                try:
-                    self.producer.list_topics(timeout=self.timeout)
-                    self._ok = True
-                except Exception as exc:
-                    if self._ok:
-                        log.warning("Kafka unreachable", extra={"error": type(exc).__name__})
-                    self._ok = False
-                self._checked_at = time.monotonic()
-            return self._ok
 
 
 @dataclass

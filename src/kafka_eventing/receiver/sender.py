@@ -117,7 +117,7 @@ class AsyncPending:
 
     def __init__(self, count: int, poller: LoopPoller) -> None:
         self.remaining = count
-        self.error: str | None = None
+        self.error: Any = None  # the first failed report's KafkaError
         self.poller = poller
         self.future: asyncio.Future[None] = poller.loop.create_future()
         if count == 0:
@@ -130,7 +130,7 @@ class AsyncPending:
             return
         self.poller.outstanding -= 1
         if err is not None and self.error is None:
-            self.error = str(err)
+            self.error = err
         self.remaining -= 1
         if self.remaining <= 0:
             self.expire()
@@ -144,7 +144,7 @@ class AsyncPending:
         if self.remaining > 0:
             return Result(Outcome.TIMEOUT, "no delivery report in time")
         if self.error is not None:
-            return Result(Outcome.FAILED, self.error)
+            return _report_error(self.error)
         return DELIVERED
 
 
@@ -197,6 +197,23 @@ class KafkaSender:
         return left
 
 
+#: The error code's name for a record too large — from librdkafka's own check before sending (produce() raises)
+#: or from the broker, whose topic may accept less (``max.message.bytes``) than the producer (a delivery report).
+_TOO_LARGE = "MSG_SIZE_TOO_LARGE"
+
+
+def _too_large() -> Result:
+    return Result(Outcome.TOO_LARGE, "event is larger than the topic accepts")
+
+
+def _report_error(err: Any) -> Result:
+    """A failed delivery report: too large is the sender's to fix (413); anything else is worth a retry."""
+    name = getattr(err, "name", None)
+    if callable(name) and name() == _TOO_LARGE:
+        return _too_large()
+    return Result(Outcome.FAILED, str(err))
+
+
 def _produce_error(exc: Exception) -> Result:
     """BufferError: librdkafka's queue is full; KafkaException: classified by its error code's name."""
     if isinstance(exc, BufferError):
@@ -205,6 +222,6 @@ def _produce_error(exc: Exception) -> Result:
     args = getattr(exc, "args", ())
     if args and hasattr(args[0], "name"):
         code = str(args[0].name())
-    if code == "MSG_SIZE_TOO_LARGE":
-        return Result(Outcome.TOO_LARGE, "event is larger than the topic accepts")
+    if code == _TOO_LARGE:
+        return _too_large()
     return Result(Outcome.FAILED, f"produce failed: {code or type(exc).__name__}")

@@ -33,7 +33,7 @@ class Produced:
 @dataclass
 class FakeProducer:
     """``mode`` decides each report: ok | error | never | hold (until release()) | buffer (BufferError) |
-    too_large (KafkaException).
+    too_large (KafkaException) | broker_too_large (a failed report, as when the topic accepts less).
 
     ``modes`` (per produce call, in order) overrides ``mode`` while it lasts. Reports are handed out from
     ``poll``, as librdkafka does, so the receiver's event-loop poller is exercised.
@@ -67,7 +67,8 @@ class FakeProducer:
         if mode == "hold":  # reported later, by release()
             self.held.append(on_delivery)
             return
-        err = KafkaError(KafkaError._MSG_TIMED_OUT) if mode == "error" else None
+        err = {"error": KafkaError(KafkaError._MSG_TIMED_OUT),
+               "broker_too_large": KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)}.get(mode)
         with self._cond:
             self._reports.append((on_delivery, err))
             self._cond.notify_all()
@@ -263,7 +264,8 @@ def test_invalid_event_400_names_problem(client: testing.TestClient, producer: F
     assert producer.produced == []
 
 
-@pytest.mark.parametrize(("mode", "status"), [("error", 503), ("never", 503), ("buffer", 503), ("too_large", 413)])
+@pytest.mark.parametrize(("mode", "status"), [("error", 503), ("never", 503), ("buffer", 503), ("too_large", 413),
+                                                   ("broker_too_large", 413)])
 def test_kafka_failures(producer: FakeProducer, mode: str, status: int) -> None:
     producer.mode = mode
     app, sender = make_app(producer, ORDERS)
@@ -403,13 +405,18 @@ def test_health_and_readiness(producer: FakeProducer) -> None:
     assert client.simulate_get("/healthz").status_code == 200
     res = client.simulate_get("/readyz")
     assert res.status_code == 503
-    assert res.json == {"channels": False, "kafka": True, "accepting": True}
+    assert res.json == {"channels": False, "accepting": True}
     sender.close(0.5)
 
+    # Kafka unreachable: the pod can still answer (503 + Retry-After per request), so it stays ready.
     producer.reachable = False
+    producer.mode = "error"
     app, sender = make_app(producer, ORDERS)
     client = Client(app)
-    assert client.simulate_get("/readyz").json["kafka"] is False
+    res = client.simulate_get("/readyz")
+    assert res.status_code == 200 and res.json == {"channels": True, "accepting": True}
+    res = post(client)
+    assert res.status_code == 503 and res.headers["Retry-After"] == "7"
     sender.close(0.5)
 
 

@@ -27,7 +27,7 @@ def client_for(producer: FakeProducer) -> tuple[testing.TestClient, KafkaSender]
 
 @pytest.mark.parametrize(("mode", "body", "status"), [
     ("ok", b"data", 202), ("error", b"data", 503), ("never", b"data", 503), ("buffer", b"data", 503),
-    ("ok", b"x" * 4097, 413),
+    ("ok", b"x" * 4097, 413), ("broker_too_large", b"data", 413),
 ])
 def test_status_codes(mode: str, body: bytes, status: int) -> None:
     producer = FakeProducer(mode=mode)
@@ -54,7 +54,7 @@ def test_routing_and_other_endpoints() -> None:
         for res in (client.simulate_post("/x", body=b"x", headers=HEADERS), client.simulate_put("/shop/orders")):
             assert res.status_code in (404, 405) and "error" in res.json, res.text
         assert client.simulate_get("/healthz").status_code == 200
-        assert client.simulate_get("/readyz").json == {"channels": True, "kafka": True, "accepting": True}
+        assert client.simulate_get("/readyz").json == {"channels": True, "accepting": True}
         assert "kafka_receiver_events_total" in client.simulate_get("/metrics").text
     finally:
         sender.close(0.5)

@@ -1,0 +1,154 @@
+"""Optional ingress authentication (``KE_AUTH_ISSUER``; off by default): a POST must carry a JWT from the issuer
+— a Kubernetes service-account token (TokenRequest) or any OIDC provider's — naming the channel's audience.
+
+The issuer's keys come from its JWKS, found through OIDC discovery (``<issuer>/.well-known/openid-configuration``)
+and kept for ``KE_AUTH_KEYS_TTL_SECONDS`` (an unknown key id refetches, at most every 30 s); fetches run off
+the event loop. Signature, issuer and expiry are checked
+by PyJWT. No token or an invalid one: 401; a valid token for another audience: 403. Both are answered before the
+body is read, so nothing reaches Kafka. When authentication is off, none of this is installed: the request path
+is the same as without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import falcon
+import falcon.asgi
+import jwt
+
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver.ingress import Answer, Ingress
+
+log = logging.getLogger(__name__)
+
+#: Asymmetric algorithms only: a JWKS holds public keys, and "none"/HMAC must never verify a token.
+ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "EdDSA"]
+FETCH_TIMEOUT = 5.0
+
+
+class AuthError(Exception):
+    """The issuer's discovery document or keys cannot be used."""
+
+
+class TokenVerifier:
+    """Verifies bearer tokens of one issuer against a channel's audience."""
+
+    def __init__(self, issuer: str, *, ca_file: Path | None = None, token_file: Path | None = None,
+                 keys_ttl: float = 300.0, refetch_cooldown: float = 30.0) -> None:
+        self.issuer = issuer
+        self.keys_ttl = keys_ttl
+        # An unknown key id fetches the JWKS again at most this often, so tokens with made-up key ids cannot
+        # make the receiver hammer the issuer.
+        self.refetch_cooldown = refetch_cooldown
+        self._token_file = token_file
+        self._ssl = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        self._jwks: jwt.PyJWKClient | None = None
+        self._keys: dict[str, tuple[jwt.PyJWK, float]] = {}  # kid → key, fetched at (monotonic)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TokenVerifier | None:
+        if not settings.auth_issuer:
+            return None
+        return cls(settings.auth_issuer, ca_file=settings.auth_ca_file, token_file=settings.auth_token_file,
+                   keys_ttl=settings.auth_keys_ttl_seconds)
+
+    def _headers(self) -> dict[str, str]:
+        if self._token_file is None:
+            return {}
+        return {"Authorization": f"Bearer {self._token_file.read_text().strip()}"}
+
+    def _client(self) -> jwt.PyJWKClient:
+        """The JWKS client, from the issuer's discovery document (fetched once)."""
+        if self._jwks is None:
+            url = self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+            request = urllib.request.Request(url, headers=self._headers())  # noqa: S310 - an https issuer URL
+            try:
+                with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT, context=self._ssl) as res:  # noqa: S310
+                    doc = json.load(res)
+            except (OSError, ValueError) as exc:
+                raise AuthError(f"OIDC discovery at {url} failed: {exc}") from None
+            if doc.get("issuer") != self.issuer or not doc.get("jwks_uri"):
+                raise AuthError(f"{url}: issuer {doc.get('issuer')!r} is not {self.issuer!r}, or no jwks_uri")
+            self._jwks = jwt.PyJWKClient(doc["jwks_uri"], cache_jwk_set=True, lifespan=self.keys_ttl,
+                                         headers=self._headers(), timeout=FETCH_TIMEOUT, ssl_context=self._ssl,
+                                         cooldown_duration=self.refetch_cooldown)
+        return self._jwks
+
+    def _fetch(self, kid: str) -> jwt.PyJWK:
+        with self._lock:  # one fetch at a time; whoever waited finds the key cached
+            cached = self._keys.get(kid)
+            if cached is not None and time.monotonic() - cached[1] < self.keys_ttl:
+                return cached[0]
+            try:
+                key = self._client().get_signing_key(kid)
+            except jwt.PyJWKClientError as exc:
+                raise AuthError(str(exc)) from None
+            self._keys[kid] = (key, time.monotonic())
+            return key
+
+    async def key(self, kid: str) -> jwt.PyJWK:
+        cached = self._keys.get(kid)
+        if cached is not None and time.monotonic() - cached[1] < self.keys_ttl:
+            return cached[0]
+        return await asyncio.to_thread(self._fetch, kid)
+
+    async def check(self, authorization: str | None, audience: str | None) -> Answer | None:
+        """None when the request may go on; else its 401/403 answer. ``audience`` None: the channel is unknown
+        (the token is still checked; the 404 is the app's)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _unauthorized("a bearer token is required")
+        token = token.strip()
+        try:
+            kid = jwt.get_unverified_header(token).get("kid") or ""
+            key = await self.key(kid)
+            claims: dict[str, Any] = jwt.decode(
+                token, key, algorithms=ALGORITHMS, issuer=self.issuer,
+                options={"require": ["exp", "iss", "aud"], "verify_aud": False})
+        except AuthError as exc:
+            log.warning("token keys unavailable", extra={"error": str(exc)})
+            return _unauthorized("the token's signing key could not be found")
+        except jwt.InvalidTokenError as exc:
+            return _unauthorized(f"invalid token: {exc}")
+        if audience is None:
+            return None
+        aud = claims["aud"]
+        if audience not in (aud if isinstance(aud, list) else [aud]):
+            return Answer(falcon.HTTP_403, {"error": f"the token is not for audience {audience!r}"})
+        return None
+
+
+def _unauthorized(message: str) -> Answer:
+    return Answer(falcon.HTTP_401, {"error": message})
+
+
+class AuthMiddleware:
+    """Checks the token of every POST to a channel before its responder runs (installed only when enabled)."""
+
+    def __init__(self, verifier: TokenVerifier, ingress: Ingress, resource: object) -> None:
+        self.verifier, self.ingress, self.resource = verifier, ingress, resource
+
+    async def process_resource(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: object,
+                               params: dict[str, Any]) -> None:
+        if resource is not self.resource or req.method != "POST":
+            return
+        ingress = self.ingress
+        key = ingress.key(req, params.get("namespace"), params.get("name"))
+        channel = ingress.channels.get(key) if key is not None else None
+        answer = await self.verifier.check(req.get_header("Authorization"),
+                                           channel.token_audience if channel is not None else None)
+        if answer is not None:
+            ingress.respond(resp, answer, key)
+            if answer.status == falcon.HTTP_401:
+                resp.set_header("WWW-Authenticate", 'Bearer error="invalid_token"')
+            resp.complete = True

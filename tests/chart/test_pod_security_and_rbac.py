@@ -1,0 +1,217 @@
+"""Security of what users install, over every render (each chart ``ci/`` scenario and provider preset, and each
+Kustomize overlay) and over the dispatcher Deployment the controller creates at run time:
+
+- RBAC: no wildcards, no escalation verbs, no aggregation; Secrets readable only inside the release namespace;
+- Pod Security "restricted" (the Kubernetes profile, container settings overriding the pod's) on every pod,
+  plus a read-only root filesystem.
+
+Renders come from the real ``helm`` / ``kustomize`` binaries (tests/chart/render.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from kafka_eventing.controller.resources import ChannelRef, DispatcherConfig, dispatcher_deployment
+from kafka_eventing.core.settings import Settings
+
+from .render import NAMESPACE, RENDERS, helm, of_kind, render
+
+READ_VERBS = {"get", "list", "watch"}
+#: Verbs that hand out more than the role holds: never granted.
+ESCALATING_VERBS = {"escalate", "bind", "impersonate"}
+#: Volume types the restricted profile allows.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+POD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"}
+
+
+def pods(docs: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(kind/name, pod spec) of every object that makes pods."""
+    for d in docs:
+        if d["kind"] not in POD_KINDS:
+            continue
+        spec = d["spec"]
+        if d["kind"] == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        yield f"{d['kind']}/{d['metadata']['name']}", (spec if d["kind"] == "Pod" else spec["template"]["spec"])
+
+
+def restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """What keeps a pod spec from the Pod Security Standard "restricted" (v1.34), plus a writable root fs."""
+    out: list[str] = []
+    psc = spec.get("securityContext") or {}
+    for flag in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"):
+        if spec.get(flag) is (flag != "hostUsers"):
+            out.append(f"{flag}={spec.get(flag)}")
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            out.append(f"volume {volume['name']}: {sorted(kinds - RESTRICTED_VOLUMES)}")
+    if psc.get("runAsUser") == 0:
+        out.append("pod runAsUser=0")
+    for sysctl in psc.get("sysctls", []):
+        out.append(f"sysctl {sysctl.get('name')}")
+    containers = spec.get("containers", []) + spec.get("initContainers", []) + spec.get("ephemeralContainers", [])
+    assert spec.get("containers"), "a pod without containers"
+    for c in containers:
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+
+        def effective(key: str, sc: dict[str, Any] = sc) -> Any:
+            return sc[key] if key in sc else psc.get(key)
+
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation is not false")
+        if effective("runAsNonRoot") is not True:
+            out.append(f"{name}: runAsNonRoot is not true")
+        if effective("runAsUser") == 0:
+            out.append(f"{name}: runAsUser=0")
+        if (effective("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            out.append(f"{name}: seccompProfile is not RuntimeDefault")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: adds capabilities {caps['add']}")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount {sc['procMount']}")
+        if (effective("appArmorProfile") or {}).get("type") == "Unconfined":
+            out.append(f"{name}: AppArmor unconfined")
+        if (effective("windowsOptions") or {}).get("hostProcess"):
+            out.append(f"{name}: hostProcess")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{name}: hostPort")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            out.append(f"{name}: root filesystem writable")
+    return out
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_every_pod_is_restricted(name: str) -> None:
+    docs = render(name)
+    found = dict(pods(docs))
+    # The receiver and the controller are in every render; a render that made no pods would check nothing.
+    assert {"Deployment/kafka-eventing-receiver", "Deployment/kafka-eventing-controller"} <= set(found), set(found)
+    problems = {pod: v for pod, spec in found.items() if (v := restricted_violations(spec))}
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("secret", [None, "kafka-auth"])
+def test_the_controllers_dispatcher_pods_are_restricted(secret: str | None) -> None:
+    """The dispatcher Deployments are no render: the controller makes them, one per channel."""
+    deployment = dispatcher_deployment(ChannelRef("shop", "orders", "uid-1"), Settings(),
+                                       DispatcherConfig(replicas=1, checksum="c", secret_name=secret), 3)
+    [(_, spec)] = list(pods([deployment]))
+    assert restricted_violations(spec) == []
+
+
+def test_the_checks_catch_violations() -> None:
+    """Each rule can fail: a compliant spec with one thing broken at a time."""
+    base = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {
+                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]}}}],
+            "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    assert restricted_violations(base) == []
+    broken: list[tuple[str, dict[str, Any]]] = [
+        ("hostNetwork", {"hostNetwork": True}),
+        ("volume", {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
+        ("runAsNonRoot", {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}),
+        ("seccompProfile", {"securityContext": {"runAsNonRoot": True}}),
+    ]
+    container_broken = [
+        ("allowPrivilegeEscalation", {"allowPrivilegeEscalation": True}),
+        ("root filesystem", {"readOnlyRootFilesystem": False}),
+        ("drop ALL", {"capabilities": {"drop": ["NET_RAW"]}}),
+        ("adds", {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}),
+        ("privileged", {"privileged": True}),
+        ("runAsUser=0", {"runAsUser": 0}),
+        ("runAsNonRoot", {"runAsNonRoot": False}),
+        ("seccompProfile", {"seccompProfile": {"type": "Unconfined"}}),
+    ]
+    for word, change in broken:
+        assert any(word in v for v in restricted_violations({**base, **change})), word
+    for word, change in container_broken:
+        container = {**base["containers"][0], "securityContext": {**base["containers"][0]["securityContext"],
+                                                                   **change}}
+        assert any(word in v for v in restricted_violations({**base, "containers": [container]})), word
+
+
+def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
+    """Wildcards, escalation verbs, aggregated roles, and Secret access beyond reading in the release namespace."""
+    docs = list(docs)
+    out: list[str] = []
+    roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    for (kind, _, name), role in roles.items():
+        if role.get("aggregationRule"):
+            out.append(f"{kind}/{name}: aggregationRule (grants whatever other roles match)")
+        for rule in role.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                if any("*" in item for item in rule.get(field, [])):
+                    out.append(f"{kind}/{name}: wildcard in {field}: {rule}")
+            if set(rule.get("verbs", [])) & ESCALATING_VERBS:
+                out.append(f"{kind}/{name}: escalating verbs {rule['verbs']}")
+            secrets = "" in rule.get("apiGroups", []) and "secrets" in rule.get("resources", [])
+            if secrets and set(rule["verbs"]) - READ_VERBS:
+                out.append(f"{kind}/{name}: writes Secrets: {rule['verbs']}")
+    # Where each role's Secret rules apply: a ClusterRoleBinding makes them cluster-wide.
+    for binding in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding"):
+        ref = binding["roleRef"]
+        ns = "" if ref["kind"] == "ClusterRole" else binding["metadata"].get("namespace", "")
+        role = roles.get((ref["kind"], ns, ref["name"]))
+        reads_secrets = role is not None and any(
+            "" in r.get("apiGroups", []) and "secrets" in r.get("resources", []) for r in role.get("rules", []))
+        if not reads_secrets:
+            continue
+        where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        if where != NAMESPACE:
+            out.append(f"{binding['kind']}/{binding['metadata']['name']}: Secrets readable in "
+                       f"{where or 'every namespace'}")
+    return out
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_rbac_has_no_wildcards_and_no_cluster_wide_secret_read(name: str) -> None:
+    docs = render(name)
+    assert of_kind(docs, "ClusterRole") and of_kind(docs, "Role"), "a render without RBAC would check nothing"
+    assert rbac_problems(docs) == []
+
+
+def test_rbac_checks_catch_violations() -> None:
+    secrets = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+
+    def role(kind: str, *rules: dict[str, Any], ns: str = NAMESPACE) -> dict[str, Any]:
+        meta = {"name": "r"} if kind == "ClusterRole" else {"name": "r", "namespace": ns}
+        return {"kind": kind, "metadata": meta, "rules": list(rules)}
+
+    def binding(kind: str, ref_kind: str, ns: str = NAMESPACE) -> dict[str, Any]:
+        meta = {"name": "b"} if kind == "ClusterRoleBinding" else {"name": "b", "namespace": ns}
+        return {"kind": kind, "metadata": meta, "roleRef": {"kind": ref_kind, "name": "r"}}
+
+    assert rbac_problems([role("Role", secrets), binding("RoleBinding", "Role")]) == []
+    assert rbac_problems([role("ClusterRole", secrets), binding("RoleBinding", "ClusterRole")]) == []
+    cases = [
+        [role("ClusterRole", secrets), binding("ClusterRoleBinding", "ClusterRole")],
+        [role("ClusterRole", secrets), binding("RoleBinding", "ClusterRole", ns="other")],
+        [role("Role", {**secrets, "verbs": ["update"]})],
+        [role("Role", {**secrets, "verbs": ["*"]})],
+        [role("ClusterRole", {"apiGroups": ["apps"], "resources": ["*"], "verbs": ["get"]})],
+        [role("ClusterRole", {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
+                              "verbs": ["bind"]})],
+        [{**role("ClusterRole"), "aggregationRule": {"clusterRoleSelectors": [{}]}}],
+    ]
+    for docs in cases:
+        assert rbac_problems(docs), docs
+
+
+def test_the_opt_in_cluster_wide_secret_read_is_what_the_check_flags() -> None:
+    """The chart's one way to read Secrets everywhere (off in every scenario) is seen by the check on a render."""
+    problems = rbac_problems(helm(sets=("controller.rbac.clusterWideSecretRead=true",)))
+    assert any("every namespace" in p for p in problems), problems

@@ -1,0 +1,136 @@
+"""TokenVerifier against an OIDC issuer of our own on loopback (discovery + JWKS over HTTP): expiry, issuer,
+algorithm, audience lists, key rotation and the cache. Real tokens from the kube-apiserver:
+tests/integration/test_receiver_auth.py."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+from kafka_eventing.receiver.auth import TokenVerifier
+
+AUD = "messaging.knative.dev/kafkachannel/shop/orders"
+
+
+class Issuer(http.server.ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self.keys: dict[str, Any] = {}
+        self.fetches = 0
+        self.rotate()
+
+    def rotate(self) -> str:
+        kid = f"k{len(self.keys)}"
+        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return kid
+
+    def jwks(self) -> dict[str, Any]:
+        keys = []
+        for kid, key in self.keys.items():
+            jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+            keys.append({**jwk, "kid": kid, "alg": "RS256", "use": "sig"})
+        return {"keys": keys}
+
+    def token(self, kid: str | None = None, **claims: Any) -> str:
+        kid = kid or sorted(self.keys)[-1]
+        body = {"iss": self.url, "aud": [AUD], "exp": int(time.time()) + 600, "sub": "system:serviceaccount:x:y",
+                **claims}
+        return jwt.encode(body, self.keys[kid], algorithm="RS256", headers={"kid": kid})
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: Issuer
+
+    def do_GET(self) -> None:
+        if self.path == "/.well-known/openid-configuration":
+            body = {"issuer": self.server.url, "jwks_uri": self.server.url + "/keys"}
+        elif self.path == "/keys":
+            self.server.fetches += 1
+            body = self.server.jwks()
+        else:
+            self.send_error(404)
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def issuer() -> Iterator[Issuer]:
+    server = Issuer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def status(verifier: TokenVerifier, token: str | None, audience: str | None = AUD) -> int:
+    answer = asyncio.run(verifier.check(None if token is None else f"Bearer {token}", audience))
+    return 200 if answer is None else int(answer.status[:3])
+
+
+def test_valid_expired_foreign_and_wrong_audience(issuer: Issuer) -> None:
+    verifier = TokenVerifier(issuer.url)
+    assert status(verifier, issuer.token()) == 200
+    assert status(verifier, issuer.token(aud=AUD)) == 200  # a single string audience
+    assert status(verifier, None) == 401
+    assert status(verifier, issuer.token(exp=int(time.time()) - 60)) == 401
+    assert status(verifier, issuer.token(iss="https://elsewhere.example")) == 401
+    assert status(verifier, issuer.token(aud=["other"])) == 403
+    assert status(verifier, issuer.token(), audience=None) == 200  # unknown channel: the app's 404
+    no_exp = jwt.encode({"iss": issuer.url, "aud": [AUD]}, issuer.keys["k0"], algorithm="RS256",
+                        headers={"kid": "k0"})
+    assert status(verifier, no_exp) == 401
+    # A symmetric (HMAC) token and an unsigned one never pass: only the JWKS's asymmetric algorithms do.
+    hs = jwt.encode({"iss": issuer.url, "aud": [AUD], "exp": int(time.time()) + 60}, "s" * 32, algorithm="HS256",
+                    headers={"kid": "k0"})
+    assert status(verifier, hs) == 401
+    unsigned = jwt.encode({"iss": issuer.url, "aud": [AUD], "exp": int(time.time()) + 60}, None, algorithm="none")
+    assert status(verifier, unsigned) == 401
+
+
+def test_keys_are_cached_and_a_new_key_id_fetches(issuer: Issuer) -> None:
+    verifier = TokenVerifier(issuer.url, refetch_cooldown=0)
+    for _ in range(5):
+        assert status(verifier, issuer.token()) == 200
+    assert issuer.fetches == 1
+    kid = issuer.rotate()
+    assert status(verifier, issuer.token(kid=kid)) == 200
+    assert issuer.fetches == 2
+    assert status(verifier, issuer.token(kid="k0")) == 200
+    assert issuer.fetches == 2
+    # Made-up key ids refetch at most once per cooldown.
+    guarded = TokenVerifier(issuer.url, refetch_cooldown=60)
+    assert status(guarded, issuer.token()) == 200
+    before = issuer.fetches
+    for i in range(5):
+        assert status(guarded, issuer.token(kid="k0")) == 200
+        forged = jwt.encode({"iss": issuer.url, "aud": [AUD], "exp": int(time.time()) + 60}, issuer.keys["k0"],
+                            algorithm="RS256", headers={"kid": f"made-up-{i}"})
+        assert status(guarded, forged) == 401
+    assert issuer.fetches - before <= 1
+
+
+def test_an_unreachable_issuer_is_a_401_not_a_500() -> None:
+    verifier = TokenVerifier("http://127.0.0.1:1")
+    token = jwt.encode({"iss": "http://127.0.0.1:1", "aud": [AUD], "exp": int(time.time()) + 60},
+                       rsa.generate_private_key(public_exponent=65537, key_size=2048), algorithm="RS256",
+                       headers={"kid": "k"})
+    assert status(verifier, token) == 401
