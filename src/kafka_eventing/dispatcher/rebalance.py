@@ -1,7 +1,8 @@
 """Rebalance handling of one subscription's consumer: where assigned partitions start, what revoke commits.
 
-* assign: committed offsets always win; a partition without one gets the initial position, which is pinned
-  and committed before the group is reported as joined.
+* assign: committed offsets always win. A partition without one gets the initial position if the group is
+  brand new (no committed offset on any partition of the topic), else the earliest offset (a partition added
+  to the topic later); the start is pinned and committed before the group is reported as joined.
 * revoke: the partitions are released (in-flight deliveries cancelled) and the marks of what is finished are
   committed synchronously, so the new owner starts right after them.
 * lost: released without a commit — another member may own them already, and committing now could move its
@@ -112,12 +113,32 @@ class Rebalancer:
 
     def _start_positions(self, consumer: Any,
                          partitions: list[TopicPartition]) -> tuple[list[TopicPartition], list[TopicPartition]]:
-        """Committed offsets, and the initial position for partitions that have none (to be committed)."""
+        """Committed offsets, and the start for partitions that have none (to be committed).
+
+        Only a brand-new group starts at the initial position. A partition without a committed offset in a
+        group that has committed others was added to the topic (numPartitions grown) after the group started:
+        it starts at the earliest offset, since the receiver may have written to it — and answered 202 — before
+        this member learnt of it.
+        """
         positions = consumer.committed(partitions, timeout=10)
+        missing = [tp for tp in positions if tp.offset < 0]
+        if not missing:
+            return positions, []
+        initial = self.initial
+        if initial != "earliest" and self._group_has_commits(consumer, positions):
+            initial = "earliest"
         start: list[TopicPartition] = []
-        for tp in positions:
-            if tp.offset < 0:
-                low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                tp.offset = high if self.initial == "latest" else low
-                start.append(TopicPartition(tp.topic, tp.partition, tp.offset))
+        for tp in missing:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            tp.offset = high if initial == "latest" else low
+            start.append(TopicPartition(tp.topic, tp.partition, tp.offset))
         return positions, start
+
+    def _group_has_commits(self, consumer: Any, assigned: list[TopicPartition]) -> bool:
+        """Whether the group has committed an offset for any partition of the topic (then it is not new)."""
+        if any(tp.offset >= 0 for tp in assigned):
+            return True
+        mine = {tp.partition for tp in assigned}
+        topic = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        others = [TopicPartition(self.topic, p) for p in (topic.partitions if topic else {}) if p not in mine]
+        return bool(others) and any(tp.offset >= 0 for tp in consumer.committed(others, timeout=10))
