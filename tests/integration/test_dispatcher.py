@@ -422,6 +422,37 @@ def test_reply_is_forwarded_to_reply_uri(
     assert all(r.headers.get("Prefer") == "reply" for r in http.at("/s"))
 
 
+def test_large_reply_is_forwarded_whole_and_an_oversized_one_is_an_error(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    from kafka_eventing.dispatcher.delivery import MAX_REPLY_BYTES
+
+    sizes = {"e-0": 256 * 1024, "e-1": MAX_REPLY_BYTES + 1}
+    reply = {"ce-source": "/replier", "ce-type": "test.reply", "ce-specversion": "1.0",
+             "Content-Type": "application/octet-stream"}
+
+    def answer(r: Received, _a: int) -> tuple[int, dict[str, str], bytes, float]:
+        event_id = r.headers["ce-id"]
+        return 200, {**reply, "ce-id": "reply-" + event_id}, bytes(range(256)) * (sizes[event_id] // 256 + 1), 0.0
+
+    http.behaviours["/s"] = answer
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 0, "deadLetterSink": {"uri": http.url("/dls")}}
+    write_channel(channels, "bigreply", topic,
+                  [sub_doc("u1", http.url("/s"), replyUri=http.url("/reply"), delivery=delivery)])
+    d = dispatch("bigreply", channels)
+    produce(kafka_running, topic, 2)
+    wait_for(lambda: http.at("/reply") and http.at("/dls"), 30, "a reply and a dead letter")
+    [forwarded] = http.at("/reply")
+    assert forwarded.headers["ce-id"] == "reply-e-0"
+    assert forwarded.body == (bytes(range(256)) * (sizes["e-0"] // 256 + 1))  # whole, not the first chunk
+    # Over the limit: not forwarded truncated; the original goes to the dead-letter sink, counted.
+    [dead] = http.at("/dls")
+    assert dead.headers["ce-id"] == "e-1"
+    assert dead.headers["ce-knativeerrordest"] == http.url("/reply")
+    assert 'reason="reply_too_large"' in d.get("/metrics")
+    wait_for(lambda: committed(kafka_running, topic, group_of("bigreply", "u1"))[:2] == [1, 1], 15, "commit")
+
+
 def test_rate_limit_spaces_deliveries(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     channels = tmp_path / "channels.yaml"
