@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 PREFIX = "KE_"
+OTEL_PREFIX = "OTEL_"
 
 
 class SettingsError(ValueError):
@@ -82,17 +83,28 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "json"  # json | console
     metrics_port: int = 9090
+    #: OTLP/HTTP endpoint for traces (``http://collector:4318``); empty = tracing off, unless the standard
+    #: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` is set (core/tracing.py).
+    tracing_endpoint: str = ""
+    #: share of new traces sampled (0..1); a sender's sampled ``traceparent`` is always followed.
+    tracing_sample_ratio: float = 1.0
 
     extra: Mapping[str, str] = field(default_factory=dict)
+    #: the standard ``OTEL_*`` variables, for the OpenTelemetry setup (read here with the rest of the environment)
+    otel: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``KE_*`` variables; unknown ``KE_*`` names are an error (typos fail loudly)."""
         env = os.environ if environ is None else environ
         hints = get_type_hints(cls)
-        known = {f.name for f in fields(cls) if f.name != "extra"}
+        known = {f.name for f in fields(cls) if f.name not in ("extra", "otel")}
         values: dict[str, Any] = {}
+        otel: dict[str, str] = {}
         for key, raw in env.items():
+            if key.startswith(OTEL_PREFIX):
+                otel[key] = raw
+                continue
             if not key.startswith(PREFIX):
                 continue
             name = key[len(PREFIX):].lower()
@@ -101,7 +113,9 @@ class Settings:
                     continue
                 raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(known))}")
             values[name] = _coerce(key, hints[name], raw)
-        return cls(**values)
+        if not 0.0 <= values.get("tracing_sample_ratio", 1.0) <= 1.0:
+            raise SettingsError(f"{PREFIX}TRACING_SAMPLE_RATIO={values['tracing_sample_ratio']} is not within 0..1")
+        return cls(**values, otel=otel)
 
     def kafka_extra_config(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -111,6 +125,25 @@ class Settings:
                 raise SettingsError(f"KE_KAFKA_EXTRA item {item!r} is not key=value")
             out[k.strip()] = v.strip()
         return out
+
+    @property
+    def tracing_traces_endpoint(self) -> str:
+        """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (a full URL, used as given)."""
+        return self.otel.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+
+    @property
+    def tracing_base_endpoint(self) -> str:
+        """``KE_TRACING_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``: a base URL for the OTLP paths."""
+        return self.tracing_endpoint or self.otel.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+
+    @property
+    def tracing_sampler_from_env(self) -> bool:
+        return bool(self.otel.get("OTEL_TRACES_SAMPLER"))
+
+    @property
+    def tracing_service_name_from_env(self) -> bool:
+        return bool(self.otel.get("OTEL_SERVICE_NAME")) or "service.name=" in self.otel.get(
+            "OTEL_RESOURCE_ATTRIBUTES", "")
 
     @property
     def receiver_deployment_name(self) -> str:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -25,6 +25,9 @@ from kafka_eventing.dispatcher.delivery import Deliverer
 from kafka_eventing.dispatcher.metrics import metrics_for
 from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard, StatusWriter
 from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ class Dispatcher:
         host: str = "0.0.0.0",
         port: int | None = None,
         shutdown_grace: float = 5.0,
+        tracer: Tracer | None = None,
     ) -> None:
         if not settings.channel_name or not settings.channel_namespace:
             raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME")
@@ -103,6 +107,7 @@ class Dispatcher:
         self.host = host
         self.port = settings.metrics_port if port is None else port
         self.shutdown_grace = shutdown_grace
+        self.tracer = tracer
         self._session = http_session
         self._own_session = http_session is None
         self._writer = status_writer or MemoryStatusWriter()
@@ -113,6 +118,8 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliverer: Deliverer | None = None
         self.board = StatusBoard(self.key, self._writer)
+        # Read when scraped: what /readyz would answer, for the DispatcherNotReady alert.
+        self.metrics.ready.labels(*self.key).set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         self.bound_port: int | None = None
         self._started = asyncio.Event()
 
@@ -131,7 +138,14 @@ class Dispatcher:
         if self._session is None:
             # No connection limit: each subscription's in-flight budget is its own limit (isolation).
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-        self._deliverer = Deliverer(HttpSender(self._session), self.metrics, self.settings.retry_after_max_seconds)
+        if self.tracer is None:
+            self._deliverer = Deliverer(HttpSender(self._session), self.metrics,
+                                        self.settings.retry_after_max_seconds)
+        else:
+            from kafka_eventing.dispatcher.tracing import TracedDeliverer
+
+            self._deliverer = TracedDeliverer(HttpSender(self._session), self.metrics,
+                                              self.settings.retry_after_max_seconds, tracer=self.tracer)
         runner: web.AppRunner | None = None
         try:
             if self.port >= 0:

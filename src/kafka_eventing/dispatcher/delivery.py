@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from confluent_kafka import Message
+
 from kafka_eventing.core.binding import (
     TRACE_HEADERS,
     BindingError,
@@ -25,7 +27,14 @@ from kafka_eventing.core.binding import (
 )
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import is_retryable
-from kafka_eventing.core.http_delivery import Attempt, HttpSender, delivery_policy, retry_delay, sink_policy
+from kafka_eventing.core.http_delivery import (
+    MAX_REPLY_BYTES,
+    Attempt,
+    HttpSender,
+    delivery_policy,
+    retry_delay,
+    sink_policy,
+)
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 
@@ -72,7 +81,9 @@ class Deliverer:
         value: bytes | None,
         subscriber: Subscriber,
         labels: Labels,
+        record: Message | None = None,
     ) -> Outcome:
+        """``record``, the consumed message itself, is for the traced deliverer's span attributes."""
         started = time.monotonic()
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
@@ -127,14 +138,20 @@ class Deliverer:
         self, attempt: Attempt, subscriber: Subscriber, labels: Labels, trace: Mapping[str, str],
     ) -> Attempt | None:
         """Forward a reply event; return the failed attempt if it could not be delivered."""
+        if not subscriber.reply_uri:
+            return None  # Knative drops replies when no replyUri is set
+        if attempt.oversized:
+            # Forwarding the first part would deliver a different event; failing makes the loss visible.
+            self.metrics.dropped.labels(*labels, "reply_too_large").inc()
+            log.error("reply larger than the limit, not forwarded",
+                      extra={**labels.as_dict(), "limit": MAX_REPLY_BYTES, "reply_uri": subscriber.reply_uri})
+            return Attempt(None, error=f"reply larger than {MAX_REPLY_BYTES} bytes")
         if not attempt.body and not any(k.lower().startswith("ce-") for k in attempt.headers):
             return None
         try:
             reply = event_from_http(attempt.headers, attempt.body)
         except BindingError:
             return None  # a plain response body is not a reply
-        if not subscriber.reply_uri:
-            return None  # Knative drops replies when no replyUri is set
         headers, body = event_to_http(reply)
         headers.update(trace)
         result = await self._with_retries(subscriber.reply_uri, headers, body, subscriber, labels)
