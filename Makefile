@@ -37,11 +37,15 @@ local-down: ## Stop what local-up started.
 
 ##@ Test
 .PHONY: test
-test: setup lint test-unit test-integration lint-charts ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup verify lint test-unit test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
 
 .PHONY: test-unit
-test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-charts.
-	$(PYTEST) tests/unit -q --ignore=tests/unit/test_chart.py
+test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
+	$(PYTEST) tests/unit -q
+
+.PHONY: test-chart
+test-chart: ## Render assertions and schema validation of every Helm scenario and Kustomize overlay (tests/chart).
+	$(PYTEST) tests/chart -q
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
@@ -52,9 +56,10 @@ test-e2e: ## Whole-system tests that need a Docker engine (and kind).
 	$(PYTEST) tests/e2e -q -m "docker or e2e"
 
 .PHONY: lint
-lint: ## ruff, mypy, yamllint.
-	$(PY) -m ruff check src tests bench
+lint: ## ruff, mypy, import layers (roles import core, not each other), yamllint.
+	$(PY) -m ruff check src tests bench hack
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m yamllint -c .yamllint.yaml .
 
 .PHONY: lint-charts
@@ -62,6 +67,16 @@ lint-charts: ## helm lint, ct lint, helm-docs drift, schema validation of every 
 	@if [ -d charts ]; then hack/lint-charts.sh; else echo "no charts yet"; fi
 
 ##@ Build
+.PHONY: generate
+generate: ## Write every generated file from its one source: the Kustomize base (from the chart), CRD copies, provider presets (values-*.yaml, overlays, ApplicationSets, docs), chart README.
+	$(PY) hack/generate.py --helm $(BIN)/helm --helm-docs $(BIN)/helm-docs
+
+.PHONY: verify
+verify: generate ## Fail when `make generate` changes anything (a copy edited by hand, or a source changed without it).
+	@new=$$(git ls-files --others --exclude-standard -- charts kustomize gitops docs); \
+	if ! git diff --exit-code --stat || [ -n "$$new" ]; then \
+	  echo "$$new"; echo "generated files differ from their sources: run \`make generate\` and commit the result" >&2; exit 1; fi
+
 .PHONY: manifests
 manifests: ## Render dist/install-<provider>.yaml from the Kustomize overlays.
 	hack/manifests.sh

@@ -47,7 +47,8 @@ SIZES = (1024, 20 * 1024)
 WORKERS = 2
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
 # acknowledgement, so by Little's law the rate is capped at connections / latency. 256 left ~20 % of the CPU
-# idle under the receiver (session 5). 512 still left 1-17 % idle once the receiver got cheaper (session 6):
+# idle under the receiver (vmstat, on a host doing ~20,000 receiver events/s). 512 still left 1-17 % idle once
+# the receiver used less CPU per event:
 # a closed loop falls into waves — every connection's request lands in the same linger window, all answers
 # come back together, and the next wave waits on them. At 1024 the machine is busy (idle < 1 %) under both
 # servers, and the bare endpoint's rate is the same as at 512 (medians of 5: 50,018 vs 49,921/s).
@@ -339,7 +340,8 @@ def main() -> None:
         workdir = Path(tmp)
         # 2 GiB, not 768 MiB: at 20 KB × ~6,500 events/s (130 MB/s) the smaller heap made the broker's young GC
         # run every second or two with pauses up to 50-130 ms, and those were the receiver's p99 at half rate
-        # (3 runs each, session 5: p99 104-185 ms at 768 MiB, 17-36 ms at 2 GiB). Production brokers run 4-6 GiB.
+        # (3 runs each on the 2-core Xeon VM: p99 104-185 ms at 768 MiB, 17-36 ms at 2 GiB). Production brokers run
+        # 4-6 GiB.
         node = KafkaNode(workdir / "kafka", heap="2g")
         node.start()
         try:
@@ -392,14 +394,14 @@ def main() -> None:
 
 # Segments that do not roll within a run: with Kafka's 1 GiB default each 20 KB run rolled the partitions'
 # segments, and a roll (with its flush of the old segment) stalled the broker on this VM's disk: receiver p99s at
-# half rate of 227 and 255 ms in two of three 20 KB runs with rolls, 26-45 ms in four runs without (session 6).
+# half rate of 227 and 255 ms in two of three 20 KB runs with rolls, 26-45 ms in four runs without.
 # The topic is recreated before each run, so no run writes more than one segment per partition.
 SEGMENT_BYTES = 2**31 - 1
 
 
 def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
     """Delete and recreate the topic before each run that writes to it: the whole benchmark writes ~20 GB, more
-    than a development machine may have free (a full disk stopped the broker mid-run in session 5)."""
+    than a development machine may have free (a full disk once stopped the broker mid-run)."""
     from confluent_kafka.admin import NewTopic
 
     if topic in admin.list_topics(timeout=10).topics:

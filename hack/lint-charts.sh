@@ -5,7 +5,7 @@
 #   3. helm-docs drift: the committed README.md must equal what helm-docs generates
 #   4. Kustomize overlays build
 #   5. render assertions + schema validation of every render (Helm scenarios and Kustomize overlays) against
-#      the Kubernetes 1.34 schemas bundled by kubernetes-validate and the KafkaChannel CRD: tests/unit/test_chart*.py
+#      the Kubernetes 1.34 schemas bundled by kubernetes-validate and the KafkaChannel CRD: tests/chart/
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,7 +52,7 @@ for overlay in kustomize/overlays/*/; do
 done
 
 step "render assertions and schema validation (pytest)"
-"$VENV/bin/python" -m pytest -q tests/unit/test_chart*.py
+"$VENV/bin/python" -m pytest -q tests/chart
 
 echo
 echo "lint-charts: all checks passed in $((SECONDS - start))s"

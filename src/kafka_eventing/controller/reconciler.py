@@ -33,7 +33,7 @@ from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURA
 from kafka_eventing.core.durations import DurationError, parse_duration
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError
-from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.settings import Settings, TopicManagement
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Reconciler:
         meta, spec = obj["metadata"], obj.get("spec") or {}
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
         topic = self._topic_name(meta)
-        manage = self.settings.topic_management == "admin" and not external
+        manage = self.settings.topic_management is TopicManagement.ADMIN and not external
         try:
             retention = parse_duration(str(spec.get("retentionDuration") or "PT168H"), "retentionDuration")
         except DurationError as exc:
@@ -349,7 +349,7 @@ class Reconciler:
                 if exc.status != HTTP_NOT_FOUND:
                     raise
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
-        if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
+        if self.settings.topic_management is TopicManagement.ADMIN and not external and self.settings.delete_topics:
             topic = self.settings.topic_for(namespace, name)
             try:
                 connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.config_map)

@@ -264,17 +264,12 @@ def channel_source_from_settings(settings: Settings, api_client: Any = None) -> 
         if settings.channels_file is None:
             raise SettingsError("KE_CHANNEL_SOURCE=file needs KE_CHANNELS_FILE")
         return FileChannelSource(settings.channels_file, settings)
-    if settings.channel_source == "kube":
-        if api_client is None:
-            from kubernetes import client, config
+    # ChannelSourceKind.KUBE (Settings refuses any other value)
+    if api_client is None:
+        from kafka_eventing.core.kube import api_client as build_api_client
 
-            if settings.kubeconfig is not None:
-                api_client = config.new_client_from_config(config_file=str(settings.kubeconfig))
-            else:
-                config.load_incluster_config()
-                api_client = client.ApiClient()
-        return KubeChannelSource(
-            api_client, settings,
-            namespace=settings.channel_namespace or None, name=settings.channel_name or None,
-        )
-    raise SettingsError(f"KE_CHANNEL_SOURCE={settings.channel_source!r} must be 'file' or 'kube'")
+        api_client = build_api_client(settings.kubeconfig)
+    return KubeChannelSource(
+        api_client, settings,
+        namespace=settings.channel_namespace or None, name=settings.channel_name or None,
+    )

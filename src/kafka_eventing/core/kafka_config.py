@@ -16,7 +16,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any
+
+from kafka_eventing.core.redaction import REDACTED, redact
+
+
+def load_providers() -> dict[str, Any]:
+    """``providers.yaml``: client defaults per provider (``providers``) and the install presets (``presets``)."""
+    import yaml
+
+    data: dict[str, Any] = yaml.safe_load(files("kafka_eventing.core").joinpath("providers.yaml").read_text())
+    return data
+
 
 if TYPE_CHECKING:
     from kafka_eventing.core.settings import Settings
@@ -24,24 +36,9 @@ if TYPE_CHECKING:
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
-#: Provider presets: defaults a Secret may override. Differences between providers are configuration.
-PROVIDERS: dict[str, dict[str, Any]] = {
-    "apache": {},
-    "strimzi": {},
-    "redpanda": {},
-    "confluent-cloud": {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
-                        "librdkafka": {"session.timeout.ms": "45000"}},
-    # Event Hubs: the user is the literal "$ConnectionString", port 9093, no idempotent producer,
-    # idle connections are cut by the service after 240 s so keep them alive.
-    "azure-event-hubs": {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "user": "$ConnectionString",
-                         "idempotence": False,
-                         "librdkafka": {"socket.keepalive.enable": "true", "metadata.max.age.ms": "180000",
-                                        "connections.max.idle.ms": "180000"}},
-    "aws-msk": {"protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
-    "aws-msk-iam": {"protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "msk_iam": True},
-}
-
-_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauth_cb")
+#: Provider presets (``providers.yaml``, the one home of provider facts): defaults a Secret may override.
+#: Differences between providers are configuration, not code paths (MSK IAM's token callback aside).
+PROVIDERS: dict[str, dict[str, Any]] = load_providers()["providers"]
 
 
 class KafkaConfigError(ValueError):
@@ -50,11 +47,6 @@ class KafkaConfigError(ValueError):
 
 class KafkaConnectionError(RuntimeError):
     """Kafka could not be reached or refused the credentials (message never contains a secret)."""
-
-
-def redact(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log: values of secret-looking keys replaced."""
-    return {k: ("<redacted>" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in config.items()}
 
 
 def _text(data: Mapping[str, str | bytes], key: str) -> str | None:
@@ -245,7 +237,7 @@ def _scrub(text: str, connection: KafkaConnection) -> str:
     for key in ("sasl.password", "ssl.key.pem"):
         secret = connection.config.get(key)
         if secret:
-            text = text.replace(str(secret), "<redacted>")
+            text = text.replace(str(secret), REDACTED)
     return text
 
 

@@ -6,11 +6,14 @@ through ``Settings.from_env({...})`` with a plain dict, so nothing monkey-patche
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from kafka_eventing.core.kafka_config import PROVIDERS
 
 PREFIX = "KE_"
 OTEL_PREFIX = "OTEL_"
@@ -29,14 +32,35 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise SettingsError(f"{name}={raw!r} is not a boolean (use true/false)")
 
 
+class ChannelSourceKind(enum.StrEnum):
+    FILE = "file"  # KafkaChannels from ``channels_file`` (standalone mode)
+    KUBE = "kube"  # KafkaChannels watched on the API server
+
+
+class TopicManagement(enum.StrEnum):
+    ADMIN = "admin"  # the controller creates, grows and deletes topics
+    EXTERNAL = "external"  # topics exist already; the controller only checks them
+
+
+class LogFormat(enum.StrEnum):
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class InitialOffset(enum.StrEnum):
+    """Where a new subscription starts when its group has no committed offset."""
+
+    LATEST = "latest"
+    EARLIEST = "earliest"
+
+
 @dataclass(frozen=True)
 class Settings:
     """All knobs of every role. Field ``foo_bar`` is read from ``KE_FOO_BAR``."""
 
     # -- where things are ---------------------------------------------------------------------------
     system_namespace: str = "knative-eventing"
-    #: "kube" reads KafkaChannels from the API server; "file" reads ``channels_file`` (standalone mode).
-    channel_source: str = "file"
+    channel_source: ChannelSourceKind = ChannelSourceKind.FILE
     channels_file: Path | None = None
     kubeconfig: Path | None = None
 
@@ -44,7 +68,7 @@ class Settings:
     bootstrap_servers: str = "127.0.0.1:9092"
     #: directory holding the connection Secret's keys as files (a mounted Secret) — optional.
     kafka_secret_dir: Path | None = None
-    #: provider preset: apache (default), strimzi, redpanda, confluent-cloud, azure-event-hubs, aws-msk.
+    #: provider preset: a name in ``core/providers.yaml`` (checked on construction).
     kafka_provider: str = "apache"
     #: extra librdkafka properties, "k1=v1,k2=v2" — for tuning without a new release.
     kafka_extra: str = ""
@@ -67,11 +91,10 @@ class Settings:
     retry_after_max_seconds: float = 600.0
     #: local fetch budget per subscription; 1024 keeps 15 subscriptions under 128 MiB RSS (bench-dispatcher).
     queued_max_messages_kbytes: int = 1024
-    #: where a new subscription starts when its group has no committed offset: latest | earliest.
-    dispatcher_initial_offset: str = "latest"
+    dispatcher_initial_offset: InitialOffset = InitialOffset.LATEST
 
     # -- controller ---------------------------------------------------------------------------------
-    topic_management: str = "admin"  # admin | external
+    topic_management: TopicManagement = TopicManagement.ADMIN
     delete_topics: bool = True
     dispatcher_image: str = "kafka-eventing-dispatcher:dev"
     dispatcher_replicas: int = 1
@@ -81,7 +104,7 @@ class Settings:
 
     # -- observability ------------------------------------------------------------------------------
     log_level: str = "INFO"
-    log_format: str = "json"  # json | console
+    log_format: LogFormat = LogFormat.JSON
     metrics_port: int = 9090
     #: OTLP/HTTP endpoint for traces (``http://collector:4318``); empty = tracing off, unless the standard
     #: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` is set (core/tracing.py).
@@ -89,16 +112,27 @@ class Settings:
     #: share of new traces sampled (0..1); a sender's sampled ``traceparent`` is always followed.
     tracing_sample_ratio: float = 1.0
 
-    extra: Mapping[str, str] = field(default_factory=dict)
     #: the standard ``OTEL_*`` variables, for the OpenTelemetry setup (read here with the rest of the environment)
     otel: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Enumerations are checked however the object is made (from_env, Settings(...), dataclasses.replace):
+        # an unknown value fails here, naming the variable and the choices, never later as a silent default.
+        for name, hint in _ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, hint):
+                object.__setattr__(self, name, _choice(f"{PREFIX}{name.upper()}", hint, value))
+        if self.kafka_provider not in PROVIDERS:
+            raise SettingsError(f"KE_KAFKA_PROVIDER={self.kafka_provider!r} is not one of {', '.join(PROVIDERS)}")
+        if not 0.0 <= self.tracing_sample_ratio <= 1.0:
+            raise SettingsError(f"KE_TRACING_SAMPLE_RATIO={self.tracing_sample_ratio} is not within 0..1")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``KE_*`` variables; unknown ``KE_*`` names are an error (typos fail loudly)."""
         env = os.environ if environ is None else environ
         hints = get_type_hints(cls)
-        known = {f.name for f in fields(cls) if f.name not in ("extra", "otel")}
+        known = {f.name for f in fields(cls) if f.name != "otel"}
         values: dict[str, Any] = {}
         otel: dict[str, str] = {}
         for key, raw in env.items():
@@ -113,8 +147,6 @@ class Settings:
                     continue
                 raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(known))}")
             values[name] = _coerce(key, hints[name], raw)
-        if not 0.0 <= values.get("tracing_sample_ratio", 1.0) <= 1.0:
-            raise SettingsError(f"{PREFIX}TRACING_SAMPLE_RATIO={values['tracing_sample_ratio']} is not within 0..1")
         return cls(**values, otel=otel)
 
     def kafka_extra_config(self) -> dict[str, str]:
@@ -161,8 +193,23 @@ class Settings:
 _TOOLING_VARS = {"cache"}
 
 
+def _choice(key: str, kind: type[enum.StrEnum], raw: object) -> enum.StrEnum:
+    try:
+        return kind(str(raw).strip().lower())
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not one of {', '.join(kind)}") from None
+
+
+_ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
+    f.name: hint for f in fields(Settings)
+    if isinstance(hint := get_type_hints(Settings)[f.name], type) and issubclass(hint, enum.StrEnum)
+}
+
+
 def _coerce(key: str, hint: Any, raw: str) -> Any:
     text = str(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
+        return _choice(key, hint, raw)
     try:
         if hint is bool:
             return _parse_bool(key, raw)

@@ -100,7 +100,7 @@ def kafka_to_http(
     record that the SDK would accept unchanged is mapped here (``ce_x`` → ``ce-x``, the body as is; a repeated
     header: the last one wins, as in the SDK); anything else — structured mode, a missing or empty attribute, an
     odd extension name, bytes that are not UTF-8 — takes the SDK path, so its errors and edge cases stay the
-    SDK's own. Checked against the SDK path in tests/unit/test_dispatcher_transcode.py.
+    SDK's own. Checked against the SDK path in tests/unit/core/test_transcode_kafka_to_http.py.
     """
     out: dict[str, str] = {}
     specversion = None
@@ -214,7 +214,7 @@ def raw_http_to_kafka(
     (``ce-x`` → ``ce_x`` in header order, value bytes and body as they came); anything else — structured or
     batched mode, a percent-encoded or non-ASCII value, a missing or empty attribute, an odd extension name, a
     repeated attribute — takes the SDK path, so its errors (the 400 bodies) and edge cases stay the SDK's own.
-    Checked against the SDK path in tests/unit/test_receiver_transcode.py.
+    Checked against the SDK path in tests/unit/core/test_transcode_http_to_kafka.py.
     """
     if mode is not ContentMode.BINARY:
         return _http_to_kafka_sdk(headers(), body, mode, trace)

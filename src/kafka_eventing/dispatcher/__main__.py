@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
 
 import uvloop
 
@@ -21,6 +20,7 @@ from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core import tracing
 from kafka_eventing.core.channel_source import channel_source_from_settings
 from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
@@ -28,20 +28,11 @@ from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWrite
 log = logging.getLogger("kafka_eventing.dispatcher")
 
 
-def _kube_client(settings: Settings) -> Any:
-    from kubernetes import client, config
-
-    if settings.kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(settings.kubeconfig))
-    config.load_incluster_config()
-    return client.ApiClient()
-
-
 async def _run(settings: Settings) -> None:
     connection = connection_from_settings(settings)
     writer: StatusWriter
     if settings.channel_source == "kube":
-        api_client = _kube_client(settings)
+        api_client = kube_api_client(settings.kubeconfig)
         source = channel_source_from_settings(settings, api_client)
         writer = KubeStatusWriter(api_client)
     else:

@@ -9,7 +9,8 @@ This path only *vouches* for records it is sure the SDK would accept and decode 
 them. Every other record — structured mode, a missing or empty required attribute, another specversion, a
 ``time`` outside the strict RFC 3339 form, an odd extension name, a duplicate or non-ASCII header name, a header
 value that is not UTF-8 — must go through ``event_from_kafka``, which stays the single authority on validity.
-The naming rules come from core/binding.py; tests/unit/test_binding_arrow.py checks both paths agree row by row.
+The naming rules come from core/binding.py; tests/unit/reprocess/test_binding_arrow.py checks both paths agree
+row by row.
 """
 
 from __future__ import annotations

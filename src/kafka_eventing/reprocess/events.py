@@ -3,9 +3,9 @@
 Each Arrow batch from Spark's Kafka source (key, value, headers, topic, partition, offset, timestamp) is decoded
 by the core binding: binary-mode records (``ce_`` headers) column-wise by ``reprocess.binding_arrow``, every other
 record row by row through ``core.binding.event_from_kafka``, so records decode exactly as the receiver and
-dispatcher see them (tests/unit/test_binding_arrow.py holds the two paths to the same rows). A record that is not
-a CloudEvent becomes a row with ``error`` set and the raw value in ``data``: counted and reported, never a crashed
-job.
+dispatcher see them (tests/unit/reprocess/test_binding_arrow.py holds the two paths to the same rows). A record
+that is not a CloudEvent becomes a row with ``error`` set and the raw value in ``data``: counted and reported,
+never a crashed job.
 """
 
 from __future__ import annotations

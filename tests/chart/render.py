@@ -1,0 +1,215 @@
+"""Rendering for the chart tests: the real `helm` and `kustomize` binaries of the tool cache (`make setup`),
+cached per scenario, and helpers to pick objects out of a render."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import os
+import re
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate.utils
+import pytest
+import yaml
+from referencing import Registry, Resource
+
+from kafka_eventing.core.kafka_config import load_providers
+from kafka_eventing.core.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+CHART = ROOT / "charts" / "kafka-eventing"
+
+
+KUSTOMIZE = ROOT / "kustomize"
+
+
+CRDS = ROOT / "src" / "kafka_eventing" / "controller" / "crds"
+
+
+CANONICAL_CRD = CRDS / "kafkachannels.yaml"
+
+
+BIN = Path(os.environ.get("KE_CACHE", ROOT / ".cache")) / "bin"
+
+
+RELEASE = "kafka-eventing"
+
+
+NAMESPACE = "knative-eventing"
+
+
+K8S_VERSION = "1.34.0"
+
+
+SCHEMA_DIR = f"v{K8S_VERSION}-local-strict"  # kubernetes-validate's bundled schemas (no network)
+
+
+OPTIONAL_APIS = ("monitoring.coreos.com/v1", "keda.sh/v1alpha1")
+
+
+#: Kinds whose schema is not available offline (Prometheus Operator CRD); checked structurally below instead.
+NO_OFFLINE_SCHEMA = {"ServiceMonitor"}
+
+
+SETTINGS_ENV = {"KE_" + f.name.upper() for f in dataclasses.fields(Settings)}
+
+
+#: Helm preset → the Kustomize overlay that must install the same objects (both generated from providers.yaml).
+PRESETS = {f"values-{name}.yaml": name for name in load_providers()["presets"]}
+
+
+CI_VALUES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+
+
+SCENARIOS = [f"ci/{n}" for n in CI_VALUES] + list(PRESETS)
+
+
+def tool(name: str) -> str:
+    path = BIN / name
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make setup` (hack/setup/go-tools.sh builds it)")
+    return str(path)
+
+
+def run(args: list[str], *, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    if ok and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def parse(text: str) -> tuple[dict[str, Any], ...]:
+    return tuple(d for d in yaml.safe_load_all(text) if d)
+
+
+@functools.cache
+def helm(*files: str, sets: tuple[str, ...] = (), apis: tuple[str, ...] = (),
+         release: str = RELEASE) -> tuple[dict[str, Any], ...]:
+    args = [tool("helm"), "template", release, str(CHART), "-n", NAMESPACE, "--kube-version", K8S_VERSION]
+    for f in files:
+        args += ["-f", str(CHART / f)]
+    for s in sets:
+        args += ["--set", s]
+    for a in apis:
+        args += ["--api-versions", a]
+    return parse(run(args).stdout)
+
+
+@functools.cache
+def kustomize(overlay: str) -> tuple[dict[str, Any], ...]:
+    return parse(run([tool("kustomize"), "build", str(KUSTOMIZE / "overlays" / overlay)]).stdout)
+
+
+def scenario(name: str) -> tuple[dict[str, Any], ...]:
+    # Scenarios render with the optional APIs served, so capability-guarded objects are checked too.
+    return helm(name, apis=OPTIONAL_APIS)
+
+
+def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: Iterable[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def pod_specs(docs: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for d in docs:
+        if d["kind"] in ("Deployment", "Job"):
+            out.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+        elif d["kind"] == "CronJob":
+            out.append((d["metadata"]["name"], d["spec"]["jobTemplate"]["spec"]["template"]["spec"]))
+        elif d["kind"] == "Pod":
+            out.append((d["metadata"]["name"], d["spec"]))
+    return out
+
+
+def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a Deployment, Job or CronJob."""
+    if doc["kind"] == "CronJob":
+        doc = doc["spec"]["jobTemplate"]
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
+
+
+#: Both reprocessing jobs on, with the smallest valid arguments.
+REPROCESS_ON = ("reprocess.archive.enabled=true", "reprocess.archive.args={archive,--topic,t,--output,/out}",
+                "reprocess.replay.enabled=true", "reprocess.replay.args={replay,--topic,t,--to-topic,u,--dry-run}")
+
+
+def values_file(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((CHART / name).read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def merged_values(*files: str) -> dict[str, Any]:
+    def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    result = values_file("values.yaml")
+    for f in files:
+        result = merge(result, values_file(f))
+    return result
+
+
+def container_env(docs: Iterable[dict[str, Any]], deployment: str) -> dict[str, Any]:
+    """A Deployment's effective env: the ConfigMaps it loads with envFrom, then its own env entries."""
+    by_name = {d["metadata"]["name"]: d for d in of_kind(docs, "ConfigMap")}
+    (container,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    env: dict[str, Any] = {}
+    for source in container.get("envFrom", []):
+        env.update(by_name[source["configMapRef"]["name"]]["data"])
+    for item in container.get("env", []):
+        env[item["name"]] = item.get("value", item.get("valueFrom"))
+    return env
+
+
+@functools.cache
+def crd_validators() -> dict[tuple[str, str], jsonschema.Draft7Validator]:
+    crd = yaml.safe_load(CANONICAL_CRD.read_text())
+    group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+    return {(f"{group}/{v['name']}", kind): jsonschema.Draft7Validator(v["schema"]["openAPIV3Schema"])
+            for v in crd["spec"]["versions"]}
+
+
+@functools.cache
+def k8s_registry() -> Registry:
+    defs = kubernetes_validate.utils.schema_contents(f"kubernetes-json-schema/{SCHEMA_DIR}/_definitions.json",
+                                                     K8S_VERSION)
+    return Resource.from_contents(defs) @ Registry()
+
+
+@functools.cache
+def k8s_validator(api_version: str, kind: str) -> jsonschema.Draft202012Validator:
+    """kubernetes-validate's bundled strict schemas, with the shared definitions loaded once (its own
+    ``validate()`` re-reads them for every object, which made this the slowest part of `make lint-charts`)."""
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = kubernetes_validate.utils.schema_contents(
+        f"kubernetes-json-schema/{SCHEMA_DIR}/{kind.lower()}-{group_version}.json", K8S_VERSION)
+    return jsonschema.Draft202012Validator(schema, registry=Resource.from_contents(schema) @ k8s_registry())
+
+
+def validate(doc: dict[str, Any]) -> None:
+    key = (doc["apiVersion"], doc["kind"])
+    if key in crd_validators():
+        crd_validators()[key].validate(doc)
+        return
+    if doc["kind"] in NO_OFFLINE_SCHEMA:
+        spec = doc["spec"]
+        assert spec["selector"]["matchLabels"] and spec["endpoints"], doc["metadata"]["name"]
+        return
+    k8s_validator(*key).validate(doc)

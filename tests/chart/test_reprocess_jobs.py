@@ -1,0 +1,144 @@
+"""The reprocessing CronJob/Job values and the SparkApplication example."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from kafka_eventing.core.settings import Settings
+
+from .render import (
+    CHART,
+    RELEASE,
+    REPROCESS_ON,
+    ROOT,
+    SETTINGS_ENV,
+    helm,
+    merged_values,
+    of_kind,
+    one,
+    parse,
+    pod_spec,
+    run,
+    scenario,
+    tool,
+)
+
+
+def job_env(docs: tuple[dict[str, Any], ...], doc: dict[str, Any]) -> dict[str, Any]:
+    by_name = {d["metadata"]["name"]: d for d in of_kind(docs, "ConfigMap")}
+    (container,) = pod_spec(doc)["containers"]
+    env: dict[str, Any] = {}
+    for source in container["envFrom"]:
+        env.update(by_name[source["configMapRef"]["name"]]["data"])
+    for item in container.get("env", []):
+        env[item["name"]] = item.get("value", item.get("valueFrom"))
+    return env
+
+
+@pytest.mark.parametrize("name", ["ci/all-optins-values.yaml", "ci/strimzi-sasl-scram-values.yaml"])
+def test_reprocess_jobs(name: str) -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    # all-optins enables the jobs itself (without a connection Secret); strimzi gets them switched on here.
+    docs = scenario(name) if "all-optins" in name else helm(name, sets=REPROCESS_ON)
+    values = merged_values(name)
+    (cron,) = of_kind(docs, "CronJob")
+    (job,) = of_kind(docs, "Job")
+    assert cron["metadata"]["name"] == "kafka-eventing-archive"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"  # two runs must not share a checkpoint
+    assert cron["spec"]["schedule"] == values["reprocess"]["archive"]["schedule"]
+    (sa,) = [d for d in of_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "kafka-eventing-reprocess"]
+    secret_name = one(docs, "ConfigMap", "config-kafka")["data"]["auth.secret.ref.name"]
+    assert bool(secret_name) == ("strimzi" in name)
+    for doc, job_name in ((cron, "archive"), (job, "replay")):
+        spec = pod_spec(doc)
+        (c,) = spec["containers"]
+        assert c["image"].endswith("/kafka-eventing-spark:" + yaml.safe_load((CHART / "Chart.yaml").read_text())[
+            "appVersion"])
+        assert "command" not in c  # the image's entrypoint is `python -m kafka_eventing.reprocess`
+        args = build_parser().parse_args(c["args"])  # the real CLI accepts them
+        assert args.job == job_name
+        assert spec["restartPolicy"] == "Never"
+        assert spec["serviceAccountName"] == sa["metadata"]["name"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsUser"] == 185 and spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        sc = c["securityContext"]
+        assert sc["runAsUser"] == 185 and sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        # Settings.from_env must accept the env, and read the connection Secret where it is mounted.
+        env = job_env(docs, doc)
+        assert not {k for k in env if k.startswith("KE_")} - SETTINGS_ENV
+        settings = Settings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+        assert settings.bootstrap_servers == values["kafka"]["bootstrapServers"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        if secret_name:
+            assert volumes[mounts[str(settings.kafka_secret_dir)]]["secret"]["secretName"] == secret_name
+        else:
+            assert settings.kafka_secret_dir is None and "kafka-secret" not in volumes
+        assert "emptyDir" in volumes[mounts["/tmp"]]  # Spark's scratch space on a read-only root filesystem
+    # No Kubernetes API access: nothing binds a role to the jobs' ServiceAccount.
+    for b in of_kind(docs, "RoleBinding") + of_kind(docs, "ClusterRoleBinding"):
+        assert all(s["name"] != sa["metadata"]["name"] for s in b["subjects"])
+
+
+def test_reprocess_job_name_follows_its_spec() -> None:
+    name = of_kind(helm(sets=REPROCESS_ON), "Job")[0]["metadata"]["name"]
+    assert re.fullmatch(r"kafka-eventing-replay-[0-9a-f]{8}", name)
+    # Same spec, same Job: an upgrade that changes other settings does not replace (and re-run) it, and the pod
+    # template carries no chart-version labels that a chart upgrade would change.
+    assert of_kind(helm(sets=(*REPROCESS_ON, "logLevel=DEBUG")), "Job")[0]["metadata"]["name"] == name
+    template_labels = of_kind(helm(sets=REPROCESS_ON), "Job")[0]["spec"]["template"]["metadata"]["labels"]
+    assert "helm.sh/chart" not in template_labels and "app.kubernetes.io/version" not in template_labels
+    # A changed spec is a new Job: the pod template of an existing Job is immutable.
+    other = helm(sets=(*REPROCESS_ON, "reprocess.replay.args={replay,--topic,u,--to-topic,u,--dry-run}"))
+    assert of_kind(other, "Job")[0]["metadata"]["name"] != name
+    other = helm(sets=(*REPROCESS_ON, "image.tag=abc1234"))
+    assert of_kind(other, "Job")[0]["metadata"]["name"] != name
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (("reprocess.archive.enabled=true",), "reprocess.archive.args is required"),
+    (("reprocess.replay.enabled=true",), "reprocess.replay.args is required"),
+    (("reprocess.replay.enabled=true", "reprocess.replay.args={archive,--topic,t}"), "schema"),
+    (("reprocess.archive.enabled=true", "reprocess.archive.args={replay,--topic,t}"), "schema"),
+    (("reprocess.archive.concurrencyPolicy=Allow",), "schema"),
+])
+def test_reprocess_values_are_checked(sets: tuple[str, ...], message: str) -> None:
+    args = [tool("helm"), "template", RELEASE, str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run(args, ok=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_sparkapplication_example() -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    (app,) = parse((CHART / "examples" / "sparkapplication-archive.yaml").read_text())
+    assert (app["apiVersion"], app["kind"]) == ("sparkoperator.k8s.io/v1beta2", "SparkApplication")
+    spec = app["spec"]
+    assert spec["type"] == "Python" and spec["mode"] == "cluster"
+    main = spec["mainApplicationFile"].split("/site-packages/", 1)[1]
+    assert (ROOT / "src" / main).is_file()
+    args = build_parser().parse_args(spec["arguments"])
+    assert args.job == "archive" and args.master.startswith("k8s://")
+    docs = helm("values-strimzi.yaml")
+    config = one(docs, "ConfigMap", "kafka-eventing-config")["metadata"]["name"]
+    secret = one(docs, "ConfigMap", "config-kafka")["data"]["auth.secret.ref.name"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for role in ("driver", "executor"):
+        pod = spec[role]
+        assert pod["envFrom"] == [{"configMapRef": {"name": config}}]
+        secret_dir = {e["name"]: e["value"] for e in pod["env"]}["KE_KAFKA_SECRET_DIR"]
+        mounts = {m["mountPath"]: m["name"] for m in pod["volumeMounts"]}
+        assert volumes[mounts[secret_dir]]["secret"]["secretName"] == secret
+        assert "emptyDir" in volumes[mounts["/tmp"]]
+        assert pod["podSecurityContext"]["runAsUser"] == 185 and pod["podSecurityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["securityContext"]["capabilities"] == {"drop": ["ALL"]}

@@ -1,0 +1,76 @@
+"""Chart values: the dev Secret, the schema, capability-guarded opt-ins, long release names, the helm test."""
+
+from __future__ import annotations
+
+import re
+
+from .render import (
+    CHART,
+    OPTIONAL_APIS,
+    RELEASE,
+    helm,
+    of_kind,
+    one,
+    run,
+    tool,
+)
+
+
+def test_dev_secret_checks_required_keys() -> None:
+    docs = helm("ci/strimzi-sasl-scram-values.yaml")
+    (secret,) = of_kind(docs, "Secret")
+    assert secret["stringData"]["protocol"] == "SASL_SSL"
+    assert secret["stringData"]["sasl.mechanism"] == "SCRAM-SHA-512"
+    proc = run([tool("helm"), "template", RELEASE, str(CHART), "-f", str(CHART / "ci/strimzi-sasl-scram-values.yaml"),
+                "--set", "kafka.connection.requiredSecretKeys={user,password,user.key}"], ok=False)
+    assert proc.returncode != 0 and 'lacks key "user.key"' in proc.stderr
+
+
+def test_values_schema_rejects_typos() -> None:
+    for bad in ("kafka.provder=strimzi", "receiver.replica=3", "kafka.provider=kafka-cloud",
+                "kafka.topicManagement=manual"):
+        proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", bad], ok=False)
+        assert proc.returncode != 0, bad
+        assert "schema" in proc.stderr, proc.stderr
+
+
+def test_capability_guarded_optins() -> None:
+    without = helm("ci/all-optins-values.yaml")
+    assert not of_kind(without, "ServiceMonitor")
+    # KEDA is not capability-guarded: the controller checks the API itself and reports KEDANotInstalled.
+    assert one(without, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
+    with_apis = helm("ci/all-optins-values.yaml", apis=OPTIONAL_APIS)
+    assert len(of_kind(with_apis, "ServiceMonitor")) == 2
+    assert one(with_apis, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
+    assert len(of_kind(with_apis, "PodDisruptionBudget")) == 2
+    assert len(of_kind(with_apis, "NetworkPolicy")) == 3
+    (hpa,) = of_kind(with_apis, "HorizontalPodAutoscaler")
+    assert "replicas" not in one(with_apis, "Deployment", "kafka-eventing-receiver")["spec"]  # the HPA owns it
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "kafka-eventing-receiver"
+    # Off by default.
+    kinds = {d["kind"] for d in helm(apis=OPTIONAL_APIS)}
+    assert not kinds & {"ServiceMonitor", "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler",
+                        "CronJob", "Job"}
+
+
+def test_long_release_names_stay_valid() -> None:
+    release = "a-long-release-name-at-helms-limit-of-53-characters-x"  # 53, the most Helm allows
+    for d in helm(release=release):
+        name = d["metadata"]["name"]
+        if d["kind"] != "CustomResourceDefinition":
+            assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+
+
+def test_helm_test_sends_a_cloudevent_to_the_test_channel() -> None:
+    docs = helm()
+    (channel,) = of_kind(docs, "KafkaChannel")
+    (pod,) = of_kind(docs, "Pod")
+    for d in (channel, pod):
+        assert d["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert int(channel["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        pod["metadata"]["annotations"]["helm.sh/hook-weight"])
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["CHANNEL_HOST"].startswith(channel["metadata"]["name"] + "-kn-channel.")
+    assert env["RECEIVER_URL"].startswith("http://kafka-channel-receiver.")
+    script = pod["spec"]["containers"][0]["command"][-1]
+    assert "ce-specversion: 1.0" in script and '= 202' in script

@@ -1,0 +1,123 @@
+"""The receiver's event-loop machinery: answers through the whole app, and delivery reports served on the loop."""
+
+from __future__ import annotations
+
+import pytest
+from falcon import testing
+
+from kafka_eventing.core.channels import Channel
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver.app import create_app
+from kafka_eventing.receiver.sender import KafkaSender
+
+from .test_app import FakeChannels, FakeProducer
+
+ORDERS = Channel("shop", "orders", "shop.orders")
+HEADERS = {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/t", "ce-type": "t",
+           }
+HOST = "orders-kn-channel.shop.svc"  # falcon's ASGI simulator sets Host from its `host` argument
+
+
+def client_for(producer: FakeProducer) -> tuple[testing.TestClient, KafkaSender]:
+    settings = Settings(produce_timeout_seconds=0.3, max_event_bytes=4096)
+    sender = KafkaSender(producer, timeout=0.3)
+    app = create_app(producer, FakeChannels(ORDERS), settings, sender=sender)
+    return testing.TestClient(app), sender
+
+
+@pytest.mark.parametrize(("mode", "body", "status"), [
+    ("ok", b"data", 202), ("error", b"data", 503), ("never", b"data", 503), ("buffer", b"data", 503),
+    ("ok", b"x" * 4097, 413),
+])
+def test_status_codes(mode: str, body: bytes, status: int) -> None:
+    producer = FakeProducer(mode=mode)
+    client, sender = client_for(producer)
+    try:
+        res = client.simulate_post("/", body=body, headers=HEADERS, host=HOST)
+    finally:
+        sender.close(0.5)
+    assert res.status_code == status, res.text
+    if status == 202:
+        assert producer.produced[0].value == body
+
+
+def test_routing_and_other_endpoints() -> None:
+    producer = FakeProducer()
+    client, sender = client_for(producer)
+    try:
+        assert client.simulate_post("/shop/nope", body=b"x", headers=HEADERS).status_code == 404
+        assert client.simulate_post("/", body=b"x", headers={**HEADERS, "ce-id": ""}, host=HOST).status_code == 400
+        res = client.simulate_options("/", headers={"WebHook-Request-Origin": "o.example"})
+        assert res.headers["WebHook-Allowed-Origin"] == "o.example"
+        assert client.simulate_get("/").status_code == 405
+        # falcon's own errors answer in the same JSON shape as ours
+        for res in (client.simulate_post("/x", body=b"x", headers=HEADERS), client.simulate_put("/shop/orders")):
+            assert res.status_code in (404, 405) and "error" in res.json, res.text
+        assert client.simulate_get("/healthz").status_code == 200
+        assert client.simulate_get("/readyz").json == {"channels": True, "kafka": True, "accepting": True}
+        assert "kafka_receiver_events_total" in client.simulate_get("/metrics").text
+    finally:
+        sender.close(0.5)
+
+
+def test_reports_are_served_on_the_event_loop_thread() -> None:
+    """No poll thread: the loop polls, so the report callback runs on the loop's own thread."""
+    import asyncio
+    import threading
+
+    from kafka_eventing.core.binding import KafkaRecord
+    from kafka_eventing.receiver.sender import AsyncPending, LoopPoller, Outcome
+
+    async def run() -> tuple[list[int], Outcome, Outcome, int]:
+        producer = FakeProducer(modes=["ok", "hold"])
+        sender = KafkaSender(producer, timeout=1.0)
+        poller = LoopPoller(producer, asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05)
+        poller.start()
+        threads: list[int] = []
+        record = KafkaRecord(None, b"v", [])
+        first = sender.submit_async("t", [record], poller)
+        assert isinstance(first, AsyncPending)
+        callback = first.on_delivery
+        first_threads = threads
+
+        def spy(err: object, msg: object) -> None:
+            first_threads.append(threading.get_ident())
+            callback(err, msg)
+
+        # The fake hands reports to whatever callback produce() got: wrap it before the first poll.
+        producer._reports[0] = (spy, producer._reports[0][1])
+        await asyncio.wait_for(first.future, 1.0)
+        second = sender.submit_async("t", [record], poller)
+        assert isinstance(second, AsyncPending)
+        await asyncio.sleep(0.02)
+        assert not second.future.done() and poller.outstanding == 1  # held: still waiting, still polled
+        producer.release()
+        await asyncio.wait_for(second.future, 1.0)
+        poller.stop()
+        return threads, first.result().outcome, second.result().outcome, poller.outstanding
+
+    threads, first, second, outstanding = asyncio.run(run())
+    assert threads == [threading.get_ident()]  # asyncio.run's loop runs on this thread
+    assert first is second is Outcome.DELIVERED
+    assert outstanding == 0
+
+
+def test_a_report_served_by_another_thread_still_resolves_on_the_loop() -> None:
+    """At shutdown, flush() serves reports from a worker thread: the future is still set on the loop."""
+    import asyncio
+
+    from kafka_eventing.core.binding import KafkaRecord
+    from kafka_eventing.receiver.sender import AsyncPending, LoopPoller, Outcome
+
+    async def run() -> Outcome:
+        producer = FakeProducer(mode="ok")
+        sender = KafkaSender(producer, timeout=1.0)
+        poller = LoopPoller(producer, asyncio.get_running_loop(), busy_interval=10, idle_interval=10)
+        pending = sender.submit_async("t", [KafkaRecord(None, b"v", [])], poller)
+        assert isinstance(pending, AsyncPending)
+        await asyncio.to_thread(producer.flush, 1.0)
+        await asyncio.wait_for(pending.future, 1.0)
+        poller.stop()
+        return pending.result().outcome
+
+    assert asyncio.run(run()) is Outcome.DELIVERED
