@@ -56,7 +56,7 @@ OPTIONAL_APIS = ("monitoring.coreos.com/v1", "keda.sh/v1alpha1")
 
 
 #: Kinds whose schema is not available offline (Prometheus Operator CRD); checked structurally below instead.
-NO_OFFLINE_SCHEMA = {"ServiceMonitor"}
+NO_OFFLINE_SCHEMA = {"ServiceMonitor", "PrometheusRule"}
 
 
 SETTINGS_ENV = {"KE_" + f.name.upper() for f in dataclasses.fields(Settings)}
@@ -207,6 +207,11 @@ def validate(doc: dict[str, Any]) -> None:
     key = (doc["apiVersion"], doc["kind"])
     if key in crd_validators():
         crd_validators()[key].validate(doc)
+        return
+    if doc["kind"] == "PrometheusRule":
+        # The rules themselves are checked and unit-tested by promtool (tests/prometheus).
+        rules = [r for group in doc["spec"]["groups"] for r in group["rules"]]
+        assert rules and all(r["expr"] and r["annotations"]["runbook_url"] for r in rules), doc["metadata"]["name"]
         return
     if doc["kind"] in NO_OFFLINE_SCHEMA:
         spec = doc["spec"]
