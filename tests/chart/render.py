@@ -79,8 +79,8 @@ def tool(name: str) -> str:
     return str(path)
 
 
-def run(args: list[str], *, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+def run(args: list[str], *, ok: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False, input=stdin)
     if ok and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc

@@ -62,7 +62,7 @@ class HttpSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path == "/v1/traces":
                     if self.headers.get("Content-Encoding") == "gzip":

@@ -50,11 +50,11 @@ _EVENT: ContextVar[_Event | None] = ContextVar("kafka_eventing_event", default=N
 
 
 class TracedSender(HttpSender):
-    """An ``HttpSender`` whose every POST is a CLIENT span, its ``traceparent`` sent along."""
+    """Wraps an ``HttpSender``: every POST is a CLIENT span, its ``traceparent`` sent along."""
 
     def __init__(self, sender: HttpSender, tracer: Tracer) -> None:
         super().__init__(sender.session)
-        self.tracer = tracer
+        self.inner, self.tracer = sender, tracer
 
     async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
         event = _EVENT.get()
@@ -66,7 +66,7 @@ class TracedSender(HttpSender):
         ) as span:
             out = dict(headers)
             out.update(t.inject(span))
-            attempt = await super().post(url, out, body, timeout)
+            attempt = await self.inner.post(url, out, body, timeout)
             if attempt.status is not None:
                 span.set_attribute(t.HTTP_STATUS, attempt.status)
             span.set_attribute(t.OUTCOME, "ok" if attempt.ok else "failed")
