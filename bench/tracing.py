@@ -8,7 +8,8 @@
 Variants, interleaved round by round so that machine noise hits all of them alike:
 ``off`` (no endpoint: the untraced classes), ``on`` (every trace sampled, spans batched to an exporter that
 drops them — the SDK's work without the network), ``unsampled`` (tracing on, sample ratio 0, the sender's
-``traceparent`` not sampled: only context propagation). Reported: the median over rounds of µs per event, and each variant's ratio to ``off``.
+``traceparent`` not sampled: only context propagation). Reported: the median over rounds of µs per event, and
+each variant's ratio to ``off``.
 
     .venv/bin/python bench/tracing.py [--events 2000] [--rounds 15]
 """
@@ -26,17 +27,17 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_facts, median, new_figure, save_png, write_json  # noqa: E402
+from _common import machine_facts, median, new_figure, save_png, write_json
 
-from kafka_eventing.core import tracing  # noqa: E402
-from kafka_eventing.core.binding import CloudEvent, event_to_kafka  # noqa: E402
-from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber  # noqa: E402
-from kafka_eventing.core.delivery import DeliverySpec  # noqa: E402
-from kafka_eventing.core.http_delivery import Attempt, HttpSender  # noqa: E402
-from kafka_eventing.core.settings import Settings  # noqa: E402
-from kafka_eventing.dispatcher.delivery import Deliverer  # noqa: E402
-from kafka_eventing.dispatcher.metrics import Labels, Metrics  # noqa: E402
-from kafka_eventing.receiver.app import create_app  # noqa: E402
+from kafka_eventing.core import tracing
+from kafka_eventing.core.binding import CloudEvent, event_to_kafka
+from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber
+from kafka_eventing.core.delivery import DeliverySpec
+from kafka_eventing.core.http_delivery import Attempt, HttpSender
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher.delivery import Deliverer
+from kafka_eventing.dispatcher.metrics import Labels, Metrics
+from kafka_eventing.receiver.app import create_app
 
 VARIANTS = ("off", "on", "unsampled")
 CONCURRENCY = 50
@@ -112,7 +113,8 @@ BODY = b'{"hello":1}'
 async def receiver_round(app: Any, events: int, variant: str) -> float:
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/default/bench", "raw_path": b"/default/bench", "query_string": b"", "root_path": "",
-             "headers": [*HEADERS, (b"traceparent", TRACEPARENT[variant].encode())], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080)}
+             "headers": [*HEADERS, (b"traceparent", TRACEPARENT[variant].encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080)}
     message = {"type": "http.request", "body": BODY, "more_body": False}
     status: list[int] = []
 

@@ -37,7 +37,7 @@ def _touch(metrics: Iterable[Any]) -> None:
     for metric in metrics:
         if not isinstance(metric, MetricWrapperBase):
             continue
-        names = metric._labelnames  # noqa: SLF001 - how many label values a child needs
+        names = metric._labelnames
         child = metric.labels(*["x"] * len(names)) if names else metric
         if isinstance(metric, Counter):
             child.inc()
