@@ -53,7 +53,7 @@ class TracedSender(HttpSender):
     """Wraps an ``HttpSender``: every POST is a CLIENT span, its ``traceparent`` sent along."""
 
     def __init__(self, sender: HttpSender, tracer: Tracer) -> None:
-        super().__init__(sender.session)
+        # No HttpSender.__init__: every POST goes through the wrapped sender (and its session).
         self.inner, self.tracer = sender, tracer
 
     async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
