@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from kafka_eventing.core import tracing
 from kafka_eventing.core.settings import Settings, SettingsError
-
-
-class Keep(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
 
 
 def test_off_without_an_endpoint() -> None:
@@ -42,20 +30,20 @@ def test_sample_ratio_is_checked() -> None:
 
 
 def test_ratio_zero_follows_a_sampled_parent_and_samples_nothing_new() -> None:
-    keep = Keep()
+    keep = InMemorySpanExporter()
     traces = tracing.setup(Settings(tracing_sample_ratio=0.0), "svc", exporter=keep)
     assert traces is not None
     parent = tracing.extract({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
     traces.tracer.start_span("followed", context=parent, kind=SpanKind.SERVER).end()
     traces.tracer.start_span("new").end()
     traces.shutdown()
-    assert [s.name for s in keep.spans] == ["followed"]
-    assert keep.spans[0].resource.attributes["service.name"] == "svc"
-    assert format(keep.spans[0].context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert [s.name for s in keep.get_finished_spans()] == ["followed"]
+    assert keep.get_finished_spans()[0].resource.attributes["service.name"] == "svc"
+    assert format(keep.get_finished_spans()[0].context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
 
 
 def test_record_headers_carry_the_span_that_produced_them() -> None:
-    traces = tracing.setup(Settings(), "svc", exporter=Keep())
+    traces = tracing.setup(Settings(), "svc", exporter=InMemorySpanExporter())
     assert traces is not None
     span = traces.tracer.start_span("send")
     headers = [("ce_id", b"1"), ("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")]

@@ -4,10 +4,8 @@ named by where it went, numbered, and its context sent along."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
 
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
@@ -27,17 +25,10 @@ SENDER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{SENDER_TRACE}-b7ad6b7169203331-01"
 
 
-class Keep(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
 
 
 def test_retries_then_dead_letter_give_one_process_span_and_numbered_attempts() -> None:
-    keep = Keep()
+    keep = InMemorySpanExporter()
     traces = tracing.setup(Settings(), "dispatcher", exporter=keep)
     assert traces is not None
     sender = FakeSender({"http://s": [Attempt(503), Attempt(500), Attempt(500)], "http://dls": [Attempt(202)]})
@@ -54,8 +45,8 @@ def test_retries_then_dead_letter_give_one_process_span_and_numbered_attempts() 
     traces.shutdown()
 
     assert outcome is Outcome.DEAD_LETTERED
-    (process,) = [s for s in keep.spans if s.kind == SpanKind.CONSUMER]
-    clients = [s for s in keep.spans if s.kind == SpanKind.CLIENT]
+    (process,) = [s for s in keep.get_finished_spans() if s.kind == SpanKind.CONSUMER]
+    clients = [s for s in keep.get_finished_spans() if s.kind == SpanKind.CLIENT]
     assert format(process.parent.span_id, "016x") == "b7ad6b7169203331"
     assert process.attributes["kafka_eventing.outcome"] == "dead_lettered"
     assert process.attributes["cloudevents.event_id"] == "e1"
@@ -63,7 +54,7 @@ def test_retries_then_dead_letter_give_one_process_span_and_numbered_attempts() 
     assert [(s.name, s.attributes["kafka_eventing.attempt"]) for s in clients] == [
         ("deliver POST", 1), ("deliver POST", 2), ("deliver POST", 3), ("dead-letter POST", 1)]
     assert all(s.parent.span_id == process.context.span_id for s in clients)
-    assert all(format(s.context.trace_id, "032x") == SENDER_TRACE for s in keep.spans)
+    assert all(format(s.context.trace_id, "032x") == SENDER_TRACE for s in keep.get_finished_spans())
     # Each request carried its own attempt's context.
     sent = [headers["traceparent"].split("-")[2] for _url, headers, _body in sender.calls]
     assert sent == [format(s.context.span_id, "016x") for s in clients]
