@@ -15,6 +15,7 @@ Attribute names follow OpenTelemetry's messaging and CloudEvents semantic conven
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     from kafka_eventing.core.settings import Settings
 
@@ -116,20 +118,24 @@ def _version() -> str:
 
 
 # -- context across HTTP and Kafka (W3C Trace Context) ------------------------------------------------------
-def extract(carrier: Mapping[str, str]) -> Context:
-    """The context a ``traceparent`` (and ``tracestate``) in ``carrier`` names; empty if none or invalid."""
+@functools.cache
+def _propagator() -> TraceContextTextMapPropagator:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    return TraceContextTextMapPropagator().extract(carrier)
+    return TraceContextTextMapPropagator()
+
+
+def extract(carrier: Mapping[str, str]) -> Context:
+    """The context a ``traceparent`` (and ``tracestate``) in ``carrier`` names; empty if none or invalid."""
+    return _propagator().extract(carrier)
 
 
 def inject(span: Span) -> dict[str, str]:
     """``traceparent`` (and ``tracestate``) naming ``span``: what a child in another process continues."""
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.trace import set_span_in_context
 
     out: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(out, trace.set_span_in_context(span))
+    _propagator().inject(out, set_span_in_context(span))
     return out
 
 

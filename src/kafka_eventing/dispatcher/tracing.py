@@ -60,13 +60,13 @@ class TracedSender(HttpSender):
         event = _EVENT.get()
         role = event.role(url) if event is not None else DELIVER
         number = event.next_attempt(role) if event is not None else 1
-        with self.tracer.start_as_current_span(
-            f"{role} POST", kind=SpanKind.CLIENT,
-            attributes={t.HTTP_METHOD: "POST", t.URL_FULL: url, t.ATTEMPT: number},
-        ) as span:
+        with self.tracer.start_as_current_span(f"{role} POST", kind=SpanKind.CLIENT) as span:
             out = dict(headers)
             out.update(t.inject(span))
             attempt = await self.inner.post(url, out, body, timeout)
+            if not span.is_recording():
+                return attempt  # not sampled: only the context travels on
+            span.set_attributes({t.HTTP_METHOD: "POST", t.URL_FULL: url, t.ATTEMPT: number})
             if attempt.status is not None:
                 span.set_attribute(t.HTTP_STATUS, attempt.status)
             span.set_attribute(t.OUTCOME, "ok" if attempt.ok else "failed")
@@ -94,28 +94,38 @@ class TracedDeliverer(Deliverer):
     ) -> Outcome:
         carrier = t.kafka_trace(headers)
         topic = record.topic() if record is not None else None
-        attributes: dict[str, str | int] = {
-            t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "process",
-            t.CHANNEL: f"{labels.namespace}/{labels.channel}", t.SUBSCRIPTION: labels.subscriber,
-            **_event_attributes(headers, value),
-        }
-        if record is not None:
-            attributes[t.MESSAGING_DESTINATION] = topic or ""
-            attributes[t.MESSAGING_PARTITION] = str(record.partition())
-            attributes[t.MESSAGING_OFFSET] = record.offset() or 0
         token = _EVENT.set(_Event(subscriber))
         try:
             with self.tracer.start_as_current_span(
                 f"process {topic or labels.channel}", context=t.extract(carrier) if carrier else None,
-                kind=SpanKind.CONSUMER, attributes=attributes,
+                kind=SpanKind.CONSUMER,
             ) as span:
+                recording = span.is_recording()
+                if recording:  # attributes only for spans that are kept
+                    span.set_attributes(_process_attributes(headers, value, labels, record))
                 outcome = await super().handle(headers, value, subscriber, labels, record)
+                if not recording:
+                    return outcome
                 span.set_attribute(t.OUTCOME, outcome.value)
                 if outcome is Outcome.DROPPED:
                     span.set_status(StatusCode.ERROR, "dropped")
                 return outcome
         finally:
             _EVENT.reset(token)
+
+
+def _process_attributes(headers: Sequence[tuple[str, bytes | str | None]] | None, value: bytes | None,
+                        labels: Labels, record: Message | None) -> dict[str, str | int]:
+    attributes: dict[str, str | int] = {
+        t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "process",
+        t.CHANNEL: f"{labels.namespace}/{labels.channel}", t.SUBSCRIPTION: labels.subscriber,
+        **_event_attributes(headers, value),
+    }
+    if record is not None:
+        attributes[t.MESSAGING_DESTINATION] = record.topic() or ""
+        attributes[t.MESSAGING_PARTITION] = str(record.partition())
+        attributes[t.MESSAGING_OFFSET] = record.offset() or 0
+    return attributes
 
 
 def _event_attributes(headers: Sequence[tuple[str, bytes | str | None]] | None,

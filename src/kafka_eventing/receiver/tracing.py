@@ -34,16 +34,18 @@ class TracedIngress(Ingress):
         records = super().decode(channel, req, body)
         if isinstance(records, Answer):
             return records
-        attributes: dict[str, str | int] = {
-            t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "send", t.MESSAGING_DESTINATION: channel.topic,
-            t.CHANNEL: f"{channel.namespace}/{channel.name}",
-        }
-        if len(records) == 1:
-            attributes.update(t.event_attributes(records[0].headers))
-        else:
-            attributes[t.MESSAGING_BATCH] = len(records)
-        trace.get_current_span().set_attributes(attributes)
-        span = self.tracer.start_span(f"send {channel.topic}", kind=SpanKind.PRODUCER, attributes=attributes)
+        span = self.tracer.start_span(f"send {channel.topic}", kind=SpanKind.PRODUCER)
+        if span.is_recording():  # attributes only for spans that are kept
+            attributes: dict[str, str | int] = {
+                t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "send", t.MESSAGING_DESTINATION: channel.topic,
+                t.CHANNEL: f"{channel.namespace}/{channel.name}",
+            }
+            if len(records) == 1:
+                attributes.update(t.event_attributes(records[0].headers))
+            else:
+                attributes[t.MESSAGING_BATCH] = len(records)
+            trace.get_current_span().set_attributes(attributes)
+            span.set_attributes(attributes)
         carrier = t.inject(span)
         for record in records:
             t.replace_trace(record.headers, carrier)
@@ -55,6 +57,8 @@ class TracedIngress(Ingress):
         span = _PRODUCE.get()
         if span is not None:
             _PRODUCE.set(None)
+            if not span.is_recording():
+                return answer
             span.set_attribute(t.OUTCOME, result.outcome.value)
             if not result.ok:
                 span.set_status(StatusCode.ERROR, result.detail)
@@ -76,9 +80,11 @@ class TracedChannelResource(ChannelResource):
         route = req.uri_template or req.path
         with self.tracer.start_as_current_span(
             f"POST {route}", context=t.extract(carrier) if carrier else None, kind=SpanKind.SERVER,
-            attributes={t.HTTP_METHOD: "POST", t.URL_PATH: req.path, "http.route": route},
         ) as span:
             await super().on_post(req, resp, namespace, name)
+            if not span.is_recording():
+                return
+            span.set_attributes({t.HTTP_METHOD: "POST", t.URL_PATH: req.path, "http.route": route})
             status = int(str(resp.status)[:3])
             span.set_attribute(t.HTTP_STATUS, status)
             if status >= 500:
