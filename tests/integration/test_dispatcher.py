@@ -326,6 +326,32 @@ def test_unordered_many_in_flight_commits_low_water_mark(
     wait_for(lambda: committed(kafka_running, topic, group_of("unord", "u1")) == [80, 80, 80], 15, "commit")
 
 
+def test_unordered_window_behind_a_stuck_event_is_bounded(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    # The oldest event of partition 0 keeps failing (retried); behind it, at most `max_outstanding` events of
+    # that partition start — a crash would redeliver only those — while the other partitions flow on.
+    released = threading.Event()
+    http.behaviours["/w"] = lambda r, _a: (
+        503 if r.headers["ce-id"] == "e-0" and not released.is_set() else 200, {}, b"", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 10000, "backoffPolicy": "linear", "backoffDelay": "PT0.01S"}
+    write_channel(channels, "window", topic, [sub_doc("u1", http.url("/w"), delivery=delivery)], ordered=False)
+    d = dispatch("window", channels, max_in_flight=16, max_outstanding=20)
+    ids = produce(kafka_running, topic, 600)  # 200 per partition, e-0 first on partition 0
+
+    def delivered(part: int) -> set[str]:
+        return {i for i in http.ids("/w") if int(i.split("-")[1]) % 3 == part}
+
+    wait_for(lambda: len(delivered(1)) == 200 and len(delivered(2)) == 200, 60, "the other partitions delivered")
+    wait_for(lambda: len(delivered(0)) >= 20, 30, "the window of partition 0 filled")
+    time.sleep(1.0)  # the stuck event keeps being retried meanwhile
+    assert len(delivered(0) - {"e-0"}) <= 20, len(delivered(0))
+    assert d.get("/status")["subscriptions"]["u1"]["partitions"]["0"]["outstanding"] <= 20 + 512
+    released.set()
+    wait_for(lambda: set(http.ids("/w")) >= set(ids), 60, "everything after the release")
+    wait_for(lambda: committed(kafka_running, topic, group_of("window", "u1")) == [200, 200, 200], 15, "commit")
+
+
 def test_unordered_budget_is_shared_round_robin_across_partitions(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     # A backlog on every partition and a budget smaller than it: each freed slot goes to the next partition in

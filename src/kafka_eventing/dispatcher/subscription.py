@@ -29,7 +29,7 @@ from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
 from kafka_eventing.dispatcher.rebalance import Rebalancer
-from kafka_eventing.dispatcher.scheduler import Scheduler
+from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Scheduler
 from kafka_eventing.dispatcher.status import StatusBoard
 from kafka_eventing.dispatcher.unordered import UnorderedScheduler
 
@@ -51,8 +51,9 @@ EventFilter = Callable[[Message], bool]
 _Headers = list[tuple[str, bytes | str | None]] | None
 
 
-def scheduler_for(subscriber: Subscriber, max_in_flight: int) -> Scheduler:
-    return OrderedScheduler(max_in_flight) if subscriber.ordered else UnorderedScheduler(max_in_flight)
+def scheduler_for(subscriber: Subscriber, max_in_flight: int, max_outstanding: int = MAX_OUTSTANDING) -> Scheduler:
+    kind = OrderedScheduler if subscriber.ordered else UnorderedScheduler
+    return kind(max_in_flight, max_outstanding)
 
 
 class SubscriptionConsumer:
@@ -73,6 +74,7 @@ class SubscriptionConsumer:
         shutdown_grace: float = 5.0,
         queue_bytes: int = 4 * DEFAULT_QUEUE_BYTES,
         event_filter: EventFilter | None = None,
+        max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
         self.topic = channel.topic
         self.group_id = group_id
@@ -84,7 +86,8 @@ class SubscriptionConsumer:
         self._board = board
         self.max_in_flight = max(1, max_in_flight)
         # channels.py already defaults the subscriber's order to the channel's.
-        self._scheduler = scheduler_for(subscriber, self.max_in_flight)
+        self._max_outstanding = max_outstanding
+        self._scheduler = scheduler_for(subscriber, self.max_in_flight, max_outstanding)
         self._flow = FlowControl(queue_bytes)
         self._rebalancer = Rebalancer(self.topic, str(consumer_config.get("auto.offset.reset", "latest")), self,
                                       {**self.labels.as_dict(), "group": group_id})
@@ -128,7 +131,7 @@ class SubscriptionConsumer:
         """A changed delivery spec, URI, order or rate limit applies to the next event, without a restart."""
         self._subscriber = subscriber
         if subscriber.ordered != self._scheduler.ordered:
-            self._scheduler = scheduler_for(subscriber, self.max_in_flight)
+            self._scheduler = scheduler_for(subscriber, self.max_in_flight, self._max_outstanding)
         self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
         self._flow.resize(self._parts.values(), self._scheduler)
         current = self._board.get(subscriber.uid)
@@ -141,11 +144,11 @@ class SubscriptionConsumer:
         self._wake()
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "group": self.group_id, "joined": self._joined, "ordered": self.ordered, "in_flight": self._in_flight,
-            "partitions": {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "paused": p.paused,
-                                      "committable": p.tracker.commit_position} for p in self._parts.values()},
-        }
+        partitions = {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "paused": p.paused,
+                                 "outstanding": p.tracker.outstanding, "committable": p.tracker.commit_position}
+                      for p in self._parts.values()}
+        return {"group": self.group_id, "joined": self._joined, "ordered": self.ordered,
+                "in_flight": self._in_flight, "partitions": partitions}
 
     async def run(self) -> None:
         self._consumer = self._factory(self._config)
