@@ -410,6 +410,30 @@ def test_exhausted_event_goes_to_dead_letter_sink_with_extensions(
     wait_for(lambda: committed(kafka_running, topic, group_of("dlq", "u1"))[0] == 1, 15, "commit after DLS")
 
 
+def test_unresolvable_dead_letter_sink_ref_is_reported_and_nothing_is_dropped(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    # A subscriber's deadLetterSink.ref that the data plane cannot resolve (an Addressable whose address only
+    # the controller can read) must not mean "no sink": failed events would be dropped and committed.
+    http.behaviours["/fail"] = lambda _r, _a: (400, {}, b"no", 0.0)
+    channels = tmp_path / "channels.yaml"
+    ref = {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "dls"}
+    broken = {"retry": 0, "deadLetterSink": {"ref": ref}}
+    write_channel(channels, "dlsref", topic, [sub_doc("u1", http.url("/fail"), delivery=broken)])
+    d = dispatch("dlsref", channels)
+    status = d.subscriber_status()["u1"]
+    assert status["ready"] == "False"
+    assert "deadLetterSink" in status["message"] and "serving.knative.dev/v1" in status["message"], status
+    produce(kafka_running, topic, 3)
+    time.sleep(1.5)  # longer than auto.commit.interval.ms: nothing may have been consumed and committed
+    assert http.at("/fail") == []
+    assert committed(kafka_running, topic, group_of("dlsref", "u1")) == [-1001, -1001, -1001]
+
+    fixed = {"retry": 0, "deadLetterSink": {"uri": http.url("/dls")}}
+    write_channel(channels, "dlsref", topic, [sub_doc("u1", http.url("/fail"), generation=2, delivery=fixed)])
+    wait_for(lambda: len(http.at("/dls")) >= 3, 30, "the held events dead-lettered once the sink resolves")
+    assert d.subscriber_status()["u1"]["ready"] == "True"
+
+
 def test_dead_letter_sink_down_blocks_commit(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     sink_up = threading.Event()

@@ -175,6 +175,12 @@ class Dispatcher:
                 for sub in channel.subscribers:
                     self.board.set(sub.uid, sub.generation, False, f"channel not ready: {channel.reason}")
                 wanted = {}
+        for uid, sub in list(wanted.items()):
+            problem = sub.delivery.dead_letter_problem
+            if problem:
+                # Consuming without the sink would drop (and commit) every event that fails: hold them in Kafka.
+                self.board.set(uid, sub.generation, False, problem)
+                del wanted[uid]
         for uid, current in list(self._subs.items()):
             if uid not in wanted or channel is None or current.consumer.topic != channel.topic:
                 self._retire(uid)
