@@ -576,6 +576,43 @@ def test_failing_subscriber_does_not_slow_another(
     assert beside >= 0.5 * alone, (alone, beside)
 
 
+class SlowCoordinatorConsumer(Consumer):  # type: ignore[misc]
+    """The real consumer, with the group coordinator answering ``committed()`` after 3 s (a loaded broker)."""
+
+    def committed(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(3.0)
+        return super().committed(*args, **kwargs)
+
+
+def test_a_slow_rebalance_stalls_neither_probes_nor_other_subscriptions(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    def factory(config: dict[str, Any]) -> Any:
+        slow = str(config["group.id"]).endswith(".slow")
+        return SlowCoordinatorConsumer(config) if slow else Consumer(config)
+
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "stall", topic, [sub_doc("fast", http.url("/fast"))], ordered=False)
+    d = dispatch("stall", channels, consumer_factory=factory)
+    ids = produce(kafka_running, topic, 30, prefix="warm")
+    wait_for(lambda: set(http.ids("/fast")) >= set(ids), 30, "fast delivers")
+
+    # A second subscription joins: its assignment callback waits on the coordinator.
+    write_channel(channels, "stall", topic, [sub_doc("fast", http.url("/fast")), sub_doc("slow", http.url("/slow"))],
+                  ordered=False)
+    wait_for(lambda: "slow" in d.get("/status")["subscriptions"], 10, "slow subscription started")
+    latencies = []
+    during = produce(kafka_running, topic, 30, prefix="during")
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert d.get("/healthz") == {"status": "alive"}
+        latencies.append(time.monotonic() - started)
+        time.sleep(0.05)
+    assert max(latencies) < 1.0, max(latencies)
+    wait_for(lambda: set(http.ids("/fast")) >= set(during), 30, "fast went on delivering")
+    wait_for(lambda: d.subscriber_status()["slow"]["ready"] == "True", 30, "slow joined in the end")
+
+
 # -- as separate processes (the real entry point) ---------------------------------------------------
 class DispatcherProcess:
     def __init__(self, kafka: KafkaNode, name: str, channels: Path, logdir: Path) -> None:

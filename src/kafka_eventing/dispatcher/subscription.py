@@ -1,7 +1,12 @@
 """One subscription's consumer: the coordinator of polling, scheduling, delivery, commits and rebalances.
 
-Everything here runs on the dispatcher's event loop. ``consume(timeout=0)`` only drains librdkafka's local
-queue (fetching happens on librdkafka's own threads), so polling never blocks other subscriptions. Polling
+The subscription's state lives on the dispatcher's event loop (no locks). The Kafka calls that can block run on
+the subscription's own poll thread: ``consume(timeout=0)`` (it only drains librdkafka's local queue, but
+librdkafka runs the rebalance callbacks inside it, and they wait on the group coordinator: ``committed()``,
+watermarks, the synchronous commit on revoke), ``close()`` and the final commit. A slow rebalance of one
+subscription therefore stalls neither the other subscriptions nor the probes; the callbacks hand their state
+changes to the loop and wait for them (``_on_loop``), so the ordering guarantees are those of a callback on the
+loop: a revoked partition's deliveries are cancelled and its mark taken before the commit. Polling
 continues whatever the deliveries do (a partition whose local queue is full is paused, not starved of polls),
 so a long retry sequence never pushes the member past ``max.poll.interval.ms`` and never gets its partition
 revoked for being slow.
@@ -15,10 +20,12 @@ committed).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -44,6 +51,10 @@ HUNGRY_POLL = 0.001
 HUNGRY_POLLS = 100
 LAG_INTERVAL = 5.0
 
+#: Longest a rebalance callback waits for the loop to apply its state change (the loop never blocks that long).
+LOOP_HANDOFF_TIMEOUT = 60.0
+
+T = TypeVar("T")
 ConsumerFactory = Callable[[dict[str, Any]], Any]
 #: Decides from the record whether the subscriber wants the event; a record it rejects is finished (its offset
 #: committed) without a delivery.
@@ -91,6 +102,9 @@ class SubscriptionConsumer:
         self._flow = FlowControl(queue_bytes)
         self._rebalancer = Rebalancer(self.topic, str(consumer_config.get("auto.offset.reset", "latest")), self,
                                       {**self.labels.as_dict(), "group": group_id})
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._poller: concurrent.futures.ThreadPoolExecutor | None = None
         self._factory = consumer_factory
         self._filter = event_filter
         self._grace = shutdown_grace
@@ -151,6 +165,10 @@ class SubscriptionConsumer:
                 "in_flight": self._in_flight, "partitions": partitions}
 
     async def run(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        poller = self._poller = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"poll-{self._subscriber.uid}"[:40])
         self._consumer = self._factory(self._config)
         try:
             rebalancer = self._rebalancer
@@ -160,7 +178,7 @@ class SubscriptionConsumer:
             while not self._stopping:
                 room, full = self._flow.room(self._parts.values(), self._scheduler)
                 try:
-                    messages = self._consumer.consume(room, 0)
+                    messages = await loop.run_in_executor(poller, self._consumer.consume, room, 0)
                 except KafkaException as exc:
                     log.warning("consume failed", extra={**self.labels.as_dict(), "error": str(exc)})
                     messages = []
@@ -184,12 +202,32 @@ class SubscriptionConsumer:
                     await self._sleep(min(MAX_IDLE_POLL, 0.002 * idle))
             await self._drain()
         finally:
-            consumer, self._consumer = self._consumer, None
+            consumer = self._consumer
             try:
-                consumer.close()  # leaves the group now instead of after session.timeout.ms
+                # Leaves the group now instead of after session.timeout.ms; its revoke callback commits.
+                await asyncio.shield(loop.run_in_executor(poller, consumer.close))
             except (KafkaException, RuntimeError) as exc:
                 log.warning("consumer close failed", extra={**self.labels.as_dict(), "error": str(exc)})
-            self._drop_all()
+            finally:
+                self._consumer = None
+                poller.shutdown(wait=False)
+                self._drop_all()
+
+    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` on the event loop and return its result: from a rebalance callback on the poll thread."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return fn(*args)
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                result.set_result(fn(*args))
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return result.result(LOOP_HANDOFF_TIMEOUT)
 
     # -- intake -------------------------------------------------------------------------------------
     def _accept(self, message: Message) -> None:
@@ -312,12 +350,21 @@ class SubscriptionConsumer:
 
     # -- rebalance (rebalance.Owner) ----------------------------------------------------------------
     def assigned(self, partitions: list[TopicPartition]) -> None:
+        self._on_loop(self._assigned, partitions)
+
+    def group_joined(self, topic_exists: bool) -> None:
+        self._on_loop(self._group_joined, topic_exists)
+
+    def release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return self._on_loop(self._release, partitions)
+
+    def _assigned(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
             self._parts[tp.partition] = Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
         self._flow.resize(self._parts.values(), self._scheduler)
 
-    def group_joined(self, topic_exists: bool) -> None:
+    def _group_joined(self, topic_exists: bool) -> None:
         self._joined = True
         sub = self._subscriber
         if topic_exists:
@@ -325,7 +372,7 @@ class SubscriptionConsumer:
         else:
             self._board.set(sub.uid, sub.generation, False, f"topic {self.topic} does not exist")
 
-    def release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+    def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         done = []
         for tp in partitions:
             part = self._parts.pop(tp.partition, None)
@@ -344,6 +391,14 @@ class SubscriptionConsumer:
         return done
 
     def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (on the poll thread): handled on the loop."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._error(err)
+        else:
+            loop.call_soon_threadsafe(self._error, err)
+
+    def _error(self, err: KafkaError) -> None:
         code = err.code()
         if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
             message = f"topic {self.topic} does not exist"
@@ -370,8 +425,10 @@ class SubscriptionConsumer:
             if part.tracker.commit_position is not None:
                 done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
         if done:
+            commit = self._consumer.commit
             try:
-                self._consumer.commit(offsets=done, asynchronous=False)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._poller, lambda: commit(offsets=done, asynchronous=False))
             except KafkaException as exc:
                 log.warning("final commit failed", extra={**self.labels.as_dict(), "error": str(exc)})
 
