@@ -215,7 +215,8 @@ def dispatch(kafka_running: KafkaNode, tmp_path: Path) -> Iterator[Callable[...,
 
     def make(name: str, channels: Path, **kw: Any) -> InProcess:
         settings = make_settings(kafka_running, name, max_in_flight=kw.pop("max_in_flight", 64),
-                                 kafka_extra=kw.pop("kafka_extra", KAFKA_EXTRA))
+                                 kafka_extra=kw.pop("kafka_extra", KAFKA_EXTRA),
+                                 retry_after_max_seconds=kw.pop("retry_after_max_seconds", 600.0))
         source = FileChannelSource(channels, settings, poll_interval=0.1)
         dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                        registry=CollectorRegistry(), host="127.0.0.1", port=0,
@@ -385,6 +386,39 @@ def test_retries_follow_backoff_policy(kafka_running: KafkaNode, topic: str, htt
     gaps = [b - a for a, b in itertools.pairwise(times)]
     for gap, want in zip(gaps, expected, strict=True):
         assert want * 0.9 <= gap <= want + 0.15, (gaps, expected)
+
+
+def test_per_attempt_timeout_cuts_a_hung_attempt_and_retries(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    http.behaviours["/hang"] = lambda _r, a: (200, {}, b"", 5.0 if a == 1 else 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 2, "backoffPolicy": "linear", "backoffDelay": "PT0.05S", "timeout": "PT0.5S"}
+    write_channel(channels, "timeout", topic, [sub_doc("u1", http.url("/hang"), delivery=delivery)])
+    d = dispatch("timeout", channels)
+    produce(kafka_running, topic, 1)
+    wait_for(lambda: len(http.at("/hang")) >= 2, 20, "a second attempt")
+    first, second = (r.at for r in http.at("/hang")[:2])
+    assert 0.5 <= second - first <= 0.5 + 0.05 + 0.6, second - first  # the timeout + backoff, not the 5 s hang
+    wait_for(lambda: committed(kafka_running, topic, group_of("timeout", "u1"))[0] == 1, 15, "commit")
+    assert len(http.at("/hang")) == 2
+    metrics = d.get("/metrics")
+    assert 'eventing_kafka_dispatch_attempts_total{channel="timeout",code="none"' in metrics  # no response
+
+
+@pytest.mark.parametrize(("status", "retry_after", "expected"), [(429, "1", 1.0), (503, "30", 1.5)])
+def test_retry_after_is_honoured_up_to_the_maximum(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any,
+        status: int, retry_after: str, expected: float) -> None:
+    http.behaviours["/busy"] = lambda _r, a: (status if a == 1 else 200, {"Retry-After": retry_after}, b"", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 3, "backoffPolicy": "linear", "backoffDelay": "PT0.01S"}
+    write_channel(channels, f"busy{status}", topic, [sub_doc("u1", http.url("/busy"), delivery=delivery)])
+    dispatch(f"busy{status}", channels, retry_after_max_seconds=1.5)
+    produce(kafka_running, topic, 1)
+    wait_for(lambda: len(http.at("/busy")) >= 2, 20, "the retry")
+    first, second = (r.at for r in http.at("/busy")[:2])
+    # Retry-After instead of the 10 ms backoff; 30 s is capped at the dispatcher's maximum (1.5 s).
+    assert expected * 0.95 <= second - first <= expected + 0.5, second - first
 
 
 def test_exhausted_event_goes_to_dead_letter_sink_with_extensions(
