@@ -188,7 +188,7 @@ async def dispatcher_round(deliverer: Deliverer, events: int, variant: str) -> f
     labels = Labels("default", "bench", "sub")
     started = time.perf_counter()
     for _ in range(events):
-        await deliverer.handle(record.headers(), record.value(), subscriber, labels, record)  # type: ignore[arg-type]
+        await deliverer.handle(record.headers(), record.value(), subscriber, labels, record=record)  # type: ignore[arg-type]
     return (time.perf_counter() - started) / events * 1e6
 
 

@@ -11,6 +11,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Message
@@ -47,6 +48,18 @@ class Outcome(enum.StrEnum):
     DROPPED = "dropped"
 
 
+@dataclass(slots=True)
+class AttemptCount:
+    """Attempts at the subscriber started so far for one event.
+
+    Kept by the consumer per offset and carried across a revoke in the commit's metadata (rebalance.py), so
+    an event that always fails reaches the dead-letter sink after exactly its retries however often its
+    partition moves.
+    """
+
+    made: int = 0
+
+
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -81,9 +94,12 @@ class Deliverer:
         value: bytes | None,
         subscriber: Subscriber,
         labels: Labels,
+        count: AttemptCount | None = None,
+        *,
         record: Message | None = None,
     ) -> Outcome:
-        """``record``, the consumed message itself, is for the traced deliverer's span attributes."""
+        """``count``: attempts already made (another member's, before a revoke); counted on as they are made.
+        ``record``, the consumed message itself, is for the traced deliverer's span attributes."""
         started = time.monotonic()
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
@@ -97,7 +113,8 @@ class Deliverer:
         trace = {name: out_headers[name] for name in TRACE_HEADERS if name in out_headers}
         out_headers["Prefer"] = "reply"
 
-        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels)
+        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels,
+                                           count=count)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
             reply_failed = await self._reply(attempt, subscriber, labels, trace)
@@ -110,17 +127,28 @@ class Deliverer:
         return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=trace)
 
     async def _with_retries(
-        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels,
+        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels, *,
+        count: AttemptCount | None = None,
     ) -> Attempt:
         spec = subscriber.delivery
         timeout = spec.timeout_seconds
+        done = count.made if count is not None else 0
+        if done:
+            if done > spec.retry:
+                # Every attempt was made before the partition moved; the dead letter was not yet sent.
+                return Attempt(None, error=f"all {done} attempts failed before a rebalance")
+            await (self._sleep or asyncio.sleep)(retry_delay(spec, done, None, self.retry_after_max))
         # The first attempt inline (no closure, no extra coroutine): it is the only one for almost every event.
+        if count is not None:
+            count.made += 1
         first = await self.sender.post(url, headers, body, timeout)
         self._child(self.metrics.deliveries, labels, first.code).inc()
-        if first.ok or not is_retryable(first.status) or spec.retry == 0:
+        if first.ok or not is_retryable(first.status) or spec.retry <= done:
             return first
 
         async def once() -> Attempt:
+            if count is not None:
+                count.made += 1
             result = await self.sender.post(url, headers, body, timeout)
             self._child(self.metrics.deliveries, labels, result.code).inc()
             return result
@@ -128,9 +156,9 @@ class Deliverer:
         def on_retry(_attempt: int, _delay: float) -> None:
             self.metrics.retries.labels(*labels).inc()
 
-        on_retry(1, 0.0)
-        await (self._sleep or asyncio.sleep)(retry_delay(spec, 1, first.retry_after, self.retry_after_max))
-        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=1)
+        on_retry(done + 1, 0.0)
+        await (self._sleep or asyncio.sleep)(retry_delay(spec, done + 1, first.retry_after, self.retry_after_max))
+        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=done + 1)
         result: Attempt = await policy(once)
         return result
 

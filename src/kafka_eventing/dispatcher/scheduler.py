@@ -20,11 +20,22 @@ Start = Callable[[Partition, Message], None]
 Admit = Callable[[], bool]
 
 
+#: Per partition, most events started behind the oldest unfinished one (see Scheduler.window).
+MAX_OUTSTANDING = 1000
+
+
 class Scheduler(ABC):
     ordered: bool
 
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int, max_outstanding: int = MAX_OUTSTANDING) -> None:
         self.max_in_flight = max(1, max_in_flight)
+        #: Events of one partition started and not yet below its commit mark (in flight, or finished after an
+        #: older one that is not): what a crash would redeliver, and what the offset tracker holds beyond the
+        #: local queue. Never smaller than the in-flight budget.
+        self.window = max(max_outstanding, self.max_in_flight)
+
+    def window_full(self, part: Partition) -> bool:
+        return part.tracker.outstanding - len(part.queue) >= self.window
 
     @abstractmethod
     def pump(self, parts: Collection[Partition], in_flight: int, admit: Admit, start: Start) -> None:

@@ -1,7 +1,12 @@
 """One subscription's consumer: the coordinator of polling, scheduling, delivery, commits and rebalances.
 
-Everything here runs on the dispatcher's event loop. ``consume(timeout=0)`` only drains librdkafka's local
-queue (fetching happens on librdkafka's own threads), so polling never blocks other subscriptions. Polling
+The subscription's state lives on the dispatcher's event loop (no locks). The Kafka calls that can block run on
+the subscription's own poll thread: ``consume(timeout=0)`` (it only drains librdkafka's local queue, but
+librdkafka runs the rebalance callbacks inside it, and they wait on the group coordinator: ``committed()``,
+watermarks, the synchronous commit on revoke), ``close()`` and the final commit. A slow rebalance of one
+subscription therefore stalls neither the other subscriptions nor the probes; the callbacks hand their state
+changes to the loop and wait for them (``_on_loop``), so the ordering guarantees are those of a callback on the
+loop: a revoked partition's deliveries are cancelled and its mark taken before the commit. Polling
 continues whatever the deliveries do (a partition whose local queue is full is paused, not starved of polls),
 so a long retry sequence never pushes the member past ``max.poll.interval.ms`` and never gets its partition
 revoked for being slow.
@@ -15,21 +20,23 @@ committed).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kafka_eventing.core.channels import Channel, Subscriber
-from kafka_eventing.dispatcher.delivery import Deliverer, Outcome
+from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
 from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, TokenBucket
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
-from kafka_eventing.dispatcher.rebalance import Rebalancer
-from kafka_eventing.dispatcher.scheduler import Scheduler
+from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point
+from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Scheduler
 from kafka_eventing.dispatcher.status import StatusBoard
 from kafka_eventing.dispatcher.unordered import UnorderedScheduler
 
@@ -44,6 +51,10 @@ HUNGRY_POLL = 0.001
 HUNGRY_POLLS = 100
 LAG_INTERVAL = 5.0
 
+#: Longest a rebalance callback waits for the loop to apply its state change (the loop never blocks that long).
+LOOP_HANDOFF_TIMEOUT = 60.0
+
+T = TypeVar("T")
 ConsumerFactory = Callable[[dict[str, Any]], Any]
 #: Decides from the record whether the subscriber wants the event; a record it rejects is finished (its offset
 #: committed) without a delivery.
@@ -51,8 +62,9 @@ EventFilter = Callable[[Message], bool]
 _Headers = list[tuple[str, bytes | str | None]] | None
 
 
-def scheduler_for(subscriber: Subscriber, max_in_flight: int) -> Scheduler:
-    return OrderedScheduler(max_in_flight) if subscriber.ordered else UnorderedScheduler(max_in_flight)
+def scheduler_for(subscriber: Subscriber, max_in_flight: int, max_outstanding: int = MAX_OUTSTANDING) -> Scheduler:
+    kind = OrderedScheduler if subscriber.ordered else UnorderedScheduler
+    return kind(max_in_flight, max_outstanding)
 
 
 class SubscriptionConsumer:
@@ -73,6 +85,7 @@ class SubscriptionConsumer:
         shutdown_grace: float = 5.0,
         queue_bytes: int = 4 * DEFAULT_QUEUE_BYTES,
         event_filter: EventFilter | None = None,
+        max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
         self.topic = channel.topic
         self.group_id = group_id
@@ -84,10 +97,14 @@ class SubscriptionConsumer:
         self._board = board
         self.max_in_flight = max(1, max_in_flight)
         # channels.py already defaults the subscriber's order to the channel's.
-        self._scheduler = scheduler_for(subscriber, self.max_in_flight)
+        self._max_outstanding = max_outstanding
+        self._scheduler = scheduler_for(subscriber, self.max_in_flight, max_outstanding)
         self._flow = FlowControl(queue_bytes)
         self._rebalancer = Rebalancer(self.topic, str(consumer_config.get("auto.offset.reset", "latest")), self,
                                       {**self.labels.as_dict(), "group": group_id})
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._poller: concurrent.futures.ThreadPoolExecutor | None = None
         self._factory = consumer_factory
         self._filter = event_filter
         self._grace = shutdown_grace
@@ -128,7 +145,7 @@ class SubscriptionConsumer:
         """A changed delivery spec, URI, order or rate limit applies to the next event, without a restart."""
         self._subscriber = subscriber
         if subscriber.ordered != self._scheduler.ordered:
-            self._scheduler = scheduler_for(subscriber, self.max_in_flight)
+            self._scheduler = scheduler_for(subscriber, self.max_in_flight, self._max_outstanding)
         self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
         self._flow.resize(self._parts.values(), self._scheduler)
         current = self._board.get(subscriber.uid)
@@ -141,13 +158,17 @@ class SubscriptionConsumer:
         self._wake()
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "group": self.group_id, "joined": self._joined, "ordered": self.ordered, "in_flight": self._in_flight,
-            "partitions": {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "paused": p.paused,
-                                      "committable": p.tracker.commit_position} for p in self._parts.values()},
-        }
+        partitions = {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "paused": p.paused,
+                                 "outstanding": p.tracker.outstanding, "committable": p.tracker.commit_position}
+                      for p in self._parts.values()}
+        return {"group": self.group_id, "joined": self._joined, "ordered": self.ordered,
+                "in_flight": self._in_flight, "partitions": partitions}
 
     async def run(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        poller = self._poller = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"poll-{self._subscriber.uid}"[:40])
         self._consumer = self._factory(self._config)
         try:
             rebalancer = self._rebalancer
@@ -157,7 +178,7 @@ class SubscriptionConsumer:
             while not self._stopping:
                 room, full = self._flow.room(self._parts.values(), self._scheduler)
                 try:
-                    messages = self._consumer.consume(room, 0)
+                    messages = await loop.run_in_executor(poller, self._consumer.consume, room, 0)
                 except KafkaException as exc:
                     log.warning("consume failed", extra={**self.labels.as_dict(), "error": str(exc)})
                     messages = []
@@ -181,12 +202,32 @@ class SubscriptionConsumer:
                     await self._sleep(min(MAX_IDLE_POLL, 0.002 * idle))
             await self._drain()
         finally:
-            consumer, self._consumer = self._consumer, None
+            consumer = self._consumer
             try:
-                consumer.close()  # leaves the group now instead of after session.timeout.ms
+                # Leaves the group now instead of after session.timeout.ms; its revoke callback commits.
+                await asyncio.shield(loop.run_in_executor(poller, consumer.close))
             except (KafkaException, RuntimeError) as exc:
                 log.warning("consumer close failed", extra={**self.labels.as_dict(), "error": str(exc)})
-            self._drop_all()
+            finally:
+                self._consumer = None
+                poller.shutdown(wait=False)
+                self._drop_all()
+
+    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` on the event loop and return its result: from a rebalance callback on the poll thread."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return fn(*args)
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                result.set_result(fn(*args))
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return result.result(LOOP_HANDOFF_TIMEOUT)
 
     # -- intake -------------------------------------------------------------------------------------
     def _accept(self, message: Message) -> None:
@@ -255,13 +296,18 @@ class SubscriptionConsumer:
         task.add_done_callback(part.tasks.discard)
 
     async def _deliver(self, part: Partition, message: Message) -> None:
+        offset = cast(int, message.offset())
         if self._filter is None or self._filter(message):
-            self._outcomes[await self._handle(message)].inc()
+            count = part.attempts.get(offset)
+            if count is None:
+                count = part.attempts[offset] = AttemptCount()
+            self._outcomes[await self._handle(message, count)].inc()
+            part.attempts.pop(offset, None)
         if self._parts.get(part.number) is not part:
             return  # revoked meanwhile; the new owner redelivers from the committed offset
         part.in_flight -= 1
         self._in_flight -= 1
-        position = part.tracker.done(cast(int, message.offset()))
+        position = part.tracker.done(offset)
         if position is not None:
             if part.unstored is None:
                 self._unstored.append(part)
@@ -270,13 +316,14 @@ class SubscriptionConsumer:
         if part.paused and self._flow.may_resume(part, self._parts.values(), self._scheduler):
             self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
-    async def _handle(self, message: Message) -> Outcome:
+    async def _handle(self, message: Message, count: AttemptCount) -> Outcome:
         """Deliver, reply or dead-letter the event: returns only once its offset may be committed."""
         failures = 0
         while True:
             try:
                 return await self._deliverer.handle(
-                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels, message)
+                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels, count,
+                    record=message)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -309,12 +356,23 @@ class SubscriptionConsumer:
 
     # -- rebalance (rebalance.Owner) ----------------------------------------------------------------
     def assigned(self, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
-            self._parts[tp.partition] = Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
-        self._flow.resize(self._parts.values(), self._scheduler)
+        self._on_loop(self._assigned, partitions)
 
     def group_joined(self, topic_exists: bool) -> None:
+        self._on_loop(self._group_joined, topic_exists)
+
+    def release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return self._on_loop(self._release, partitions)
+
+    def _assigned(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
+            part = self._parts[tp.partition] = Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
+            # Attempts another owner made before the partition moved (see rebalance.commit_point).
+            part.attempts = {o: AttemptCount(n) for o, n in attempts_from(tp.metadata).items() if o >= tp.offset}
+        self._flow.resize(self._parts.values(), self._scheduler)
+
+    def _group_joined(self, topic_exists: bool) -> None:
         self._joined = True
         sub = self._subscriber
         if topic_exists:
@@ -322,7 +380,7 @@ class SubscriptionConsumer:
         else:
             self._board.set(sub.uid, sub.generation, False, f"topic {self.topic} does not exist")
 
-    def release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+    def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         done = []
         for tp in partitions:
             part = self._parts.pop(tp.partition, None)
@@ -331,8 +389,9 @@ class SubscriptionConsumer:
             self._in_flight -= part.in_flight
             for task in list(part.tasks):
                 task.cancel()
-            if part.tracker.commit_position is not None:
-                done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
+            point = commit_point(self.topic, part)
+            if point is not None:
+                done.append(point)
             key = (self.group_id, str(part.number), self.topic)
             if key in self._lag_seen:
                 self._lag_seen.discard(key)
@@ -341,6 +400,14 @@ class SubscriptionConsumer:
         return done
 
     def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (on the poll thread): handled on the loop."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._error(err)
+        else:
+            loop.call_soon_threadsafe(self._error, err)
+
+    def _error(self, err: KafkaError) -> None:
         code = err.code()
         if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
             message = f"topic {self.topic} does not exist"
@@ -364,11 +431,14 @@ class SubscriptionConsumer:
         for part in self._parts.values():
             for task in list(part.tasks):
                 task.cancel()
-            if part.tracker.commit_position is not None:
-                done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
+            point = commit_point(self.topic, part)
+            if point is not None:
+                done.append(point)
         if done:
+            commit = self._consumer.commit
             try:
-                self._consumer.commit(offsets=done, asynchronous=False)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._poller, lambda: commit(offsets=done, asynchronous=False))
             except KafkaException as exc:
                 log.warning("final commit failed", extra={**self.labels.as_dict(), "error": str(exc)})
 

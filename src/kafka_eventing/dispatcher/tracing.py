@@ -19,7 +19,7 @@ from kafka_eventing.core import tracing as t
 from kafka_eventing.core.binding import BindingError, event_from_kafka
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.http_delivery import Attempt, HttpSender
-from kafka_eventing.dispatcher.delivery import Deliverer, Outcome, Sleep
+from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome, Sleep
 from kafka_eventing.dispatcher.metrics import Labels
 
 #: Span names (and ``kafka_eventing.outcome`` of each attempt's span) by where the POST goes.
@@ -90,6 +90,8 @@ class TracedDeliverer(Deliverer):
         value: bytes | None,
         subscriber: Subscriber,
         labels: Labels,
+        count: AttemptCount | None = None,
+        *,
         record: Message | None = None,
     ) -> Outcome:
         carrier = t.kafka_trace(headers)
@@ -103,7 +105,7 @@ class TracedDeliverer(Deliverer):
                 recording = span.is_recording()
                 if recording:  # attributes only for spans that are kept
                     span.set_attributes(_process_attributes(headers, value, labels, record))
-                outcome = await super().handle(headers, value, subscriber, labels, record)
+                outcome = await super().handle(headers, value, subscriber, labels, count, record=record)
                 if not recording:
                     return outcome
                 span.set_attribute(t.OUTCOME, outcome.value)

@@ -15,15 +15,15 @@ from collections import deque
 from collections.abc import Collection
 
 from kafka_eventing.dispatcher.partition import QUEUE_RECORDS, Partition
-from kafka_eventing.dispatcher.scheduler import Admit, Scheduler, Start
+from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Admit, Scheduler, Start
 
 
 class UnorderedScheduler(Scheduler):
     ordered = False
     shares_budget = True
 
-    def __init__(self, max_in_flight: int) -> None:
-        super().__init__(max_in_flight)
+    def __init__(self, max_in_flight: int, max_outstanding: int = MAX_OUTSTANDING) -> None:
+        super().__init__(max_in_flight, max_outstanding)
         self._rotation: deque[Partition] = deque()
 
     def assigned(self, parts: Collection[Partition]) -> None:
@@ -38,7 +38,7 @@ class UnorderedScheduler(Scheduler):
         while free > 0 and skipped < len(rotation):
             part = rotation[0]
             rotation.rotate(-1)
-            if not part.queue:
+            if not part.queue or self.window_full(part):
                 skipped += 1
                 continue
             skipped = 0
@@ -55,8 +55,12 @@ class UnorderedScheduler(Scheduler):
         return max(32 * 1024, 2 * share)
 
     def must_pause(self, part: Partition, queued: int, budget: int, byte_cap: int) -> bool:
-        """Every partition, once together they hold twice the budget."""
-        return queued >= 2 * budget
+        """Every partition, once together they hold twice the budget; one whose window is full on its own.
+
+        Behind a stuck event (retrying, or waiting on a dead-letter sink that is down) nothing more of the
+        partition may start, so its records would only pile up in the local queue.
+        """
+        return queued >= 2 * budget or self.window_full(part)
 
     def may_resume(self, part: Partition, queued: int, budget: int, byte_cap: int) -> bool:
-        return queued <= budget
+        return queued <= budget and not self.window_full(part)

@@ -53,3 +53,20 @@ def test_unordered_round_robin_up_to_the_budget() -> None:
 def test_rate_limit_stops_the_pump() -> None:
     assert _pump(UnorderedScheduler(64), _parts({0: 5}), tokens=2) == ["0-0", "0-1"]
     assert _pump(OrderedScheduler(64), _parts({0: 5, 1: 5}), tokens=1) == ["0-0"]
+
+
+def test_unordered_starts_nothing_more_behind_a_full_window() -> None:
+    scheduler = UnorderedScheduler(8, max_outstanding=11)
+    [part] = parts = _parts({0: 0})
+    for offset in range(20):
+        part.tracker.add(offset)
+    part.queue.extend(f"q-{i}" for i in range(10, 20))  # 0-9 started; 0 is stuck, 1-9 finished
+    for offset in range(1, 10):
+        part.tracker.done(offset)
+    assert not scheduler.window_full(part)
+    assert _pump(scheduler, parts) == ["q-10"]  # the 11th started event fills the window
+    assert scheduler.window_full(part)
+    assert scheduler.must_pause(part, 0, 1 << 20, 1 << 20)
+    part.tracker.done(0)  # the stuck one finishes: the mark passes the finished ones
+    assert not scheduler.window_full(part)
+    assert scheduler.may_resume(part, 0, 1 << 20, 1 << 20)
