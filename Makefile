@@ -105,7 +105,7 @@ bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .ca
 	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
-bench: bench-receiver bench-dispatcher bench-controller bench-spark bench-cesql ## All benchmarks.
+bench: bench-receiver bench-dispatcher bench-controller bench-tracing bench-spark bench-cesql ## All benchmarks.
 
 .PHONY: bench-receiver
 bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.
@@ -118,6 +118,10 @@ bench-dispatcher: setup ## Dispatcher vs bare HTTP client vs raw consumer; RSS u
 .PHONY: bench-controller
 bench-controller: setup ## 500 KafkaChannels to Ready on the real apiserver + Kafka.
 	$(PY) bench/controller.py
+
+.PHONY: bench-tracing
+bench-tracing: setup ## Cost of tracing per event on the receiver and dispatcher paths: off / on / unsampled.
+	$(PY) bench/tracing.py
 
 .PHONY: bench-spark
 bench-spark: setup ## Archive/replay throughput at local[1] and local[2] vs a single-process baseline.

@@ -7,7 +7,8 @@
   values.schema.json and the Secret-keys table in docs/install.md.
 - The Kustomize base: `helm template` of the chart with its default values → kustomize/base/ (the chart is the one
   hand-kept tree; the settings ConfigMaps become configMapGenerator env files), and the chart's opt-in templates →
-  the objects of the pdb, networkpolicy and servicemonitor components. The role images are the chart's.
+  the objects of the pdb, networkpolicy, servicemonitor, prometheusrule and grafana-dashboards components. The
+  role images are the chart's.
 - The chart's README from values.yaml (helm-docs).
 
 Usage: python hack/generate.py --helm PATH --helm-docs PATH
@@ -243,12 +244,21 @@ def _env_file(data: dict[str, str]) -> str:
     return BASE_NOTE + "\n" + "".join(f"{k}={v}\n" for k, v in data.items())
 
 
-#: Opt-in components rendered from the chart's opt-in templates: component → (kind, file, what turns it on).
+#: Opt-in components rendered from the chart's opt-in templates: component → (kind, file, what turns it on),
+#: the objects chosen by kind and, where the kind is not enough (ConfigMap), by their component label.
 OPTINS = {
     "pdb": ("PodDisruptionBudget", "pdbs.yaml", ("receiver.pdb.enabled=true", "controller.pdb.enabled=true")),
     "networkpolicy": ("NetworkPolicy", "networkpolicies.yaml", ("networkPolicy.enabled=true",)),
     "servicemonitor": ("ServiceMonitor", "servicemonitors.yaml", ("metrics.serviceMonitor.enabled=true",)),
+    "prometheusrule": ("PrometheusRule", "prometheusrules.yaml", ("metrics.prometheusRule.enabled=true",)),
+    "grafana-dashboards": ("ConfigMap/dashboards", "dashboards.yaml", ("metrics.grafanaDashboards.enabled=true",)),
 }
+
+
+def _is(doc: dict[str, Any], kind: str) -> bool:
+    kind, _, component = kind.partition("/")
+    return bool(doc["kind"] == kind and (not component or
+                                         doc["metadata"]["labels"].get("app.kubernetes.io/component") == component))
 
 
 def _render(helm: str, *sets: str, apis: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -267,7 +277,7 @@ def optin_components(helm: str) -> None:
     sets = [s for _, _, on in OPTINS.values() for s in on]
     docs = _render(helm, *sets, apis=("monitoring.coreos.com/v1",))
     for component, (kind, filename, _) in OPTINS.items():
-        items = [d for d in docs if d["kind"] == kind]
+        items = [d for d in docs if _is(d, kind)]
         for d in items:
             d["metadata"]["namespace"] = NAMESPACE  # a `namespace:` in the user's kustomization overrides it
             (d.get("spec") or {}).pop("namespaceSelector", None)  # a ServiceMonitor watches its own namespace

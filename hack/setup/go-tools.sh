@@ -16,6 +16,9 @@ KUSTOMIZE_VERSION=v5.8.2    # v5.8.3 needs go >= 1.27
 KUBECONFORM_VERSION=v0.7.0
 HELM_DOCS_VERSION=v1.14.2
 KIND_VERSION=v0.33.0
+# promtool (check metrics / check rules / test rules) from the Prometheus Go module, whose v0.X.Y tags are
+# Prometheus 3.X.Y (v0.316.0 = Prometheus 3.16.0).
+PROMETHEUS_VERSION=v0.316.0
 # kube-apiserver, kube-controller-manager, kubectl and etcd come from hack/tools/kube/go.mod;
 # KUBE_VERSION must equal its k8s.io/kubernetes version (checked below). The newest 1.34 patch
 # whose go.mod the checksum database serves here is v1.34.10 (v1.34.11/12 are not verifiable).
@@ -156,6 +159,14 @@ build_kind() {
   go_install "-s -w" "sigs.k8s.io/kind@$KIND_VERSION"
 }
 
+build_promtool() {
+  local n=${PROMETHEUS_VERSION#v0.} minor release
+  minor=${n%%.*}
+  release="$((minor / 100)).$((minor % 100)).${n#*.}"
+  go_install "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+}
+
 kube_ldflags() {
   local minor=${KUBE_VERSION#v1.}
   minor=${minor%%.*}
@@ -190,7 +201,7 @@ check_kube_mod() {
   ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
 }
 
-ALL=(helm ct kustomize kubeconform helm-docs kind kube-apiserver kube-controller-manager kubectl etcd)
+ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
@@ -207,6 +218,7 @@ for tool in "${WANT[@]}"; do
     kubeconform) install_tool kubeconform "$KUBECONFORM_VERSION" "$KUBECONFORM_VERSION" "-v" build_kubeconform ;;
     helm-docs) install_tool helm-docs "$HELM_DOCS_VERSION" "$HELM_DOCS_VERSION" "--version" build_helm_docs ;;
     kind) install_tool kind "$KIND_VERSION" "$KIND_VERSION" "version" build_kind ;;
+    promtool) install_tool promtool "$PROMETHEUS_VERSION" "$PROMETHEUS_VERSION" "--version" build_promtool ;;
     kube-apiserver) install_tool kube-apiserver "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_apiserver ;;
     kube-controller-manager)
       install_tool kube-controller-manager "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_controller_manager ;;

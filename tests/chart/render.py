@@ -56,7 +56,7 @@ OPTIONAL_APIS = ("monitoring.coreos.com/v1", "keda.sh/v1alpha1")
 
 
 #: Kinds whose schema is not available offline (Prometheus Operator CRD); checked structurally below instead.
-NO_OFFLINE_SCHEMA = {"ServiceMonitor"}
+NO_OFFLINE_SCHEMA = {"ServiceMonitor", "PrometheusRule"}
 
 
 SETTINGS_ENV = {"KE_" + f.name.upper() for f in dataclasses.fields(Settings)}
@@ -84,8 +84,8 @@ def tool(name: str) -> str:
     return str(path)
 
 
-def run(args: list[str], *, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+def run(args: list[str], *, ok: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False, input=stdin)
     if ok and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
@@ -218,6 +218,11 @@ def validate(doc: dict[str, Any]) -> None:
     key = (doc["apiVersion"], doc["kind"])
     if key in crd_validators():
         crd_validators()[key].validate(doc)
+        return
+    if doc["kind"] == "PrometheusRule":
+        # The rules themselves are checked and unit-tested by promtool (tests/prometheus).
+        rules = [r for group in doc["spec"]["groups"] for r in group["rules"]]
+        assert rules and all(r["expr"] and r["annotations"]["runbook_url"] for r in rules), doc["metadata"]["name"]
         return
     if doc["kind"] in NO_OFFLINE_SCHEMA:
         spec = doc["spec"]

@@ -90,19 +90,24 @@ def test_kustomize_optin_components_match_the_chart_optins(tmp_path: Path) -> No
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [f"{rel}/overlays/strimzi"],
-        "components": [f"{rel}/components/{c}" for c in ("pdb", "networkpolicy", "servicemonitor")],
+        "components": [f"{rel}/components/{c}"
+                       for c in ("pdb", "networkpolicy", "servicemonitor", "prometheusrule", "grafana-dashboards")],
     }))
     kust_docs = parse(run([tool("kustomize"), "build", str(tmp_path)]).stdout)
     for d in kust_docs:
         validate(d)
     helm_docs = helm("values-strimzi.yaml", sets=("receiver.pdb.enabled=true", "controller.pdb.enabled=true",
-                                                  "networkPolicy.enabled=true", "metrics.serviceMonitor.enabled=true"),
+                                                  "networkPolicy.enabled=true", "metrics.serviceMonitor.enabled=true",
+                                                  "metrics.prometheusRule.enabled=true",
+                                                  "metrics.grafanaDashboards.enabled=true"),
                      apis=OPTIONAL_APIS)
     h, k = comparable(helm_docs), comparable(kust_docs)
-    optin = {key for key in h if key[0] in ("PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor")}
-    assert len(optin) == 7 and optin <= set(k)
+    optin = {key for key in h if key[0] in ("PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PrometheusRule")
+             or (key[0] == "ConfigMap" and "dashboard" in key[1])}
+    assert len(optin) == 10 and optin <= set(k)
     for key in optin:
-        hs, ks = copy.deepcopy(h[key]["spec"]), copy.deepcopy(k[key]["spec"])
+        part = "data" if key[0] == "ConfigMap" else "spec"
+        hs, ks = copy.deepcopy(h[key][part]), copy.deepcopy(k[key][part])
         hs.pop("namespaceSelector", None)  # Helm pins the ServiceMonitor to the release namespace explicitly
         assert hs == ks, key
 

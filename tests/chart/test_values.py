@@ -43,7 +43,9 @@ def test_capability_guarded_optins() -> None:
     # KEDA is not capability-guarded: the controller checks the API itself and reports KEDANotInstalled.
     assert one(without, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
     with_apis = helm("ci/all-optins-values.yaml", apis=OPTIONAL_APIS)
-    assert len(of_kind(with_apis, "ServiceMonitor")) == 2
+    assert len(of_kind(with_apis, "ServiceMonitor")) == 3  # receiver, controller, dispatchers
+    assert len(of_kind(with_apis, "PrometheusRule")) == 1
+    assert not of_kind(without, "PrometheusRule")
     assert one(with_apis, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "true"
     assert len(of_kind(with_apis, "PodDisruptionBudget")) == 2
     assert len(of_kind(with_apis, "NetworkPolicy")) == 3
@@ -53,7 +55,8 @@ def test_capability_guarded_optins() -> None:
     # Off by default.
     kinds = {d["kind"] for d in helm(apis=OPTIONAL_APIS)}
     assert not kinds & {"ServiceMonitor", "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler",
-                        "CronJob", "Job"}
+                        "CronJob", "Job", "PrometheusRule"}
+    assert not [d for d in helm(apis=OPTIONAL_APIS) if "grafana_dashboard" in d["metadata"].get("labels", {})]
 
 
 def test_long_release_names_stay_valid() -> None:

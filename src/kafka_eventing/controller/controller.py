@@ -12,14 +12,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import LostLeadership
@@ -57,6 +59,29 @@ class ControllerOptions:
     kafka_timeout: float = 10.0
     base_backoff: float = 0.5
     max_backoff: float = 300.0
+
+
+class ChannelReadiness(Collector):
+    """``kafkachannel_ready``: 1 per KafkaChannel whose Ready condition is True, else 0 (with its reason).
+
+    Read at scrape time from the informer's cache (the statuses the leader writes come back through the watch),
+    so every replica reports the same and nothing is updated per reconcile.
+    """
+
+    def __init__(self, channels: Informer) -> None:
+        self.channels = channels
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("kafkachannel_ready", "1 while the KafkaChannel's Ready condition is True.",
+                                   labels=("namespace", "name", "reason"))
+        for obj in self.channels.items():
+            meta = obj.get("metadata") or {}
+            ready = next((c for c in (obj.get("status") or {}).get("conditions") or () if c.get("type") == "Ready"),
+                         None)
+            ok = ready is not None and ready.get("status") == "True"
+            reason = "" if ok else str((ready or {}).get("reason") or "NotReconciled")
+            family.add_metric((str(meta.get("namespace", "")), str(meta.get("name", "")), reason), 1.0 if ok else 0.0)
+        yield family
 
 
 class Metrics:
@@ -98,6 +123,7 @@ class Controller:
         self.secrets = Informer("secrets", core.list_namespaced_secret, self._on_secret,
                                 watch_timeout_seconds=wt, namespace=system)
         self.informers = (self.channels, self.deployments, self.services, self.config_maps, self.secrets)
+        self.metrics.registry.register(ChannelReadiness(self.channels))
         self.elector = LeaderElector(api_client, system, opts.lease_name, self.identity,
                                      lease_duration=opts.lease_duration, renew_deadline=opts.renew_deadline,
                                      retry_period=opts.retry_period, on_started=self._on_leader)

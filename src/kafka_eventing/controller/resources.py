@@ -149,6 +149,9 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
     }
     if settings.kafka_extra:
         env["KE_KAFKA_EXTRA"] = settings.kafka_extra
+    if settings.tracing_endpoint:
+        env["KE_TRACING_ENDPOINT"] = settings.tracing_endpoint
+        env["KE_TRACING_SAMPLE_RATIO"] = str(settings.tracing_sample_ratio)
     if config.bootstrap_servers:
         env["KE_BOOTSTRAP_SERVERS"] = config.bootstrap_servers
     if config.secret_name:

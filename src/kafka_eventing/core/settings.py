@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 from kafka_eventing.core.kafka_config import PROVIDERS
 
 PREFIX = "KE_"
+OTEL_PREFIX = "OTEL_"
 
 
 class SettingsError(ValueError):
@@ -118,6 +119,14 @@ class Settings:
     log_level: str = "INFO"
     log_format: LogFormat = LogFormat.JSON
     metrics_port: int = 9090
+    #: OTLP/HTTP endpoint for traces (``http://collector:4318``); empty = tracing off, unless the standard
+    #: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` is set (core/tracing.py).
+    tracing_endpoint: str = ""
+    #: share of new traces sampled (0..1); a sender's sampled ``traceparent`` is always followed.
+    tracing_sample_ratio: float = 1.0
+
+    #: the standard ``OTEL_*`` variables, for the OpenTelemetry setup (read here with the rest of the environment)
+    otel: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Enumerations are checked however the object is made (from_env, Settings(...), dataclasses.replace):
@@ -128,15 +137,21 @@ class Settings:
                 object.__setattr__(self, name, _choice(f"{PREFIX}{name.upper()}", hint, value))
         if self.kafka_provider not in PROVIDERS:
             raise SettingsError(f"KE_KAFKA_PROVIDER={self.kafka_provider!r} is not one of {', '.join(PROVIDERS)}")
+        if not 0.0 <= self.tracing_sample_ratio <= 1.0:
+            raise SettingsError(f"KE_TRACING_SAMPLE_RATIO={self.tracing_sample_ratio} is not within 0..1")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``KE_*`` variables; unknown ``KE_*`` names are an error (typos fail loudly)."""
         env = os.environ if environ is None else environ
         hints = get_type_hints(cls)
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.name != "otel"}
         values: dict[str, Any] = {}
+        otel: dict[str, str] = {}
         for key, raw in env.items():
+            if key.startswith(OTEL_PREFIX):
+                otel[key] = raw
+                continue
             if not key.startswith(PREFIX):
                 continue
             name = key[len(PREFIX):].lower()
@@ -145,7 +160,7 @@ class Settings:
                     continue
                 raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(known))}")
             values[name] = _coerce(key, hints[name], raw)
-        return cls(**values)
+        return cls(**values, otel=otel)
 
     def kafka_extra_config(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -155,6 +170,25 @@ class Settings:
                 raise SettingsError(f"KE_KAFKA_EXTRA item {item!r} is not key=value")
             out[k.strip()] = v.strip()
         return out
+
+    @property
+    def tracing_traces_endpoint(self) -> str:
+        """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (a full URL, used as given)."""
+        return self.otel.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+
+    @property
+    def tracing_base_endpoint(self) -> str:
+        """``KE_TRACING_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``: a base URL for the OTLP paths."""
+        return self.tracing_endpoint or self.otel.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+
+    @property
+    def tracing_sampler_from_env(self) -> bool:
+        return bool(self.otel.get("OTEL_TRACES_SAMPLER"))
+
+    @property
+    def tracing_service_name_from_env(self) -> bool:
+        return bool(self.otel.get("OTEL_SERVICE_NAME")) or "service.name=" in self.otel.get(
+            "OTEL_RESOURCE_ATTRIBUTES", "")
 
     @property
     def receiver_deployment_name(self) -> str:

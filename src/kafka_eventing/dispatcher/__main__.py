@@ -17,6 +17,7 @@ import sys
 import uvloop
 
 from kafka_eventing.core import logging as ke_logging
+from kafka_eventing.core import tracing
 from kafka_eventing.core.channel_source import channel_source_from_settings
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
@@ -39,12 +40,18 @@ async def _run(settings: Settings) -> None:
         writer = MemoryStatusWriter()
     if settings.dispatcher_initial_offset not in ("latest", "earliest"):
         raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")
+    traces = tracing.setup(settings, "kafka-eventing-dispatcher")
     dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
-                                   initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host)
+                                   initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host,
+                                   tracer=traces.tracer if traces is not None else None)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, dispatcher.stop)
-    await dispatcher.run()
+    try:
+        await dispatcher.run()
+    finally:
+        if traces is not None:
+            await asyncio.to_thread(traces.shutdown)  # the last spans exported before the process ends
 
 
 class _Args(argparse.Namespace):

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -23,8 +23,12 @@ from kafka_eventing.core.kafka_config import KafkaConnection
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.delivery import Deliverer
 from kafka_eventing.dispatcher.metrics import metrics_for
-from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard, StatusWriter
+from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
+from kafka_eventing.dispatcher.status import JOINING, MemoryStatusWriter, StatusBoard, StatusWriter
 from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ class Dispatcher:
         host: str = "0.0.0.0",
         port: int | None = None,
         shutdown_grace: float = 5.0,
+        tracer: Tracer | None = None,
+        max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
         if not settings.channel_name or not settings.channel_namespace:
             raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME")
@@ -103,6 +109,8 @@ class Dispatcher:
         self.host = host
         self.port = settings.metrics_port if port is None else port
         self.shutdown_grace = shutdown_grace
+        self.tracer = tracer
+        self.max_outstanding = max_outstanding
         self._session = http_session
         self._own_session = http_session is None
         self._writer = status_writer or MemoryStatusWriter()
@@ -113,6 +121,8 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliverer: Deliverer | None = None
         self.board = StatusBoard(self.key, self._writer)
+        # Read when scraped: what /readyz would answer, for the DispatcherNotReady alert.
+        self.metrics.ready.labels(*self.key).set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         self.bound_port: int | None = None
         self._started = asyncio.Event()
 
@@ -131,7 +141,14 @@ class Dispatcher:
         if self._session is None:
             # No connection limit: each subscription's in-flight budget is its own limit (isolation).
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-        self._deliverer = Deliverer(HttpSender(self._session), self.metrics, self.settings.retry_after_max_seconds)
+        if self.tracer is None:
+            self._deliverer = Deliverer(HttpSender(self._session), self.metrics,
+                                        self.settings.retry_after_max_seconds)
+        else:
+            from kafka_eventing.dispatcher.tracing import TracedDeliverer
+
+            self._deliverer = TracedDeliverer(HttpSender(self._session), self.metrics,
+                                              self.settings.retry_after_max_seconds, tracer=self.tracer)
         runner: web.AppRunner | None = None
         try:
             if self.port >= 0:
@@ -173,6 +190,12 @@ class Dispatcher:
                 for sub in channel.subscribers:
                     self.board.set(sub.uid, sub.generation, False, f"channel not ready: {channel.reason}")
                 wanted = {}
+        for uid, sub in list(wanted.items()):
+            problem = sub.delivery.dead_letter_problem
+            if problem:
+                # Consuming without the sink would drop (and commit) every event that fails: hold them in Kafka.
+                self.board.set(uid, sub.generation, False, problem)
+                del wanted[uid]
         for uid, current in list(self._subs.items()):
             if uid not in wanted or channel is None or current.consumer.topic != channel.topic:
                 self._retire(uid)
@@ -199,10 +222,10 @@ class Dispatcher:
         consumer = SubscriptionConsumer(
             channel, sub, group_id=group, consumer_config=config, deliverer=self._deliverer,
             metrics=self.metrics, board=self.board, max_in_flight=self.settings.max_in_flight,
-            shutdown_grace=self.shutdown_grace,
+            shutdown_grace=self.shutdown_grace, max_outstanding=self.max_outstanding,
             queue_bytes=max(128, self.settings.queued_max_messages_kbytes) * 1024 // 4, **kwargs)
         previous = self._stopping_subs.get(sub.uid)
-        self.board.set(sub.uid, sub.generation, False, "joining consumer group")
+        self.board.set(sub.uid, sub.generation, False, JOINING)
         task = asyncio.get_running_loop().create_task(self._supervise(consumer, previous), name=f"sub-{sub.uid}")
         self._subs[sub.uid] = _Running(consumer, task)
         log.info("subscriber started", extra={"subscriber": sub.uid, "group": group,

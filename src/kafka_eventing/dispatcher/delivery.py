@@ -11,7 +11,10 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from confluent_kafka import Message
 
 from kafka_eventing.core.binding import (
     TRACE_HEADERS,
@@ -25,7 +28,14 @@ from kafka_eventing.core.binding import (
 )
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import is_retryable
-from kafka_eventing.core.http_delivery import Attempt, HttpSender, delivery_policy, retry_delay, sink_policy
+from kafka_eventing.core.http_delivery import (
+    MAX_REPLY_BYTES,
+    Attempt,
+    HttpSender,
+    delivery_policy,
+    retry_delay,
+    sink_policy,
+)
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 
@@ -36,6 +46,18 @@ class Outcome(enum.StrEnum):
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
     DROPPED = "dropped"
+
+
+@dataclass(slots=True)
+class AttemptCount:
+    """Attempts at the subscriber started so far for one event.
+
+    Kept by the consumer per offset and carried across a revoke in the commit's metadata (rebalance.py), so
+    an event that always fails reaches the dead-letter sink after exactly its retries however often its
+    partition moves.
+    """
+
+    made: int = 0
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -72,7 +94,12 @@ class Deliverer:
         value: bytes | None,
         subscriber: Subscriber,
         labels: Labels,
+        count: AttemptCount | None = None,
+        *,
+        record: Message | None = None,
     ) -> Outcome:
+        """``count``: attempts already made (another member's, before a revoke); counted on as they are made.
+        ``record``, the consumed message itself, is for the traced deliverer's span attributes."""
         started = time.monotonic()
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
@@ -86,7 +113,8 @@ class Deliverer:
         trace = {name: out_headers[name] for name in TRACE_HEADERS if name in out_headers}
         out_headers["Prefer"] = "reply"
 
-        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels)
+        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels,
+                                           count=count)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
             reply_failed = await self._reply(attempt, subscriber, labels, trace)
@@ -99,17 +127,28 @@ class Deliverer:
         return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=trace)
 
     async def _with_retries(
-        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels,
+        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels, *,
+        count: AttemptCount | None = None,
     ) -> Attempt:
         spec = subscriber.delivery
         timeout = spec.timeout_seconds
+        done = count.made if count is not None else 0
+        if done:
+            if done > spec.retry:
+                # Every attempt was made before the partition moved; the dead letter was not yet sent.
+                return Attempt(None, error=f"all {done} attempts failed before a rebalance")
+            await (self._sleep or asyncio.sleep)(retry_delay(spec, done, None, self.retry_after_max))
         # The first attempt inline (no closure, no extra coroutine): it is the only one for almost every event.
+        if count is not None:
+            count.made += 1
         first = await self.sender.post(url, headers, body, timeout)
         self._child(self.metrics.deliveries, labels, first.code).inc()
-        if first.ok or not is_retryable(first.status) or spec.retry == 0:
+        if first.ok or not is_retryable(first.status) or spec.retry <= done:
             return first
 
         async def once() -> Attempt:
+            if count is not None:
+                count.made += 1
             result = await self.sender.post(url, headers, body, timeout)
             self._child(self.metrics.deliveries, labels, result.code).inc()
             return result
@@ -117,9 +156,9 @@ class Deliverer:
         def on_retry(_attempt: int, _delay: float) -> None:
             self.metrics.retries.labels(*labels).inc()
 
-        on_retry(1, 0.0)
-        await (self._sleep or asyncio.sleep)(retry_delay(spec, 1, first.retry_after, self.retry_after_max))
-        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=1)
+        on_retry(done + 1, 0.0)
+        await (self._sleep or asyncio.sleep)(retry_delay(spec, done + 1, first.retry_after, self.retry_after_max))
+        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=done + 1)
         result: Attempt = await policy(once)
         return result
 
@@ -127,14 +166,20 @@ class Deliverer:
         self, attempt: Attempt, subscriber: Subscriber, labels: Labels, trace: Mapping[str, str],
     ) -> Attempt | None:
         """Forward a reply event; return the failed attempt if it could not be delivered."""
+        if not subscriber.reply_uri:
+            return None  # Knative drops replies when no replyUri is set
+        if attempt.oversized:
+            # Forwarding the first part would deliver a different event; failing makes the loss visible.
+            self.metrics.dropped.labels(*labels, "reply_too_large").inc()
+            log.error("reply larger than the limit, not forwarded",
+                      extra={**labels.as_dict(), "limit": MAX_REPLY_BYTES, "reply_uri": subscriber.reply_uri})
+            return Attempt(None, error=f"reply larger than {MAX_REPLY_BYTES} bytes")
         if not attempt.body and not any(k.lower().startswith("ce-") for k in attempt.headers):
             return None
         try:
             reply = event_from_http(attempt.headers, attempt.body)
         except BindingError:
             return None  # a plain response body is not a reply
-        if not subscriber.reply_uri:
-            return None  # Knative drops replies when no replyUri is set
         headers, body = event_to_http(reply)
         headers.update(trace)
         result = await self._with_retries(subscriber.reply_uri, headers, body, subscriber, labels)

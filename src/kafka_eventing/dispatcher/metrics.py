@@ -52,6 +52,9 @@ class Metrics:
             "eventing_kafka_consumer_lag", "High watermark minus the committable position, per partition.",
             ("consumer", "partition", "topic"), registry=registry)
         self.in_flight = Gauge("eventing_kafka_dispatch_in_flight", "Events being delivered.", SUB, registry=registry)
+        self.ready = Gauge(
+            "eventing_kafka_dispatcher_ready", "1 while the dispatcher is ready (channel found, every consumer "
+            "group joined), as its /readyz answers.", ("namespace", "channel"), registry=registry)
 
 
 _lock = threading.Lock()

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import falcon
 import falcon.asgi
@@ -39,6 +39,11 @@ from kafka_eventing.receiver.ingress import (
 )
 from kafka_eventing.receiver.metrics import LoopTally, exposition
 from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, LoopPoller, Producer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from kafka_eventing.core.tracing import Tracing
 
 AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
 
@@ -176,13 +181,22 @@ def create_app(
     sender: KafkaSender | None = None,
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
     verifier: TokenVerifier | None = None,
+    tracer: Tracer | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
 
-    No poll thread: the event loop polls the producer (``ChannelResource.poller``).
+    No poll thread: the event loop polls the producer (``ChannelResource.poller``). With a ``tracer``, the
+    traced resource and ingress (``receiver.tracing``) serve the channels; without, the plain ones.
     """
     sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
-    resource = ChannelResource(Ingress(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes)))
+    max_body = min(settings.max_event_bytes, message_max_bytes)
+    resource: ChannelResource
+    if tracer is None:
+        resource = ChannelResource(Ingress(sender, channels, settings, max_body))
+    else:
+        from kafka_eventing.receiver.tracing import TracedChannelResource, TracedIngress
+
+        resource = TracedChannelResource(TracedIngress(sender, channels, settings, max_body), tracer)
     middleware: list[object] = [_Shutdown(resource)]
     if verifier is not None:  # only then: without authentication a request meets no middleware at all
         middleware.append(AuthMiddleware(verifier, resource.ingress, resource))
@@ -209,10 +223,13 @@ class Runtime:
     channels: ChannelSource
     sender: KafkaSender
     message_max_bytes: int
+    tracing: Tracing | None = None
 
     def close(self) -> None:
         self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
         self.channels.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
 
 _runtime: Runtime | None = None
@@ -241,6 +258,7 @@ def build_runtime() -> Runtime:
     from confluent_kafka import Producer as KafkaProducer
 
     from kafka_eventing.core import logging as ke_logging
+    from kafka_eventing.core import tracing
     from kafka_eventing.core.channel_source import channel_source_from_settings
 
     settings = Settings.from_env()
@@ -251,7 +269,8 @@ def build_runtime() -> Runtime:
     channels.start()
     sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds)
     _runtime = Runtime(settings, producer, channels, sender,
-                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)))
+                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
+                       tracing.setup(settings, "kafka-eventing-receiver"))
     return _runtime
 
 
@@ -259,7 +278,8 @@ def get_app() -> AsgiApp:
     """Build the receiver from the environment: what gunicorn runs."""
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
-                      message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings))
+                      message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings),
+                      tracer=parts.tracing.tracer if parts.tracing is not None else None)
 
 
 def shutdown() -> None:

@@ -80,3 +80,12 @@ def test_deployment_available_needs_a_replica() -> None:
     assert res.deployment_available(zero)[0] is False
     one = {"status": {"availableReplicas": 1, "conditions": [{"type": "Available", "status": "True"}]}}
     assert res.deployment_available(one) == (True, "")
+
+
+def test_dispatchers_get_the_tracing_settings_only_when_tracing_is_on() -> None:
+    ref, config = res.ChannelRef("team", "orders"), res.DispatcherConfig(replicas=1, checksum="c")
+    off = {e["name"] for e in res.dispatcher_env(ref, SETTINGS, config)}
+    assert not {n for n in off if n.startswith("KE_TRACING")}
+    traced = Settings(tracing_endpoint="http://collector:4318", tracing_sample_ratio=0.25)
+    env = {e["name"]: e["value"] for e in res.dispatcher_env(ref, traced, config)}
+    assert env["KE_TRACING_ENDPOINT"] == "http://collector:4318" and env["KE_TRACING_SAMPLE_RATIO"] == "0.25"
