@@ -216,7 +216,8 @@ class SubscriptionConsumer:
     def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the event loop and return its result: from a rebalance callback on the poll thread."""
         loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread:
+        if loop is None or threading.get_ident() == self._loop_thread or not loop.is_running():
+            # On the loop already, or the loop has finished (a close() outliving it): nothing runs concurrently.
             return fn(*args)
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
 
