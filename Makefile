@@ -37,7 +37,7 @@ local-down: ## Stop what local-up started.
 
 ##@ Test
 .PHONY: test
-test: setup lint test-unit test-integration lint-charts ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup lint test-unit test-integration test-reliability lint-charts ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-charts.
@@ -46,6 +46,15 @@ test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-cha
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e"
+
+.PHONY: test-reliability
+test-reliability: ## The short fault suite (crashes, topic growth, rebalance; a few minutes) against the ledger.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/reliability -q -m "reliability and not slow"
+
+.PHONY: chaos
+chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/reliability.md (even when a scenario fails).
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 RELIABILITY_REPORT=$(ROOT)/docs/reliability.md $(PYTEST) tests/reliability \
+	  -v -m reliability $(ARGS)
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).
