@@ -402,16 +402,17 @@ class ReceiverProcess:
                  "worker replaced")
         return pid
 
-    def kill_pod(self) -> None:
+    def kill_pod(self) -> int:
         """SIGKILL the gunicorn master, then what the container runtime does when PID 1 dies: SIGKILL the rest."""
         assert self.proc is not None
         workers = self.worker_pids()
         os.kill(self.master, signal.SIGKILL)
-        self.proc.wait(10)
+        code = self.proc.wait(10)
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not any(_alive(p) for p in workers), 30, "the pod's processes gone")
+        return code
 
     def sigterm(self, timeout: float = 60.0) -> int:
         """SIGTERM the master (graceful: in-flight requests are answered) and wait for it to exit."""
