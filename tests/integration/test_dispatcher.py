@@ -23,6 +23,7 @@ import pytest
 import yaml
 from aiohttp import web
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
 from prometheus_client import CollectorRegistry
 
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
@@ -169,8 +170,9 @@ def committed(kafka: KafkaNode, topic: str, group: str, partitions: int = 3) -> 
 
 
 def make_settings(kafka: KafkaNode, name: str, **kw: Any) -> Settings:
+    kw.setdefault("kafka_extra", KAFKA_EXTRA)
     return Settings(bootstrap_servers=kafka.bootstrap_servers, channel_namespace=NS, channel_name=name,
-                    kafka_extra=KAFKA_EXTRA, log_level="WARNING", **kw)
+                    log_level="WARNING", **kw)
 
 
 class InProcess:
@@ -212,7 +214,9 @@ def dispatch(kafka_running: KafkaNode, tmp_path: Path) -> Iterator[Callable[...,
     started: list[InProcess] = []
 
     def make(name: str, channels: Path, **kw: Any) -> InProcess:
-        settings = make_settings(kafka_running, name, max_in_flight=kw.pop("max_in_flight", 64))
+        settings = make_settings(kafka_running, name, max_in_flight=kw.pop("max_in_flight", 64),
+                                 kafka_extra=kw.pop("kafka_extra", KAFKA_EXTRA),
+                                 retry_after_max_seconds=kw.pop("retry_after_max_seconds", 600.0))
         source = FileChannelSource(channels, settings, poll_interval=0.1)
         dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                        registry=CollectorRegistry(), host="127.0.0.1", port=0,
@@ -280,6 +284,35 @@ def test_new_subscription_starts_at_latest_and_missing_topic_is_reported(
     assert d.subscriber_status()["u1"]["ready"] == "False"
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_partition_added_to_a_running_group_starts_at_earliest(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any, ordered: bool) -> None:
+    # A group that starts at "latest": only the brand-new group may; a partition added later (the controller
+    # grows numPartitions) has no committed offset, and what the receiver wrote to it before the dispatcher
+    # noticed it must be delivered.
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "grow", topic, [sub_doc("u1", http.url("/g"))], ordered=ordered)
+    d = dispatch("grow", channels, initial_offset="latest",
+                 kafka_extra=KAFKA_EXTRA + ",topic.metadata.refresh.interval.ms=1000")
+    wait_for(lambda: len(d.get("/status")["subscriptions"]["u1"]["partitions"]) == 3, 30, "three partitions")
+    before = produce(kafka_running, topic, 3, prefix="before")
+    wait_for(lambda: len(http.at("/g")) >= 3, 30, "events before the growth")
+    admin = AdminClient(kafka_running.client_config())
+    for fut in admin.create_partitions([NewPartitions(topic, 5)]).values():
+        fut.result(timeout=30)
+    producer = Producer(kafka_running.client_config())
+    grown = []
+    for part in (3, 4):
+        event = CloudEvent({"id": f"grown-{part}", "source": "/test", "type": "test.event", "specversion": "1.0"},
+                           b"{}")
+        rec = event_to_kafka(event)
+        producer.produce(topic, rec.value, rec.key, partition=part, headers=rec.headers)
+        grown.append(f"grown-{part}")
+    assert producer.flush(30) == 0
+    wait_for(lambda: set(http.ids("/g")) >= set(before) | set(grown), 60, "events of the new partitions delivered")
+    wait_for(lambda: committed(kafka_running, topic, group_of("grow", "u1"), 5)[3:] == [1, 1], 20, "commit")
+
+
 def test_unordered_many_in_flight_commits_low_water_mark(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     # Every 7th event is slow: later offsets finish first, yet the commit may not pass the slow ones.
@@ -292,6 +325,32 @@ def test_unordered_many_in_flight_commits_low_water_mark(
     assert sorted(http.ids("/u")) == sorted(ids)
     assert http.max_active > 8, http.max_active
     wait_for(lambda: committed(kafka_running, topic, group_of("unord", "u1")) == [80, 80, 80], 15, "commit")
+
+
+def test_unordered_window_behind_a_stuck_event_is_bounded(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    # The oldest event of partition 0 keeps failing (retried); behind it, at most `max_outstanding` events of
+    # that partition start — a crash would redeliver only those — while the other partitions flow on.
+    released = threading.Event()
+    http.behaviours["/w"] = lambda r, _a: (
+        503 if r.headers["ce-id"] == "e-0" and not released.is_set() else 200, {}, b"", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 10000, "backoffPolicy": "linear", "backoffDelay": "PT0.01S"}
+    write_channel(channels, "window", topic, [sub_doc("u1", http.url("/w"), delivery=delivery)], ordered=False)
+    d = dispatch("window", channels, max_in_flight=16, max_outstanding=20)
+    ids = produce(kafka_running, topic, 600)  # 200 per partition, e-0 first on partition 0
+
+    def delivered(part: int) -> set[str]:
+        return {i for i in http.ids("/w") if int(i.split("-")[1]) % 3 == part}
+
+    wait_for(lambda: len(delivered(1)) == 200 and len(delivered(2)) == 200, 60, "the other partitions delivered")
+    wait_for(lambda: len(delivered(0)) >= 20, 30, "the window of partition 0 filled")
+    time.sleep(1.0)  # the stuck event keeps being retried meanwhile
+    assert len(delivered(0) - {"e-0"}) <= 20, len(delivered(0))
+    assert d.get("/status")["subscriptions"]["u1"]["partitions"]["0"]["outstanding"] <= 20 + 512
+    released.set()
+    wait_for(lambda: set(http.ids("/w")) >= set(ids), 60, "everything after the release")
+    wait_for(lambda: committed(kafka_running, topic, group_of("window", "u1")) == [200, 200, 200], 15, "commit")
 
 
 def test_unordered_budget_is_shared_round_robin_across_partitions(
@@ -329,6 +388,39 @@ def test_retries_follow_backoff_policy(kafka_running: KafkaNode, topic: str, htt
         assert want * 0.9 <= gap <= want + 0.15, (gaps, expected)
 
 
+def test_per_attempt_timeout_cuts_a_hung_attempt_and_retries(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    http.behaviours["/hang"] = lambda _r, a: (200, {}, b"", 5.0 if a == 1 else 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 2, "backoffPolicy": "linear", "backoffDelay": "PT0.05S", "timeout": "PT0.5S"}
+    write_channel(channels, "timeout", topic, [sub_doc("u1", http.url("/hang"), delivery=delivery)])
+    d = dispatch("timeout", channels)
+    produce(kafka_running, topic, 1)
+    wait_for(lambda: len(http.at("/hang")) >= 2, 20, "a second attempt")
+    first, second = (r.at for r in http.at("/hang")[:2])
+    assert 0.5 <= second - first <= 0.5 + 0.05 + 0.6, second - first  # the timeout + backoff, not the 5 s hang
+    wait_for(lambda: committed(kafka_running, topic, group_of("timeout", "u1"))[0] == 1, 15, "commit")
+    assert len(http.at("/hang")) == 2
+    metrics = d.get("/metrics")
+    assert 'eventing_kafka_dispatch_attempts_total{channel="timeout",code="none"' in metrics  # no response
+
+
+@pytest.mark.parametrize(("status", "retry_after", "expected"), [(429, "1", 1.0), (503, "30", 1.5)])
+def test_retry_after_is_honoured_up_to_the_maximum(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any,
+        status: int, retry_after: str, expected: float) -> None:
+    http.behaviours["/busy"] = lambda _r, a: (status if a == 1 else 200, {"Retry-After": retry_after}, b"", 0.0)
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 3, "backoffPolicy": "linear", "backoffDelay": "PT0.01S"}
+    write_channel(channels, f"busy{status}", topic, [sub_doc("u1", http.url("/busy"), delivery=delivery)])
+    dispatch(f"busy{status}", channels, retry_after_max_seconds=1.5)
+    produce(kafka_running, topic, 1)
+    wait_for(lambda: len(http.at("/busy")) >= 2, 20, "the retry")
+    first, second = (r.at for r in http.at("/busy")[:2])
+    # Retry-After instead of the 10 ms backoff; 30 s is capped at the dispatcher's maximum (1.5 s).
+    assert expected * 0.95 <= second - first <= expected + 0.5, second - first
+
+
 def test_exhausted_event_goes_to_dead_letter_sink_with_extensions(
         kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
     http.behaviours["/fail"] = lambda _r, _a: (500, {}, b"boom", 0.0)
@@ -350,6 +442,30 @@ def test_exhausted_event_goes_to_dead_letter_sink_with_extensions(
     assert json.loads(fail.body) == {"i": 0, "p": 0}
     assert by_dest[http.url("/bad")].headers["ce-knativeerrorcode"] == "400"
     wait_for(lambda: committed(kafka_running, topic, group_of("dlq", "u1"))[0] == 1, 15, "commit after DLS")
+
+
+def test_unresolvable_dead_letter_sink_ref_is_reported_and_nothing_is_dropped(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    # A subscriber's deadLetterSink.ref that the data plane cannot resolve (an Addressable whose address only
+    # the controller can read) must not mean "no sink": failed events would be dropped and committed.
+    http.behaviours["/fail"] = lambda _r, _a: (400, {}, b"no", 0.0)
+    channels = tmp_path / "channels.yaml"
+    ref = {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "dls"}
+    broken = {"retry": 0, "deadLetterSink": {"ref": ref}}
+    write_channel(channels, "dlsref", topic, [sub_doc("u1", http.url("/fail"), delivery=broken)])
+    d = dispatch("dlsref", channels)
+    status = d.subscriber_status()["u1"]
+    assert status["ready"] == "False"
+    assert "deadLetterSink" in status["message"] and "serving.knative.dev/v1" in status["message"], status
+    produce(kafka_running, topic, 3)
+    time.sleep(1.5)  # longer than auto.commit.interval.ms: nothing may have been consumed and committed
+    assert http.at("/fail") == []
+    assert committed(kafka_running, topic, group_of("dlsref", "u1")) == [-1001, -1001, -1001]
+
+    fixed = {"retry": 0, "deadLetterSink": {"uri": http.url("/dls")}}
+    write_channel(channels, "dlsref", topic, [sub_doc("u1", http.url("/fail"), generation=2, delivery=fixed)])
+    wait_for(lambda: len(http.at("/dls")) >= 3, 30, "the held events dead-lettered once the sink resolves")
+    assert d.subscriber_status()["u1"]["ready"] == "True"
 
 
 def test_dead_letter_sink_down_blocks_commit(
@@ -388,6 +504,37 @@ def test_reply_is_forwarded_to_reply_uri(
     assert {r.headers["ce-id"] for r in got} == {"reply-e-0", "reply-e-1"}
     assert all(r.body == b"pong" and r.headers["ce-type"] == "test.reply" for r in got)
     assert all(r.headers.get("Prefer") == "reply" for r in http.at("/s"))
+
+
+def test_large_reply_is_forwarded_whole_and_an_oversized_one_is_an_error(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    from kafka_eventing.dispatcher.delivery import MAX_REPLY_BYTES
+
+    sizes = {"e-0": 256 * 1024, "e-1": MAX_REPLY_BYTES + 1}
+    reply = {"ce-source": "/replier", "ce-type": "test.reply", "ce-specversion": "1.0",
+             "Content-Type": "application/octet-stream"}
+
+    def answer(r: Received, _a: int) -> tuple[int, dict[str, str], bytes, float]:
+        event_id = r.headers["ce-id"]
+        return 200, {**reply, "ce-id": "reply-" + event_id}, bytes(range(256)) * (sizes[event_id] // 256 + 1), 0.0
+
+    http.behaviours["/s"] = answer
+    channels = tmp_path / "channels.yaml"
+    delivery = {"retry": 0, "deadLetterSink": {"uri": http.url("/dls")}}
+    write_channel(channels, "bigreply", topic,
+                  [sub_doc("u1", http.url("/s"), replyUri=http.url("/reply"), delivery=delivery)])
+    d = dispatch("bigreply", channels)
+    produce(kafka_running, topic, 2)
+    wait_for(lambda: http.at("/reply") and http.at("/dls"), 30, "a reply and a dead letter")
+    [forwarded] = http.at("/reply")
+    assert forwarded.headers["ce-id"] == "reply-e-0"
+    assert forwarded.body == (bytes(range(256)) * (sizes["e-0"] // 256 + 1))  # whole, not the first chunk
+    # Over the limit: not forwarded truncated; the original goes to the dead-letter sink, counted.
+    [dead] = http.at("/dls")
+    assert dead.headers["ce-id"] == "e-1"
+    assert dead.headers["ce-knativeerrordest"] == http.url("/reply")
+    assert 'reason="reply_too_large"' in d.get("/metrics")
+    wait_for(lambda: committed(kafka_running, topic, group_of("bigreply", "u1"))[:2] == [1, 1], 15, "commit")
 
 
 def test_rate_limit_spaces_deliveries(
@@ -461,6 +608,43 @@ def test_failing_subscriber_does_not_slow_another(
         beside = max(beside, rate("with-2"))
     assert http.active > 0 or len(http.at("/bad")) > 20  # the bad one was busy failing meanwhile
     assert beside >= 0.5 * alone, (alone, beside)
+
+
+class SlowCoordinatorConsumer(Consumer):  # type: ignore[misc]
+    """The real consumer, with the group coordinator answering ``committed()`` after 3 s (a loaded broker)."""
+
+    def committed(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(3.0)
+        return super().committed(*args, **kwargs)
+
+
+def test_a_slow_rebalance_stalls_neither_probes_nor_other_subscriptions(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any) -> None:
+    def factory(config: dict[str, Any]) -> Any:
+        slow = str(config["group.id"]).endswith(".slow")
+        return SlowCoordinatorConsumer(config) if slow else Consumer(config)
+
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "stall", topic, [sub_doc("fast", http.url("/fast"))], ordered=False)
+    d = dispatch("stall", channels, consumer_factory=factory)
+    ids = produce(kafka_running, topic, 30, prefix="warm")
+    wait_for(lambda: set(http.ids("/fast")) >= set(ids), 30, "fast delivers")
+
+    # A second subscription joins: its assignment callback waits on the coordinator.
+    write_channel(channels, "stall", topic, [sub_doc("fast", http.url("/fast")), sub_doc("slow", http.url("/slow"))],
+                  ordered=False)
+    wait_for(lambda: "slow" in d.get("/status")["subscriptions"], 10, "slow subscription started")
+    latencies = []
+    during = produce(kafka_running, topic, 30, prefix="during")
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert d.get("/healthz") == {"status": "alive"}
+        latencies.append(time.monotonic() - started)
+        time.sleep(0.05)
+    assert max(latencies) < 1.0, max(latencies)
+    wait_for(lambda: set(http.ids("/fast")) >= set(during), 30, "fast went on delivering")
+    wait_for(lambda: d.subscriber_status()["slow"]["ready"] == "True", 30, "slow joined in the end")
 
 
 # -- as separate processes (the real entry point) ---------------------------------------------------

@@ -7,7 +7,7 @@ Standalone mode uses a YAML file holding the very same KafkaChannel documents on
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +118,9 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
             reason = cond.get("message") or cond.get("reason") or "topic not ready"
 
     try:
-        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"))
+        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace)
         subscribers = tuple(
-            _subscriber(sub, channel_delivery, ordered, where) for sub in spec.get("subscribers") or ()
+            _subscriber(sub, channel_delivery, ordered, where, namespace) for sub in spec.get("subscribers") or ()
         )
     except DeliverySpecError as exc:
         raise ChannelSpecError(f"{where}: {exc}") from None
@@ -132,14 +132,16 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
     )
 
 
-def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, where: str) -> Subscriber:
+def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, where: str,
+                namespace: str) -> Subscriber:
     uid, uri = sub.get("uid"), sub.get("subscriberUri")
     if not uid or not uri:
         raise ChannelSpecError(f"{where}: every subscriber needs uid and subscriberUri")
-    delivery = DeliverySpec.from_dict(sub["delivery"]) if sub.get("delivery") else default
-    if delivery.dead_letter_uri is None and default.dead_letter_uri:
-        delivery = DeliverySpec(delivery.retry, delivery.backoff_policy, delivery.backoff_delay,
-                                delivery.timeout, default.dead_letter_uri)
+    delivery = DeliverySpec.from_dict(sub["delivery"], namespace=namespace) if sub.get("delivery") else default
+    if delivery.dead_letter_uri is None and not delivery.dead_letter_problem:
+        # No sink of its own: the channel's (or its problem).
+        delivery = replace(delivery, dead_letter_uri=default.dead_letter_uri,
+                           dead_letter_problem=default.dead_letter_problem)
     rate = sub.get("rateLimit")
     return Subscriber(
         uid=str(uid), subscriber_uri=str(uri), generation=int(sub.get("generation") or 0),

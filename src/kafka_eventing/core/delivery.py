@@ -21,6 +21,33 @@ class DeliverySpecError(ValueError):
     """A DeliverySpec field is invalid; the message names the field and the value."""
 
 
+def service_url(name: str, namespace: str) -> str:
+    """The cluster-local address of a Service, as Knative's resolver builds it."""
+    return f"http://{name}.{namespace}.svc.cluster.local"
+
+
+def resolve_destination(dest: Mapping[str, Any] | None, namespace: str) -> tuple[str | None, str]:
+    """A Knative Destination (``uri`` and/or ``ref``) → (URI, problem); problem is "" when resolved or unset.
+
+    Like Knative's resolver: a ``v1 Service`` ref is its cluster-local address, with ``uri`` (if any) joined as
+    the path. Other kinds are Addressables whose ``status.address.url`` only the API server knows: the controller
+    resolves the channel's own sink into ``status.deadLetterSinkUri``; here they are reported, not ignored.
+    """
+    if not dest:
+        return None, ""
+    uri, ref = dest.get("uri"), dest.get("ref")
+    if not ref:
+        return (str(uri) if uri else None), ""
+    kind, name = ref.get("kind"), ref.get("name")
+    api_version = str(ref.get("apiVersion") or "v1")
+    ns = ref.get("namespace") or namespace
+    if kind == "Service" and api_version == "v1" and name:
+        base = service_url(str(name), str(ns))
+        return (f"{base}/{str(uri).lstrip('/')}" if uri else base), ""
+    return None, (f"deadLetterSink.ref {kind} {ns}/{name} ({api_version}) cannot be resolved by the data plane: "
+                  "use a v1 Service ref or a uri")
+
+
 class BackoffPolicy(enum.StrEnum):
     LINEAR = "linear"
     EXPONENTIAL = "exponential"
@@ -51,10 +78,14 @@ class DeliverySpec:
     backoff_delay: timedelta = timedelta(milliseconds=200)
     timeout: timedelta | None = None
     dead_letter_uri: str | None = None
+    #: Why the configured dead-letter sink has no URI (a ref that cannot be resolved here); "" if none.
+    dead_letter_problem: str = ""
 
     @classmethod
-    def from_dict(cls, spec: Mapping[str, Any] | None, dead_letter_uri: str | None = None) -> DeliverySpec:
-        """Parse a Knative ``delivery`` object; ``dead_letter_uri`` is the resolved sink if given."""
+    def from_dict(cls, spec: Mapping[str, Any] | None, dead_letter_uri: str | None = None,
+                  namespace: str = "default") -> DeliverySpec:
+        """Parse a Knative ``delivery`` object; ``dead_letter_uri`` is the resolved sink if given, else the
+        ``deadLetterSink`` destination is resolved with ``resolve_destination`` (refs default to ``namespace``)."""
         spec = spec or {}
         retry = spec.get("retry", 0)
         if not isinstance(retry, int) or isinstance(retry, bool) or retry < 0:
@@ -66,11 +97,12 @@ class DeliverySpec:
             raise DeliverySpecError(f"backoffPolicy: {policy_raw!r} must be linear or exponential") from None
         delay = parse_duration(spec["backoffDelay"], "backoffDelay") if spec.get("backoffDelay") else cls.backoff_delay
         timeout = parse_duration(spec["timeout"], "timeout") if spec.get("timeout") else None
-        sink = dead_letter_uri
+        sink, problem = dead_letter_uri, ""
         if sink is None:
-            dls = spec.get("deadLetterSink") or {}
-            sink = dls.get("uri") if isinstance(dls, Mapping) else None
-        return cls(retry=retry, backoff_policy=policy, backoff_delay=delay, timeout=timeout, dead_letter_uri=sink)
+            dls = spec.get("deadLetterSink")
+            sink, problem = resolve_destination(dls if isinstance(dls, Mapping) else None, namespace)
+        return cls(retry=retry, backoff_policy=policy, backoff_delay=delay, timeout=timeout, dead_letter_uri=sink,
+                   dead_letter_problem=problem)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): linear d×n, exponential d×2^n."""

@@ -22,6 +22,7 @@ from kafka_eventing.core.kafka_config import KafkaConnection
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.delivery import Deliverer, HttpSender
 from kafka_eventing.dispatcher.metrics import metrics_for
+from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
 from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard, StatusWriter
 from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer
 
@@ -87,6 +88,7 @@ class Dispatcher:
         host: str = "0.0.0.0",
         port: int | None = None,
         shutdown_grace: float = 5.0,
+        max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
         if not settings.channel_name or not settings.channel_namespace:
             raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME")
@@ -102,6 +104,7 @@ class Dispatcher:
         self.host = host
         self.port = settings.metrics_port if port is None else port
         self.shutdown_grace = shutdown_grace
+        self.max_outstanding = max_outstanding
         self._session = http_session
         self._own_session = http_session is None
         self._writer = status_writer or MemoryStatusWriter()
@@ -172,6 +175,12 @@ class Dispatcher:
                 for sub in channel.subscribers:
                     self.board.set(sub.uid, sub.generation, False, f"channel not ready: {channel.reason}")
                 wanted = {}
+        for uid, sub in list(wanted.items()):
+            problem = sub.delivery.dead_letter_problem
+            if problem:
+                # Consuming without the sink would drop (and commit) every event that fails: hold them in Kafka.
+                self.board.set(uid, sub.generation, False, problem)
+                del wanted[uid]
         for uid, current in list(self._subs.items()):
             if uid not in wanted or channel is None or current.consumer.topic != channel.topic:
                 self._retire(uid)
@@ -198,7 +207,7 @@ class Dispatcher:
         consumer = SubscriptionConsumer(
             channel, sub, group_id=group, consumer_config=config, deliverer=self._deliverer,
             metrics=self.metrics, board=self.board, max_in_flight=self.settings.max_in_flight,
-            shutdown_grace=self.shutdown_grace,
+            shutdown_grace=self.shutdown_grace, max_outstanding=self.max_outstanding,
             queue_bytes=max(128, self.settings.queued_max_messages_kbytes) * 1024 // 4, **kwargs)
         previous = self._stopping_subs.get(sub.uid)
         self.board.set(sub.uid, sub.generation, False, "joining consumer group")

@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 
 #: Per-attempt timeout when the DeliverySpec sets none, so that a hung subscriber cannot stall a partition.
 DEFAULT_ATTEMPT_TIMEOUT = 60.0
-#: Replies larger than this are not read (and not forwarded).
+#: Replies larger than this are not forwarded: the event counts as failed at its reply (dead-lettered).
 MAX_REPLY_BYTES = 4 * 1024 * 1024
+#: Of an error response, only this much is kept (for ``knativeerrordata``).
+ERROR_BODY_BYTES = 1024
 
 
 class Outcome(enum.StrEnum):
@@ -54,6 +56,8 @@ class Attempt:
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)
     error: str = ""
+    #: The body was longer than the limit it was read with (``body`` holds the first part, or nothing).
+    oversized: bool = False
 
     @property
     def ok(self) -> bool:
@@ -87,12 +91,31 @@ class HttpSender:
                 if resp.content_length == 0:
                     return Attempt(resp.status, b"", resp.headers)  # the usual answer: nothing to read
                 # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.
-                limit = MAX_REPLY_BYTES if 200 <= resp.status < 300 else 1024
-                data = await resp.content.read(limit)
+                limit = MAX_REPLY_BYTES if 200 <= resp.status < 300 else ERROR_BODY_BYTES
+                data, oversized = await _read(resp, limit)
                 # The response's own (case-insensitive, read-only) headers: no copy per event.
-                return Attempt(resp.status, data, resp.headers)
+                return Attempt(resp.status, data, resp.headers, oversized=oversized)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             return Attempt(None, error=f"{type(exc).__name__}: {exc}")
+
+
+async def _read(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The whole body if it is at most ``limit`` bytes, else its first ``limit`` bytes and True.
+
+    ``content.read(n)`` returns what is buffered so far, not ``n`` bytes: read until the end or the limit.
+    """
+    if resp.content_length is not None and resp.content_length > limit:
+        return await resp.content.read(limit) if limit <= ERROR_BODY_BYTES else b"", True
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await resp.content.read(limit + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    data = b"".join(chunks)
+    return data[:limit], size > limit
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -184,14 +207,20 @@ class Deliverer:
         self, attempt: Attempt, subscriber: Subscriber, labels: Labels, trace: Mapping[str, str],
     ) -> Attempt | None:
         """Forward a reply event; return the failed attempt if it could not be delivered."""
+        if not subscriber.reply_uri:
+            return None  # Knative drops replies when no replyUri is set
+        if attempt.oversized:
+            # Forwarding the first part would deliver a different event; failing makes the loss visible.
+            self.metrics.dropped.labels(*labels, "reply_too_large").inc()
+            log.error("reply larger than the limit, not forwarded",
+                      extra={**labels.as_dict(), "limit": MAX_REPLY_BYTES, "reply_uri": subscriber.reply_uri})
+            return Attempt(None, error=f"reply larger than {MAX_REPLY_BYTES} bytes")
         if not attempt.body and not any(k.lower().startswith("ce-") for k in attempt.headers):
             return None
         try:
             reply = event_from_http(attempt.headers, attempt.body)
         except BindingError:
             return None  # a plain response body is not a reply
-        if not subscriber.reply_uri:
-            return None  # Knative drops replies when no replyUri is set
         headers, body = event_to_http(reply)
         headers.update(trace)
         result = await self._with_retries(subscriber.reply_uri, headers, body, subscriber, labels)
