@@ -74,6 +74,18 @@ class Attempt:
         return str(self.status) if self.status is not None else "none"
 
 
+@dataclass(slots=True)
+class AttemptCount:
+    """Attempts at the subscriber started so far for one event.
+
+    Kept by the consumer per offset and carried across a revoke in the commit's metadata (rebalance.py), so
+    an event that always fails reaches the dead-letter sink after exactly its retries however often its
+    partition moves.
+    """
+
+    made: int = 0
+
+
 class HttpSender:
     """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
 
@@ -152,7 +164,9 @@ class Deliverer:
         value: bytes | None,
         subscriber: Subscriber,
         labels: Labels,
+        count: AttemptCount | None = None,
     ) -> Outcome:
+        """``count``: attempts already made (another member's, before a revoke); counted on as they are made."""
         started = time.monotonic()
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
@@ -166,7 +180,8 @@ class Deliverer:
         trace = {name: out_headers[name] for name in TRACE_HEADERS if name in out_headers}
         out_headers["Prefer"] = "reply"
 
-        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels)
+        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels,
+                                           count=count)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
             reply_failed = await self._reply(attempt, subscriber, labels, trace)
@@ -179,17 +194,28 @@ class Deliverer:
         return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=trace)
 
     async def _with_retries(
-        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels,
+        self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels, *,
+        count: AttemptCount | None = None,
     ) -> Attempt:
         spec = subscriber.delivery
         timeout = spec.timeout_seconds
+        done = count.made if count is not None else 0
+        if done:
+            if done > spec.retry:
+                # Every attempt was made before the partition moved; the dead letter was not yet sent.
+                return Attempt(None, error=f"all {done} attempts failed before a rebalance")
+            await (self._sleep or asyncio.sleep)(retry_delay(spec, done, None, self.retry_after_max))
         # The first attempt inline (no closure, no extra coroutine): it is the only one for almost every event.
+        if count is not None:
+            count.made += 1
         first = await self.sender.post(url, headers, body, timeout)
         self._child(self.metrics.deliveries, labels, first.code).inc()
-        if first.ok or not is_retryable(first.status) or spec.retry == 0:
+        if first.ok or not is_retryable(first.status) or spec.retry <= done:
             return first
 
         async def once() -> Attempt:
+            if count is not None:
+                count.made += 1
             result = await self.sender.post(url, headers, body, timeout)
             self._child(self.metrics.deliveries, labels, result.code).inc()
             return result
@@ -197,9 +223,9 @@ class Deliverer:
         def on_retry(_attempt: int, _delay: float) -> None:
             self.metrics.retries.labels(*labels).inc()
 
-        on_retry(1, 0.0)
-        await (self._sleep or asyncio.sleep)(retry_delay(spec, 1, first.retry_after, self.retry_after_max))
-        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=1)
+        on_retry(done + 1, 0.0)
+        await (self._sleep or asyncio.sleep)(retry_delay(spec, done + 1, first.retry_after, self.retry_after_max))
+        policy = delivery_policy(spec, self.retry_after_max, sleep=self._sleep, before_retry=on_retry, done=done + 1)
         result: Attempt = await policy(once)
         return result
 

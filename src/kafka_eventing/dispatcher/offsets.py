@@ -53,6 +53,11 @@ class OffsetTracker:
         return self._last
 
     @property
+    def first(self) -> int | None:
+        """The oldest offset received and not yet below the mark (None if there is none)."""
+        return self._pending[0] if self._pending else None
+
+    @property
     def outstanding(self) -> int:
         """Events received and not yet below the mark (queued, in flight, or finished out of order)."""
         return len(self._pending)

@@ -9,6 +9,7 @@ from typing import Any
 
 from confluent_kafka import Message, TopicPartition
 
+from kafka_eventing.dispatcher.delivery import AttemptCount
 from kafka_eventing.dispatcher.offsets import OffsetTracker
 
 #: Most records one partition's local queue holds; the byte budget (``queue_bytes``) usually binds first.
@@ -31,3 +32,5 @@ class Partition:
     queued_bytes: int = 0
     #: Commit position not yet handed to ``store_offsets`` (stored once per poll round, not per event).
     unstored: int | None = None
+    #: Attempts of the events started and not finished, by offset (see ``rebalance.retry_metadata``).
+    attempts: dict[int, AttemptCount] = field(default_factory=dict)

@@ -4,30 +4,73 @@
   brand new (no committed offset on any partition of the topic), else the earliest offset (a partition added
   to the topic later); the start is pinned and committed before the group is reported as joined.
 * revoke: the partitions are released (in-flight deliveries cancelled) and the marks of what is finished are
-  committed synchronously, so the new owner starts right after them.
+  committed synchronously, so the new owner starts right after them. The commit's metadata carries the
+  attempts already made for the events started and not finished; the new owner (this process or another)
+  counts on from there, so retries are not reset by a rebalance.
 * lost: released without a commit — another member may own them already, and committing now could move its
   offsets backwards.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from kafka_eventing.dispatcher.partition import Partition
+
 log = logging.getLogger(__name__)
 
 #: Tries at pinning and committing a new group's start offsets before falling back.
 PIN_ATTEMPTS = 3
+#: Commit metadata prefix of the attempt counts (brokers keep up to offset.metadata.max.bytes, 4 KiB by default).
+ATTEMPTS_PREFIX = "ke.attempts="
+#: Most attempt counts carried in one commit (the oldest offsets: the next ones redelivered).
+MAX_CARRIED = 32
+
+
+def retry_metadata(attempts: dict[int, int]) -> str:
+    """Commit metadata holding ``{offset: attempts made}``."""
+    if not attempts:
+        return ""
+    carried = sorted(attempts.items())[:MAX_CARRIED]
+    return ATTEMPTS_PREFIX + json.dumps(carried, separators=(",", ":"))
+
+
+def attempts_from(metadata: str | None) -> dict[int, int]:
+    """The attempt counts of ``retry_metadata``; {} for anything else (another client's metadata)."""
+    if not metadata or not metadata.startswith(ATTEMPTS_PREFIX):
+        return {}
+    try:
+        return {int(offset): int(made) for offset, made in json.loads(metadata[len(ATTEMPTS_PREFIX):])}
+    except (ValueError, TypeError):
+        return {}
+
+
+def commit_point(topic: str, part: Partition) -> TopicPartition | None:
+    """What a revoke or shutdown commits for ``part``: the mark, with the attempts of the unfinished events.
+
+    With attempts to carry and nothing finished yet, the mark is the oldest unfinished offset — where the
+    partition started, so committing it moves nothing.
+    """
+    position = part.tracker.commit_position
+    made = {offset: count.made for offset, count in part.attempts.items() if count.made}
+    if position is None and made:
+        position = part.tracker.first
+    if position is None:
+        return None
+    carried = retry_metadata({offset: n for offset, n in made.items() if offset >= position})
+    return TopicPartition(topic, part.number, position, carried)
 
 
 class Owner(Protocol):
     """The coordinator side of a rebalance."""
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
-        """Start tracking the partitions (their start positions are already set)."""
+        """Start tracking the partitions (their start positions are already set; ``metadata`` as committed)."""
 
     def release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Forget the partitions, cancel their deliveries, return the finished marks that may be committed."""
@@ -46,8 +89,7 @@ class Rebalancer:
         self.labels = labels
 
     def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._position(consumer, partitions)
-        self.owner.assigned(partitions)
+        self.owner.assigned(self._position(consumer, partitions))
         log.info("partitions assigned", extra={**self.labels, "partitions": [tp.partition for tp in partitions]})
         # An empty assignment counts as joined too: more members than partitions.
         self.owner.group_joined(bool(partitions) or self._topic_exists(consumer))
@@ -73,7 +115,7 @@ class Rebalancer:
         found = metadata.topics.get(self.topic)
         return found is not None and found.error is None and bool(found.partitions)
 
-    def _position(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _position(self, consumer: Any, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Pin where a partition without a committed offset starts and commit it, before reporting the join.
 
         Left to ``auto.offset.reset``, "latest" is resolved lazily after the assignment: events produced in
@@ -81,7 +123,7 @@ class Rebalancer:
         offsets always win; only partitions without one get the initial position.
         """
         if not partitions:
-            return
+            return partitions
         # The group coordinator may still be loading right after a join (or the broker busy): a few tries
         # before falling back, since the fallback can skip events produced before the first commit.
         positions: list[TopicPartition] | None = None
@@ -94,7 +136,7 @@ class Rebalancer:
                 if attempt == PIN_ATTEMPTS - 1:
                     log.warning("could not pin start offsets; falling back to auto.offset.reset",
                                 extra={**self.labels, "error": str(exc)})
-                    return
+                    return partitions
                 time.sleep(0.5)
         assert positions is not None
         try:
@@ -110,6 +152,7 @@ class Rebalancer:
                     log.warning("commit of start offsets failed", extra={**self.labels, "error": str(exc)})
                 else:
                     time.sleep(0.5)
+        return positions
 
     def _start_positions(self, consumer: Any,
                          partitions: list[TopicPartition]) -> tuple[list[TopicPartition], list[TopicPartition]]:

@@ -30,12 +30,12 @@ from typing import Any, TypeVar, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kafka_eventing.core.channels import Channel, Subscriber
-from kafka_eventing.dispatcher.delivery import Deliverer, Outcome
+from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
 from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, TokenBucket
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
-from kafka_eventing.dispatcher.rebalance import Rebalancer
+from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Scheduler
 from kafka_eventing.dispatcher.status import StatusBoard
 from kafka_eventing.dispatcher.unordered import UnorderedScheduler
@@ -296,13 +296,18 @@ class SubscriptionConsumer:
         task.add_done_callback(part.tasks.discard)
 
     async def _deliver(self, part: Partition, message: Message) -> None:
+        offset = cast(int, message.offset())
         if self._filter is None or self._filter(message):
-            self._outcomes[await self._handle(message)].inc()
+            count = part.attempts.get(offset)
+            if count is None:
+                count = part.attempts[offset] = AttemptCount()
+            self._outcomes[await self._handle(message, count)].inc()
+            part.attempts.pop(offset, None)
         if self._parts.get(part.number) is not part:
             return  # revoked meanwhile; the new owner redelivers from the committed offset
         part.in_flight -= 1
         self._in_flight -= 1
-        position = part.tracker.done(cast(int, message.offset()))
+        position = part.tracker.done(offset)
         if position is not None:
             if part.unstored is None:
                 self._unstored.append(part)
@@ -311,13 +316,13 @@ class SubscriptionConsumer:
         if part.paused and self._flow.may_resume(part, self._parts.values(), self._scheduler):
             self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
-    async def _handle(self, message: Message) -> Outcome:
+    async def _handle(self, message: Message, count: AttemptCount) -> Outcome:
         """Deliver, reply or dead-letter the event: returns only once its offset may be committed."""
         failures = 0
         while True:
             try:
                 return await self._deliverer.handle(
-                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels)
+                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels, count)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -361,7 +366,9 @@ class SubscriptionConsumer:
     def _assigned(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
-            self._parts[tp.partition] = Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
+            part = self._parts[tp.partition] = Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
+            # Attempts another owner made before the partition moved (see rebalance.commit_point).
+            part.attempts = {o: AttemptCount(n) for o, n in attempts_from(tp.metadata).items() if o >= tp.offset}
         self._flow.resize(self._parts.values(), self._scheduler)
 
     def _group_joined(self, topic_exists: bool) -> None:
@@ -381,8 +388,9 @@ class SubscriptionConsumer:
             self._in_flight -= part.in_flight
             for task in list(part.tasks):
                 task.cancel()
-            if part.tracker.commit_position is not None:
-                done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
+            point = commit_point(self.topic, part)
+            if point is not None:
+                done.append(point)
             key = (self.group_id, str(part.number), self.topic)
             if key in self._lag_seen:
                 self._lag_seen.discard(key)
@@ -422,8 +430,9 @@ class SubscriptionConsumer:
         for part in self._parts.values():
             for task in list(part.tasks):
                 task.cancel()
-            if part.tracker.commit_position is not None:
-                done.append(TopicPartition(self.topic, part.number, part.tracker.commit_position))
+            point = commit_point(self.topic, part)
+            if point is not None:
+                done.append(point)
         if done:
             commit = self._consumer.commit
             try:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import BackoffPolicy
-from kafka_eventing.dispatcher.delivery import Attempt, Deliverer, Outcome
+from kafka_eventing.dispatcher.delivery import Attempt, AttemptCount, Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Metrics
 
 from .conftest import LABELS, spec
@@ -105,3 +105,27 @@ def test_record_that_is_not_a_cloudevent_is_dropped() -> None:
     assert outcome is Outcome.DROPPED and sender.calls == []
 
 
+
+
+def _resumed(made: int, retry: int) -> tuple[Outcome, FakeSender, AttemptCount]:
+    sender = FakeSender({"http://s": [Attempt(500)], "http://dls": [Attempt(200)]})
+    deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600, sleep=_no_sleep)  # type: ignore[arg-type]
+    event = CloudEvent({"id": "1", "source": "/s", "type": "t", "specversion": "1.0"}, b"hi")
+    record = event_to_kafka(event)
+    count = AttemptCount(made)
+    sub = Subscriber("u", "http://s", delivery=spec(retry=retry, sink="http://dls"))
+    outcome = asyncio.run(deliverer.handle(record.headers, record.value, sub, LABELS, count))
+    return outcome, sender, count
+
+
+async def _no_sleep(_seconds: float) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("made", "more"), [(0, 6), (1, 5), (4, 2), (5, 1), (6, 0)])
+def test_attempts_made_before_a_rebalance_count(made: int, more: int) -> None:
+    outcome, sender, count = _resumed(made, retry=5)
+    assert outcome is Outcome.DEAD_LETTERED
+    assert len(sender.to("http://s")) == more
+    assert count.made == 6
+    assert len(sender.to("http://dls")) == 1

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from kafka_eventing.dispatcher.rebalance import Rebalancer
+from kafka_eventing.dispatcher.delivery import AttemptCount
+from kafka_eventing.dispatcher.partition import Partition
+from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point, retry_metadata
 
 
 class FakeConsumer:
@@ -17,9 +19,11 @@ class FakeConsumer:
         self.watermarks = watermarks
         self.assigned: list[TopicPartition] = []
         self.commits: list[list[tuple[int, int]]] = []
+        self.metadata: dict[int, str] = {}
 
     def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, self.offsets.get(tp.partition, -1001)) for tp in tps]
+        return [TopicPartition(tp.topic, tp.partition, self.offsets.get(tp.partition, -1001),
+                               self.metadata.get(tp.partition, "")) for tp in tps]
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
         return self.watermarks[tp.partition]
@@ -88,3 +92,30 @@ def test_revoke_commits_what_is_done_and_lost_does_not() -> None:
     assert consumer.commits == [[(0, 42)]]
     rebalancer.on_lost(consumer, [TopicPartition("t", 0)])
     assert consumer.commits == [[(0, 42)]]
+
+
+def test_revoke_carries_the_attempts_of_unfinished_events_in_the_commit_metadata() -> None:
+    part = Partition(0, None, TopicPartition("t", 0))
+    for offset in (7, 8, 9):
+        part.tracker.add(offset)
+    assert commit_point("t", part) is None  # nothing finished, no attempts: nothing to commit
+    part.attempts = {7: AttemptCount(3), 9: AttemptCount(1), 8: AttemptCount(0)}
+    point = commit_point("t", part)
+    assert point is not None and point.offset == 7  # where the partition started: moves nothing
+    assert attempts_from(point.metadata) == {7: 3, 9: 1}
+    part.tracker.done(7)
+    del part.attempts[7]
+    point = commit_point("t", part)
+    assert point is not None and point.offset == 8 and attempts_from(point.metadata) == {9: 1}
+    assert attempts_from("someone else's metadata") == {} and attempts_from(None) == {}
+    assert len(retry_metadata({o: 1 for o in range(1000)})) < 1024
+
+
+def test_assigned_partitions_bring_their_committed_metadata() -> None:
+    consumer = FakeConsumer({0: 4}, {0: (0, 10)})
+    consumer.metadata = {0: retry_metadata({4: 2})}
+    got: list[TopicPartition] = []
+    owner = Owner()
+    owner.assigned = got.extend  # type: ignore[method-assign]
+    Rebalancer("t", "latest", owner, {}).on_assign(consumer, [TopicPartition("t", 0)])
+    assert attempts_from(got[0].metadata) == {4: 2}
