@@ -110,11 +110,20 @@ def render(rows: list[tuple[str, Row]], outcomes: dict[str, tuple[bool, str]], f
     return "\n".join(lines)
 
 
+FACTS: dict[str, object] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The machine as the suite starts (its load average, the date): what the scenarios ran on.
+    if os.environ.get("RELIABILITY_REPORT"):
+        FACTS.update(_bench_common().machine_facts(PACKAGES, kafka=KAFKA_VERSION))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     target = os.environ.get("RELIABILITY_REPORT")
     if not target or not (ROWS or OUTCOMES):
         return
-    facts = _bench_common().machine_facts(PACKAGES, kafka=KAFKA_VERSION)
+    facts = FACTS or _bench_common().machine_facts(PACKAGES, kafka=KAFKA_VERSION)
     seconds = time.monotonic() - _LOADED
     command = os.environ.get("RELIABILITY_COMMAND", "make chaos")
     path = Path(target)

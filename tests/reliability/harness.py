@@ -87,7 +87,7 @@ class LoadGenerator:
     measured, and an event the receiver refused for good (4xx) is recorded as such.
     """
 
-    def __init__(self, url: str, ledger: Ledger, *, rate: float, senders: int = 2, duration: float = 20.0,
+    def __init__(self, url: str, ledger: Ledger, *, rate: float, senders: int = 4, duration: float = 20.0,
                  count: int = 100_000, prefix: str = "ev", retry_window: float = 90.0,
                  make_id: Callable[[str, int, int], str] | None = None) -> None:
         self.url = _loopback_only(url)
