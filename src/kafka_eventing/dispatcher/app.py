@@ -23,7 +23,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.delivery import Deliverer, HttpSender
 from kafka_eventing.dispatcher.metrics import metrics_for
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
-from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard, StatusWriter
+from kafka_eventing.dispatcher.status import JOINING, MemoryStatusWriter, StatusBoard, StatusWriter
 from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class Dispatcher:
             shutdown_grace=self.shutdown_grace, max_outstanding=self.max_outstanding,
             queue_bytes=max(128, self.settings.queued_max_messages_kbytes) * 1024 // 4, **kwargs)
         previous = self._stopping_subs.get(sub.uid)
-        self.board.set(sub.uid, sub.generation, False, "joining consumer group")
+        self.board.set(sub.uid, sub.generation, False, JOINING)
         task = asyncio.get_running_loop().create_task(self._supervise(consumer, previous), name=f"sub-{sub.uid}")
         self._subs[sub.uid] = _Running(consumer, task)
         log.info("subscriber started", extra={"subscriber": sub.uid, "group": group,
