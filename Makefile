@@ -37,7 +37,7 @@ local-down: ## Stop what local-up started.
 
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-cesql test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
@@ -58,6 +58,15 @@ test-cesql: ## CloudEvents SQL conformance: every case of every TCK file in ../s
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e"
+
+.PHONY: test-reliability
+test-reliability: ## The short fault suite (crashes, topic growth, rebalance; a few minutes) against the ledger.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/reliability -q -m "reliability and not slow"
+
+.PHONY: chaos
+chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/reliability.md (even when a scenario fails).
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 RELIABILITY_REPORT=$(ROOT)/docs/reliability.md $(PYTEST) tests/reliability \
+	  -v -m reliability $(ARGS)
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

@@ -1,0 +1,131 @@
+"""Fixtures of the reliability suite, and the report: with ``RELIABILITY_REPORT=path`` (set by ``make chaos``) the
+session writes every scenario's numbers, its result and the machine it ran on as a Markdown table to that path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from rig import Rig, Row
+
+from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS: list[tuple[str, Row]] = []  # (test node id, row), in the order the scenarios ran
+OUTCOMES: dict[str, tuple[bool, str]] = {}  # node id → (passed, first line of the failure)
+_LOADED = time.monotonic()  # the suite's wall time counts from here (before the broker starts)
+PACKAGES = ("kafka-eventing", "confluent-kafka", "gunicorn", "uvicorn", "falcon", "aiohttp", "httpx", "cloudevents")
+
+
+@pytest.fixture
+def rig(kafka_running: KafkaNode, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Rig]]:
+    """Build the scenario's Rig (``rig(partitions=...)``); everything it started is stopped afterwards."""
+    made: list[Rig] = []
+    nodeid = request.node.nodeid
+
+    def make(**kw: object) -> Rig:
+        built = Rig(kafka_running, tmp_path, lambda row: ROWS.append((nodeid, row)), **kw)  # type: ignore[arg-type]
+        made.append(built)
+        return built
+
+    try:
+        yield make
+    finally:
+        for built in made:
+            built.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report: pytest.TestReport = yield
+    if report.when == "call" or report.failed:
+        reason = ""
+        if report.failed:
+            text = str(report.longrepr)
+            errors = [line[2:].strip() for line in text.splitlines() if line.startswith("E ")]
+            reason = errors[0] if errors else text.strip().splitlines()[-1]
+        if item.nodeid not in OUTCOMES or report.failed:
+            OUTCOMES[item.nodeid] = (report.passed, reason[:300])
+    return report
+
+
+def _bench_common() -> ModuleType:
+    """bench/_common.py, the one place that describes the machine a measurement ran on."""
+    spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(rows: list[tuple[str, Row]], outcomes: dict[str, tuple[bool, str]], facts: dict[str, object],
+           command: str, seconds: float) -> str:
+    lines = [
+        "# Reliability: the ledger-checked fault suite",
+        "",
+        f"Written by `{command}` (tests/reliability/). Each scenario runs the real parts as processes on "
+        "127.0.0.1 — gunicorn with uvicorn workers as the receiver, `python -m kafka_eventing.dispatcher` per "
+        "dispatcher replica, one KRaft Kafka node — and injects its fault under load. The senders keep a ledger "
+        "of every event id and the answers it got (an event answered 503 or not at all is sent again with the "
+        "same id, as a client would); the subscribers record every id they acknowledge. The checker compares "
+        "the two.",
+        "",
+        "- **sent**: distinct ids sent; **202**: ids the receiver accepted; **delivered**: accepted ids the "
+        "subscription acknowledged at least once; **duplicates**: acknowledgements beyond the first; **lost**: "
+        "accepted, never delivered nor dead-lettered; **w/o 202**: delivered though never accepted; "
+        "**dead-lettered**: ids its dead-letter sink took.",
+        "- Pass: lost = 0 and w/o 202 = 0 for every subscription, plus the scenario's own checks (notes); the soak "
+        "also needs duplicates ≤ 0.1 % of deliveries.",
+        "",
+        "| scenario | subscription | sent | 202 | delivered | duplicates | lost | w/o 202 | dead-lettered | s "
+        "| result | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for nodeid, row in rows:
+        passed, reason = outcomes.get(nodeid, (False, "no outcome"))
+        t = row.tally
+        result = "pass" if passed else f"FAIL: {reason}"
+        lines.append(
+            f"| {row.scenario} | {row.subscription} | {t.sent} | {t.accepted} | {t.delivered} | {t.duplicates} "
+            f"| {t.lost} | {t.unaccepted_delivered} | {t.dead_lettered} | {row.seconds:.0f} | {_cell(result)} "
+            f"| {_cell('; '.join(row.notes))} |")
+    recorded = {nodeid for nodeid, _row in rows}
+    unrecorded = [(n, o) for n, o in outcomes.items() if n not in recorded]
+    if unrecorded:
+        lines += ["", "Scenarios that ended before their verdict (no numbers):", ""]
+        lines += [f"- `{n}`: {'pass' if ok else 'FAIL: ' + _cell(reason)}" for n, (ok, reason) in unrecorded]
+    lines += ["", f"Suite wall time: {seconds:.0f} s.", "", "## Machine and versions", "", "```"]
+    lines += [f"{k}: {v}" for k, v in facts.items()]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+FACTS: dict[str, object] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The machine as the suite starts (its load average, the date): what the scenarios ran on.
+    if os.environ.get("RELIABILITY_REPORT"):
+        FACTS.update(_bench_common().machine_facts(PACKAGES, kafka=KAFKA_VERSION))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    target = os.environ.get("RELIABILITY_REPORT")
+    if not target or not (ROWS or OUTCOMES):
+        return
+    facts = FACTS or _bench_common().machine_facts(PACKAGES, kafka=KAFKA_VERSION)
+    seconds = time.monotonic() - _LOADED
+    command = os.environ.get("RELIABILITY_COMMAND", "make chaos")
+    path = Path(target)
+    path.write_text(render(ROWS, OUTCOMES, facts, command, seconds))
+    print(f"\nreliability report written to {path}")

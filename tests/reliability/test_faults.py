@@ -1,0 +1,297 @@
+"""Faults under load, checked against the senders' ledger: every event answered 202 reaches every subscription.
+
+Real processes on loopback: gunicorn + uvicorn workers (the receiver), ``python -m kafka_eventing.dispatcher``
+(one process per replica), one KRaft Kafka node, aiohttp subscribers. Faults are real: SIGKILL, SIGTERM, the
+broker stopped and started on its data, partitions added, consumer groups rebalanced by starting and stopping
+dispatcher processes. The short version (``-m "reliability and not slow"``: crashes, growth, rebalance) runs in
+``make test``; everything, with the 10-minute soak, in ``make chaos``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from harness import Recorder, Route, Tally, committed, grow_topic, subscription, topic_index
+from rig import Rig, Watch
+
+from waiting import wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.reliability]
+slow = pytest.mark.slow
+
+MakeRig = Callable[..., Rig]
+#: The offered load of the short scenarios (events/s, all senders together) and how long it lasts.
+RATE, SECONDS = 40.0, 20.0
+
+
+def one_subscription(rig: Rig, *, ordered: bool = True, delay: float = 0.0) -> dict[str, Watch]:
+    rig.subscribers.routes["/s"] = Route(delay=delay)
+    rig.channel([subscription("s", rig.subscribers.url("/s"), ordered=ordered)])
+    return {"s": Watch("/s")}
+
+
+def delivered_count(rig: Rig, path: str) -> int:
+    return len(rig.subscribers.delivered(path))
+
+
+# -- receiver crashes -------------------------------------------------------------------------------------------
+def test_receiver_worker_kill9(rig: MakeRig) -> None:
+    r = rig()
+    watches = one_subscription(r)
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS)
+    load.wait_accepted(150)
+    killed = [r.receiver.kill_worker()]  # type: ignore[union-attr]
+    load.wait_accepted(len(r.ledger.accepted()) + 150)
+    killed.append(r.receiver.kill_worker())  # type: ignore[union-attr]
+    load.wait()
+    r.verdict("receiver worker kill -9", watches, notes=[f"workers {killed} killed, replaced by the master"])
+
+
+@slow
+@pytest.mark.parametrize("fault", ["kill -9 master", "SIGTERM"])
+def test_receiver_restarted_mid_load(rig: MakeRig, fault: str) -> None:
+    """kill -9 of the gunicorn master is a dying pod (the runtime then kills the rest); SIGTERM is a rollout."""
+    r = rig()
+    watches = one_subscription(r)
+    receiver = r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS + 10)
+    load.wait_accepted(200)
+    down = time.monotonic()
+    code = receiver.sigterm() if fault == "SIGTERM" else receiver.kill_pod()
+    receiver.start()
+    back = time.monotonic() - down
+    load.wait()
+    r.verdict(f"receiver {fault} mid-load", watches,
+              notes=[f"gunicorn exit {code}; back on the same port after {back:.1f} s"])
+    if fault == "SIGTERM":
+        assert code == 0
+
+
+# -- dispatcher crashes and rebalances --------------------------------------------------------------------------
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
+def test_dispatcher_kill9_mid_delivery(rig: MakeRig, ordered: bool) -> None:
+    r = rig()
+    watches = one_subscription(r, ordered=ordered, delay=0.02)  # deliveries are in flight when it dies
+    r.start_receiver()
+    first = r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS)
+    wait_for(lambda: delivered_count(r, "/s") >= 200, 60, "200 deliveries before the crash")
+    in_flight = len(r.subscribers.at("/s"))
+    first.kill()
+    r.add_dispatcher()
+    load.wait()
+    kind = "ordered" if ordered else "unordered"
+    r.verdict(f"dispatcher kill -9 mid-delivery ({kind})", watches,
+              notes=[f"killed after {in_flight} requests; a new process took over"])
+
+
+def test_dispatcher_scaled_1_3_1(rig: MakeRig) -> None:
+    r = rig(partitions=6)
+    watches = one_subscription(r, delay=0.005)
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS + 10)
+    load.wait_accepted(100)
+    extra = [r.add_dispatcher(wait=False), r.add_dispatcher(wait=False)]
+    r.wait_spread("s", 3)
+    load.wait_accepted(len(r.ledger.accepted()) + 150)
+    for proc in extra:
+        proc.stop()
+    r.wait_spread("s", 1)
+    load.wait()
+    r.verdict("dispatcher scaled 1→3→1", watches, notes=["6 partitions; each step waited until the group settled"])
+
+
+# -- the topic grows --------------------------------------------------------------------------------------------
+def test_topic_grown_while_events_flow(rig: MakeRig) -> None:
+    r = rig(partitions=2)
+    watches = one_subscription(r)
+    # Producer and consumers refresh their metadata on their own clocks, as in a cluster: the receiver writes to
+    # the new partitions before the dispatcher's group is rebalanced onto them.
+    r.start_receiver(env={"KE_KAFKA_EXTRA": "topic.metadata.refresh.interval.ms=1000"})
+    r.add_dispatcher(kafka_extra="topic.metadata.refresh.interval.ms=5000")
+    load = r.load(rate=RATE, duration=SECONDS + 5)
+    load.wait_accepted(150)
+    grow_topic(r.kafka, r.topic, 4)
+    r.channel(r._subs, partitions=4)  # the channel says so too, as the controller's spec change would
+    load.wait()
+    tallies = r.verdict("topic grown 2→4 partitions", watches)
+    placed = topic_index(r.kafka, r.topic)
+    in_new = sum(1 for p, _o in placed.values() if p >= 2)
+    assert in_new > 0, "no event landed in the new partitions: the scenario proved nothing"
+    assert tallies["s"].delivered == len(r.ledger.accepted())
+
+
+# -- the broker -------------------------------------------------------------------------------------------------
+@slow
+def test_broker_stopped_and_started_on_same_data(rig: MakeRig) -> None:
+    r = rig()
+    watches = one_subscription(r)
+    r.start_receiver(env={"KE_PRODUCE_TIMEOUT_SECONDS": "3"})
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=600)  # ended by the verdict, once the load has run on after the restart
+    load.wait_accepted(200)
+    r.kafka.stop()
+    stopped = time.monotonic()
+    try:
+        wait_for(lambda: time.monotonic() - stopped >= 10, 30, "10 s of broker downtime")
+    finally:
+        r.kafka.start()
+    down = time.monotonic() - stopped
+    load.wait_accepted(len(r.ledger.accepted()) + 300, timeout=180)
+    refused = sum(1 for answers in r.ledger.answers.values() for a in answers if a != 202)
+    r.verdict("broker stopped and started", watches,
+              notes=[f"broker down {down:.0f} s; {refused} answers other than 202 were retried by the senders"],
+              settle_timeout=180)
+    assert refused > 0, "the senders never noticed the broker was down: the scenario proved nothing"
+
+
+# -- subscribers and sinks misbehaving --------------------------------------------------------------------------
+def beside_good(r: Rig, uid: str, route: Route, **kw: Any) -> dict[str, Watch]:
+    """A healthy subscription "good" and a misbehaving one, ``uid``, on one channel; receiver and dispatcher up."""
+    r.subscribers.routes["/good"] = Route()
+    r.subscribers.routes[f"/{uid}"] = route
+    r.channel([subscription("good", r.subscribers.url("/good")), subscription(uid, r.subscribers.url(f"/{uid}"), **kw)])
+    r.start_receiver()
+    r.add_dispatcher()
+    return {"good": Watch("/good"), uid: Watch(f"/{uid}")}
+
+
+def verdict_beside(r: Rig, scenario: str, watches: dict[str, Watch], window: tuple[float, float]) -> dict[str, Tally]:
+    """The verdict, and that "good" kept its rate while the other misbehaved: at a fixed offered load, a slowed
+    subscription falls behind, so nearly all of its events accepted in ``window`` must arrive within 2 s."""
+    kept = r.kept_rate("/good", *window)
+    tallies = r.verdict(scenario, watches, notes=[
+        f"good subscription got {kept:.1%} of the events accepted during the fault within 2 s"])
+    assert kept >= 0.9, f"a misbehaving subscription lowered another's rate: {kept:.1%} kept"
+    return tallies
+
+
+@slow
+def test_subscriber_500_for_30s_then_200(rig: MakeRig) -> None:
+    r = rig()
+    fail_until = [float("inf")]
+    delivery = {"retry": 12, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S"}  # outlasts 30 s
+    watches = beside_good(r, "flaky", Route(answer=lambda _i, _a: 500 if time.monotonic() < fail_until[0] else 200),
+                          delivery=delivery)
+    start = time.monotonic()
+    fail_until[0] = start + 30
+    r.load(rate=30, duration=45).wait()
+    verdict_beside(r, "subscriber 500 for 30 s, then 200", watches, (start + 2, fail_until[0]))
+
+
+@slow
+def test_subscriber_taking_2s(rig: MakeRig) -> None:
+    r = rig()
+    watches = beside_good(r, "slow", Route(delay=2.0), ordered=False)
+    start = time.monotonic()
+    r.load(rate=20, duration=25).wait()
+    verdict_beside(r, "subscriber taking 2 s (unordered)", watches, (start + 2, time.monotonic()))
+
+
+@slow
+def test_dead_letter_sink_down_then_up(rig: MakeRig) -> None:
+    r = rig()
+    sink = Recorder()  # not started: connection refused until it comes up
+    r.extra.append(sink)
+    delivery = {"retry": 0, "backoffDelay": "PT0.2S", "deadLetterSink": {"uri": sink.url("/dls")}}
+    watches = beside_good(r, "reject", Route(answer=lambda _i, _a: 400), delivery=delivery)
+    watches["reject"] = Watch("/reject", dls="/dls", sink=sink)
+    start = time.monotonic()
+    load = r.load(rate=30, duration=40)
+    wait_for(lambda: time.monotonic() - start >= 20, 30, "20 s with the sink down")
+    down_until = time.monotonic()
+    sink.start()
+    load.wait()
+    tallies = verdict_beside(r, "dead-letter sink down 20 s, then up", watches, (start + 2, down_until))
+    assert tallies["reject"].dead_lettered == tallies["reject"].accepted
+
+
+@slow
+def test_always_failing_event_dead_lettered_after_its_retries_during_rebalances(rig: MakeRig) -> None:
+    r = rig()
+    retries = 4
+    r.subscribers.routes["/p"] = Route(answer=lambda i, _a: 500 if i.startswith("poison") else 200)
+    delivery = {"retry": retries, "backoffPolicy": "linear", "backoffDelay": "PT1S",
+                "deadLetterSink": {"uri": r.subscribers.url("/dls")}}
+    r.channel([subscription("p", r.subscribers.url("/p"), delivery=delivery)])
+    r.start_receiver()
+    r.add_dispatcher()
+
+    def ids(prefix: str, sender: int, seq: int) -> str:
+        return f"poison-{sender}-{seq}" if sender == 0 and seq % 100 == 20 else f"{prefix}-{sender}-{seq}"
+
+    load = r.load(rate=20, duration=40, make_id=ids)
+    rebalances = 0
+    while load.running:
+        extra = r.add_dispatcher(wait=False)
+        r.wait_spread("p", 2)
+        time.sleep(2.0)  # the fault's rhythm (not a wait for anything): scaled out for a while, under load
+        extra.stop()
+        r.wait_spread("p", 1)
+        rebalances += 2
+    poison = sorted(i for i in r.ledger.accepted() if i.startswith("poison"))
+    r.verdict("always-failing event during rebalances", {"p": Watch("/p", dls="/dls")},
+              notes=[f"{rebalances} rebalances; {len(poison)} always-failing events, retry={retries}"],
+              settle_timeout=180)
+    assert poison, "no always-failing event was accepted"
+    attempts = {i: r.subscribers.attempts("/p", i) for i in poison}
+    sunk = [x.event_id for x in r.subscribers.delivered("/dls")]
+    assert all(a == retries + 1 for a in attempts.values()), f"attempts per event (want {retries + 1}): {attempts}"
+    assert sorted(sunk) == poison, f"dead-lettered: {sunk}"
+
+
+@slow
+def test_dispatcher_restart_never_replays_committed(rig: MakeRig) -> None:
+    r = rig()
+    watches = one_subscription(r, delay=0.01)
+    r.start_receiver()
+    first = r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS + 20)
+    marks: list[tuple[str, float, dict[int, int]]] = []
+    for how, proc in (("SIGTERM", first), ("kill -9", None)):
+        wait_for(lambda: delivered_count(r, "/s") >= 200 * (len(marks) + 1), 60, "deliveries before the restart")
+        current = proc or r.dispatchers[-1]
+        current.stop() if how == "SIGTERM" else current.kill()
+        marks.append((how, time.monotonic(), committed(r.kafka, r.topic, r.group("s"), r.partitions)))
+        r.add_dispatcher()
+    load.wait()
+    r.settle(list(watches.values()))
+    placed = topic_index(r.kafka, r.topic)
+    receipts = r.subscribers.delivered("/s")
+    notes, replayed = [], {}
+    for how, at, marks_then in marks:
+        before = {x.event_id for x in receipts if x.at <= at}
+        again = [x.event_id for x in receipts if x.at > at and x.event_id in before]
+        replayed[how] = [i for i in again if placed[i][1] < marks_then.get(placed[i][0], -1)]
+        notes.append(f"after {how}: committed {marks_then}, {len(again)} redelivered, "
+                     f"{len(replayed[how])} of them below the committed offsets")
+    r.verdict("dispatcher restart replays nothing committed", watches, notes=notes)
+    for how, ids in replayed.items():
+        assert not ids, f"after {how}: {len(ids)} committed events delivered again, e.g. {ids[:5]}"
+
+
+# -- the soak ---------------------------------------------------------------------------------------------------
+SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "600"))
+
+
+@slow
+@pytest.mark.timeout(SOAK_SECONDS + 900)
+def test_soak_100_per_second_from_4_senders(rig: MakeRig) -> None:
+    r = rig()
+    watches = one_subscription(r)
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=100, senders=4, duration=SOAK_SECONDS)
+    load.wait()
+    sent = len(r.ledger.sent())
+    r.verdict(f"soak {SOAK_SECONDS / 60:.0f} min at 100/s from 4 senders", watches, max_duplicate_ratio=0.001,
+              notes=[f"offered {sent / SOAK_SECONDS:.1f} events/s on average"], settle_timeout=180)
+    assert sent >= 0.9 * 100 * SOAK_SECONDS, f"the senders managed only {sent} events"
