@@ -35,9 +35,22 @@ local-up: setup ## Start a local Kafka node and Kubernetes API server on loopbac
 local-down: ## Stop what local-up started.
 	$(PY) -m kafka_eventing.localstack down
 
+.PHONY: cluster-images
+CLUSTER_IMAGES := $(KE_CACHE)/cluster/images/kafka-eventing-roles.tar
+cluster-images: ## Build the receiver, dispatcher and controller images and save them for the cluster (no registry).
+	KE_SAVE_IMAGES=$(CLUSTER_IMAGES) nice hack/images.sh $(GIT_SHA) receiver dispatcher controller
+
+.PHONY: cluster-up
+cluster-up: setup cluster-images ## One-node cluster with real pods (containerd + kubelet) in a network namespace with no route out.
+	$(PY) -m kafka_eventing.localstack.cluster up
+
+.PHONY: cluster-down
+cluster-down: ## Stop what cluster-up started; fails if anything (process, mount, cgroup) is left behind.
+	$(PY) -m kafka_eventing.localstack.cluster down
+
 ##@ Test
 .PHONY: test
-test: setup lint test-unit test-integration lint-charts ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup lint test-unit test-integration lint-charts test-cluster ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), chart checks, real pods.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-charts.
@@ -46,6 +59,10 @@ test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-cha
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e"
+
+.PHONY: test-cluster
+test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py); fails if the cluster cannot start.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py -q -m cluster
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

@@ -21,6 +21,7 @@ t_all=$SECONDS
 step python      hack/setup/python.sh
 step kafka       hack/setup/maven.sh kafka
 step spark-kafka hack/setup/maven.sh spark-kafka
+step node-pkgs   hack/setup/node-packages.sh
 # Go-built tools print one line per tool themselves.
 hack/setup/go-tools.sh
 step keda-crds   hack/setup/keda-crds.sh
