@@ -119,12 +119,12 @@ def setup_network() -> None:
     _run("ip", "link", "set", BRIDGE, "up")
 
 
-def check_isolated(allowed_links: tuple[str, ...] = ("lo", BRIDGE)) -> None:
-    """Raise :class:`IsolationError` unless this process's network namespace is not the host's, has no default
-    route in any routing table (IPv4 or IPv6), and has no interface but ``allowed_links`` (and pod veths enslaved
-    to the bridge)."""
-    if _netns_inode() == _netns_inode(1):
-        raise IsolationError("refusing to start: this process is in the host's network namespace")
+def check_isolated(outer_netns: int, allowed_links: tuple[str, ...] = ("lo", BRIDGE)) -> None:
+    """Raise :class:`IsolationError` unless this process's network namespace is not ``outer_netns`` (the inode of
+    the namespace the cluster was started from), has no default route in any routing table (IPv4 or IPv6), and has
+    no interface but ``allowed_links`` (and pod veths enslaved to the bridge)."""
+    if _netns_inode() == outer_netns:
+        raise IsolationError("refusing to start: this process is in the network namespace it was started from")
     for family in ("-4", "-6"):
         routes = json.loads(_run("ip", "-j", family, "route", "show", "table", "all") or "[]")
         default = [r for r in routes if r.get("dst") == "default"]
@@ -144,6 +144,7 @@ def netns_command(pid: int) -> list[str]:
 def enter_netns(pid: int) -> None:
     """Move the calling thread into the cluster's network namespace. Call it first in a fresh, single-threaded
     process (a multiprocessing "spawn" worker's initializer): threads and sockets created later follow."""
+    outer = _netns_inode()
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
     try:
@@ -151,7 +152,7 @@ def enter_netns(pid: int) -> None:
             raise OSError(ctypes.get_errno(), "setns(CLONE_NEWNET) failed")
     finally:
         os.close(fd)
-    check_isolated()
+    check_isolated(outer)
 
 
 # ---------------------------------------------------------------------------------------------- images
@@ -209,8 +210,10 @@ class NodeCluster:
     Must run as root inside the network and mount namespaces ``up`` creates; :meth:`start` checks that first.
     """
 
-    def __init__(self, root: Path, *, images: list[Path] | None = None, start_timeout: float = 300.0) -> None:
+    def __init__(self, root: Path, *, outer_netns: int, images: list[Path] | None = None,
+                 start_timeout: float = 300.0) -> None:
         self.root = root.resolve()
+        self.outer_netns = outer_netns
         self.rt = self.root / "rt"  # tmpfs: containerd's store, kubelet's root, CNI config and state
         self.images = list(images or [])
         self.start_timeout = start_timeout
@@ -232,7 +235,7 @@ class NodeCluster:
     def start(self) -> None:
         if os.geteuid() != 0:
             raise ClusterError("the cluster needs root (containerd, kubelet, mounts)")
-        check_isolated()
+        check_isolated(self.outer_netns)
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         # Every run starts from an empty broker: no topic outlives the cluster that made it.
         shutil.rmtree(self.kafka.workdir, ignore_errors=True)
@@ -502,7 +505,7 @@ def kill_netns_processes(inode: int, keep: set[int], timeout: float = 20.0) -> N
 # ---------------------------------------------------------------------------------------------- supervisor
 
 
-def serve(ttl: float) -> int:
+def serve(ttl: float, outer_netns: int) -> int:
     """Inside the namespaces: set the network up, check it, run the cluster until SIGTERM or the TTL."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -511,8 +514,8 @@ def serve(ttl: float) -> int:
     cluster: NodeCluster | None = None
     try:
         setup_network()
-        check_isolated()
-        cluster = NodeCluster(workdir(), images=image_archives())
+        check_isolated(outer_netns)
+        cluster = NodeCluster(workdir(), outer_netns=outer_netns, images=image_archives())
         state["cgroup_root"] = cluster.cgroup_root
         _state_file().write_text(json.dumps(state))
         cluster.start()
@@ -558,7 +561,8 @@ def up(ttl: float, timeout: float = 420.0) -> dict[str, Any]:
         # (its stop() would not run then; `down` still cleans up from the state file).
         proc = subprocess.Popen(
             ["unshare", "--net", "--mount", "--propagation", "private", "--fork", "--kill-child=SIGTERM",
-             sys.executable, "-m", "kafka_eventing.localstack.cluster", "serve", "--ttl", str(ttl)],
+             sys.executable, "-m", "kafka_eventing.localstack.cluster", "serve", "--ttl", str(ttl),
+             "--outer-netns", str(_netns_inode())],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     last_line = ""
@@ -619,11 +623,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("up", "serve"):
         p = sub.add_parser(name)
         p.add_argument("--ttl", type=float, default=2 * 3600, help="seconds before the cluster stops by itself")
+        p.add_argument("--outer-netns", type=int, default=0, help=argparse.SUPPRESS)
     sub.add_parser("down")
     sub.add_parser("status")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve(args.ttl)
+        if not args.outer_netns:
+            parser.error("serve is started by `up`")
+        return serve(args.ttl, args.outer_netns)
     if args.command == "up":
         try:
             state = up(args.ttl)
