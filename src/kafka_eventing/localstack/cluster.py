@@ -201,6 +201,18 @@ def image_archives() -> list[Path]:
     return sorted((workdir() / "images").glob("*.tar"))
 
 
+def archive_refs(archives: list[Path] | None = None) -> list[str]:
+    """The image references (``RepoTags``) in docker-save archives, as containerd names them."""
+    refs = []
+    for archive in image_archives() if archives is None else archives:
+        with tarfile.open(archive) as tar:
+            member = tar.extractfile("manifest.json")
+            for entry in json.load(member) if member else ():
+                for tag in entry.get("RepoTags") or ():
+                    refs.append(tag if "/" in tag.split(":")[0] else f"docker.io/library/{tag}")
+    return refs
+
+
 # ---------------------------------------------------------------------------------------------- the node
 
 
