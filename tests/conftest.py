@@ -13,7 +13,7 @@ import pytest
 
 pytest_plugins = ["fixtures.kafka", "fixtures.kube", "fixtures.spark"]
 
-REAL_TIERS = ("kafka", "kube", "spark")
+REAL_TIERS = ("kafka", "kube", "spark", "cluster")
 _SKIPPED_REAL = pytest.StashKey[list[str]]()
 
 
