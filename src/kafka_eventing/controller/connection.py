@@ -117,7 +117,7 @@ def _dispatcher_pod(cm_data: Mapping[str, str], where: str) -> Mapping[str, Any]
             raise KafkaConfigError(f"{where} key {key} must be a JSON {kind.__name__}, not {raw!r}")
         if key == "dispatcher.imagePullPolicy" and value not in ("Always", "IfNotPresent", "Never"):
             raise KafkaConfigError(f"{where} key {key} must be Always, IfNotPresent or Never, not {raw!r}")
-        if key == "dispatcher.imagePullSecrets":
+        if isinstance(value, list) and key == "dispatcher.imagePullSecrets":
             # The chart's imagePullSecrets are names; a pod spec wants {name: ...}.
             value = [v if isinstance(v, dict) else {"name": str(v)} for v in value]
         if value:
