@@ -25,4 +25,5 @@ step node-pkgs   hack/setup/node-packages.sh
 # Go-built tools print one line per tool themselves.
 hack/setup/go-tools.sh
 step keda-crds   hack/setup/keda-crds.sh
+step argocd-crds hack/setup/argocd-crds.sh
 echo "[setup] done in $((SECONDS - t_all))s"
