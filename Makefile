@@ -24,7 +24,8 @@ setup: ## Install every real part (venv, Kafka, Spark connector, Go-built tools,
 
 ##@ Run
 .PHONY: run
-run: setup ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays up (ARGS=--exit-after-demo to stop).
+run: ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays up (ARGS=--exit-after-demo to stop).
+	@hack/setup.sh python kafka
 	$(PY) -m kafka_eventing run $(ARGS)
 
 .PHONY: local-up
