@@ -392,7 +392,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             print(f"[cluster] imported {archive.name} in {time.monotonic() - t0:.1f}s", flush=True)
 
     # -- kubelet ---------------------------------------------------------------------------------------
+    def _create_cgroup_root(self) -> None:
+        """The kubelet wants its cgroup root to exist in every hierarchy; a new cpuset needs its parent's CPUs
+        and memory nodes before a task may join it."""
+        base = Path("/sys/fs/cgroup")
+        tops = [base] if (base / "cgroup.procs").exists() else [
+            d for d in base.iterdir() if d.is_dir() and not d.is_symlink() and (d / "cgroup.procs").exists()]
+        for top in tops:
+            path = top / self.cgroup_root
+            path.mkdir(exist_ok=True)
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                if (top / name).exists() and not (path / name).read_text().strip():
+                    (path / name).write_text((top / name).read_text())
+
     def _start_kubelet(self) -> None:
+        self._create_cgroup_root()
         root = self.rt / "kubelet"
         root.mkdir()
         config = {
@@ -453,6 +467,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """Stop everything and remove what the run made outside its tmpfs mounts (cgroups, processes)."""
         terminate(self._procs.pop("kubelet", None), timeout=20)
         kill_cgroup_tree(self.cgroup_root)
+        containerd = self._procs.get("containerd")
+        if containerd is not None and containerd.poll() is None:
+            # Containers outside the pods' cgroups (none are expected): their tasks, through containerd.
+            for task in self._ctr("tasks", "ls", "-q", timeout=30).stdout.split():
+                self._ctr("tasks", "kill", "-s", "SIGKILL", "--all", task, timeout=30)
         terminate(self._procs.pop("containerd", None), timeout=20)
         self.kube.stop()
         self.kafka.stop()
