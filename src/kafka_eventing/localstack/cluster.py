@@ -385,6 +385,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     def _import_images(self, archives: list[Path]) -> None:
         for archive in archives:
+            print(f"[cluster] importing {archive.name} ({archive.stat().st_size // 2**20} MB)", flush=True)
             t0 = time.monotonic()
             out = self._ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
             if out.returncode != 0:

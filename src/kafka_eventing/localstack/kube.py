@@ -289,6 +289,8 @@ class KubeControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             # A loopback advertise address is not a valid Endpoints IP: don't reconcile the kubernetes Endpoints.
             "--endpoint-reconciler-type=none",
+            # Reach kubelets (logs, exec) at the node address they report; a node name is no DNS name here.
+            "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
         ]
         if not self.controller_manager:
