@@ -156,10 +156,7 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         env["KE_BOOTSTRAP_SERVERS"] = config.bootstrap_servers
     if config.secret_name:
         env["KE_KAFKA_SECRET_DIR"] = SECRET_MOUNT
-    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
-    # Prometheus multiprocess dir and temp files need a writable place on a read-only root filesystem.
-    out.append({"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp/metrics"})
-    return out
+    return [{"name": k, "value": v} for k, v in env.items()]
 
 
 def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: DispatcherConfig,
