@@ -642,9 +642,10 @@ def leftovers() -> list[str]:
     found += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob("kafka-eventing-*")]
     mounts = Path("/proc/self/mountinfo").read_text()
     found += [f"mount {line.split()[4]}" for line in mounts.splitlines() if "kafka-eventing-rt" in line]
-    for name in ("containerd", "kubelet", "containerd-shim-runc-v2"):
-        out = subprocess.run(["pgrep", "-x", name], check=False, capture_output=True, text=True).stdout.split()
-        found += [f"process {name} {pid}" for pid in out]
+    # containerd, its shims and the kubelet name the cluster's folder in their arguments (config, socket); other
+    # engines' containerd (a Docker engine's) do not.
+    out = subprocess.run(["pgrep", "-af", str(workdir())], check=False, capture_output=True, text=True).stdout
+    found += [f"process {line}" for line in out.splitlines() if str(os.getpid()) != line.split()[0]]
     return found
 
 
