@@ -15,11 +15,6 @@ import signal
 import sys
 from typing import Any
 
-# One process: its metrics stay in memory. The images set PROMETHEUS_MULTIPROC_DIR for the receiver's gunicorn
-# workers; left set, prometheus_client (chosen at its import) would put the metrics in files under a directory
-# that nobody creates in a dispatcher pod.
-os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-
 import uvloop
 
 from kafka_eventing.core import logging as ke_logging
