@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -49,11 +50,14 @@ RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesyst
                         "capabilities": {"drop": ["ALL"]}}
 # The pod subscriber: stdlib HTTP server from the receiver image, one JSON line per event on stdout.
 SINK = """
-import http.server, json
+import http.server, json, sys, threading
+lock = threading.Lock()
 class Sink(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
-        print(json.dumps({"id": self.headers.get("ce-id")}), flush=True)
+        with lock:
+            sys.stdout.write(json.dumps({"id": self.headers.get("ce-id")}) + "\\n")
+            sys.stdout.flush()
         self.send_response(200)
         self.end_headers()
     def log_message(self, *args):
@@ -188,7 +192,7 @@ def _sink_pod(cl: Cluster) -> str:
 
 def _sink_pod_ids(cl: Cluster) -> set[str]:
     logs = cl.kubectl("logs", "sink", "-n", APP_NS).stdout
-    return {json.loads(line)["id"] for line in logs.splitlines() if line.startswith("{")}
+    return set(re.findall(r'\{"id": "([^"]*)"\}', logs))
 
 
 def _ledger_ids(path: Path) -> set[str]:
