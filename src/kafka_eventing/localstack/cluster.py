@@ -32,7 +32,7 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -494,18 +494,23 @@ def _cgroup_dirs(cgroup_root: str) -> Iterator[Path]:
             yield from sorted((p.parent for p in top.rglob("cgroup.procs")), key=lambda p: -len(p.parts))
 
 
-def kill_cgroup_tree(cgroup_root: str, timeout: float = 20.0) -> None:
-    """SIGKILL every process in the pods' cgroups until they are empty."""
+def _kill_until_gone(find: Callable[[], set[int]], timeout: float) -> None:
+    """SIGKILL what ``find`` returns, again and again, until it returns nothing or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = {int(p) for d in _cgroup_dirs(cgroup_root)
-                for p in (d / "cgroup.procs").read_text().split()}
+        pids = find()
         if not pids:
             return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
+
+
+def kill_cgroup_tree(cgroup_root: str, timeout: float = 20.0) -> None:
+    """SIGKILL every process in the pods' cgroups until they are empty."""
+    _kill_until_gone(lambda: {int(p) for d in _cgroup_dirs(cgroup_root)
+                              for p in (d / "cgroup.procs").read_text().split()}, timeout)
 
 
 def remove_cgroup_tree(cgroup_root: str) -> None:
@@ -517,21 +522,18 @@ def remove_cgroup_tree(cgroup_root: str) -> None:
 def kill_netns_processes(inode: int, keep: set[int], timeout: float = 20.0) -> None:
     """SIGKILL every process in the network namespace ``inode`` but ``keep`` (containerd shims reparented away
     from us, anything a pod on the node network left)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = []
+
+    def in_netns() -> set[int]:
+        found = set()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) in keep:
                 continue
             with contextlib.suppress(OSError):
                 if os.stat(entry / "ns" / "net").st_ino == inode:
-                    found.append(int(entry.name))
-        if not found:
-            return
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+                    found.add(int(entry.name))
+        return found
+
+    _kill_until_gone(in_netns, timeout)
 
 
 # ---------------------------------------------------------------------------------------------- supervisor
