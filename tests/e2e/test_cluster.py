@@ -312,6 +312,8 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         cl.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
 
     variant.uninstall(cl)
+    # Deleted Deployments' pods terminate gracefully (the receiver's grace period is 30 s): wait them out.
+    cl.kubectl("wait", "--for=delete", "pod", "--all", "-n", SYSTEM_NS, "--timeout=300s", timeout=360)
     kinds = "pods,deployments,replicasets,services,configmaps,secrets,serviceaccounts,roles,rolebindings"
     left = [i["metadata"]["name"] for i in cl.get(kinds, "-n", SYSTEM_NS)["items"]
             if i["metadata"]["name"] not in ("kube-root-ca.crt", "default")]
