@@ -24,7 +24,8 @@ setup: ## Install every real part (venv, Kafka, Spark connector, Go-built tools,
 
 ##@ Run
 .PHONY: run
-run: setup ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays up (ARGS=--exit-after-demo to stop).
+run: ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays up (ARGS=--exit-after-demo to stop).
+	@hack/setup.sh python kafka
 	$(PY) -m kafka_eventing run $(ARGS)
 
 .PHONY: local-up
@@ -35,9 +36,22 @@ local-up: setup ## Start a local Kafka node and Kubernetes API server on loopbac
 local-down: ## Stop what local-up started.
 	$(PY) -m kafka_eventing.localstack down
 
+.PHONY: cluster-images
+CLUSTER_IMAGES := $(KE_CACHE)/cluster/images/kafka-eventing-roles.tar
+cluster-images: ## Build the receiver, dispatcher and controller images and save them for the cluster (no registry).
+	KE_SAVE_IMAGES=$(CLUSTER_IMAGES) nice hack/images.sh $(GIT_SHA) receiver dispatcher controller
+
+.PHONY: cluster-up
+cluster-up: setup cluster-images ## One-node cluster with real pods (containerd + kubelet) in a network namespace with no route out.
+	$(PY) -m kafka_eventing.localstack.cluster up
+
+.PHONY: cluster-down
+cluster-down: ## Stop what cluster-up started; fails if anything (process, mount, cgroup) is left behind.
+	$(PY) -m kafka_eventing.localstack.cluster down
+
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks.
+test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts test-cluster ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks, real pods.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
@@ -67,6 +81,10 @@ test-reliability: ## The short fault suite (crashes, topic growth, rebalance; a 
 chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/reliability.md (even when a scenario fails).
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 RELIABILITY_REPORT=$(ROOT)/docs/reliability.md $(PYTEST) tests/reliability \
 	  -v -m reliability $(ARGS)
+
+.PHONY: test-cluster
+test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py); fails if the cluster cannot start.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py -q -m cluster
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build a Debian bookworm + python3 (3.11) OS image from Debian's archive alone — no container registry.
 #
-#   hack/base-image.sh [py|jre]   prints the tag of the OS image, building it first if the engine lacks it
+#   hack/base-image.sh [py|jre|curl]   prints the tag of the OS image, building it first if the engine lacks it
 #
 #   py   (default) python3, python3-venv, ca-certificates: the BASE_IMAGE of images/base (role images)
 #   jre  the same plus openjdk-17-jre-headless (Spark 4 runs on Java 17) and tini: the BASE_IMAGE of the spark
@@ -30,7 +30,9 @@ case "$FLAVOUR" in
   # tini: the Spark entrypoint's init (reaps the JVM's and Python workers' children, forwards signals).
   jre) NAME="${SUITE}-py3-jre17"; EXTRA_DESC=" + openjdk-17-jre-headless, tini"
        PACKAGES="$PACKAGES,openjdk-17-jre-headless,tini" ;;
-  *) echo "usage: hack/base-image.sh [py|jre]" >&2; exit 2 ;;
+  # curl: the image of the chart's `helm test` Pod on a cluster without registry access (make cluster-images).
+  curl) NAME="${SUITE}-py3-curl"; EXTRA_DESC=" + curl"; PACKAGES="$PACKAGES,curl" ;;
+  *) echo "usage: hack/base-image.sh [py|jre|curl]" >&2; exit 2 ;;
 esac
 
 log() { echo "base-image($FLAVOUR): $*" >&2; }

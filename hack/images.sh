@@ -26,6 +26,9 @@
 #   BUILD_NETWORK    network of RUN steps (default with the private engine, which has no bridge: none with
 #                    prefetched wheels, host without them; the engine's default otherwise)
 #   PIP_INDEX_URL    passed to the builder stage when set
+#   KE_SAVE_IMAGES   a file: `docker save` every role image built, and the OS base with curl that the chart's
+#                    `helm test` Pod runs there (`hack/base-image.sh curl`), into it (one archive, shared layers once),
+#                    for `ctr images import` into the cluster of `make cluster-up`
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -319,4 +322,17 @@ for result in "${results[@]}"; do
     printf '%-48s %10s %7ss\n' "$image" FAILED "$seconds"
   fi
 done
-[[ $failed == 0 ]]
+[[ $failed == 0 ]] || exit 1
+if [[ -n "${KE_SAVE_IMAGES:-}" ]]; then
+  t0=$SECONDS
+  saved=()
+  for result in "${results[@]}"; do
+    read -r image _ <<<"$result"
+    [[ "$image" == *-base:* ]] || saved+=("$image")
+  done
+  saved+=("$("$ROOT/hack/base-image.sh" curl)")
+  mkdir -p "$(dirname "$KE_SAVE_IMAGES")"
+  docker save -o "$KE_SAVE_IMAGES.tmp" "${saved[@]}"
+  mv -f "$KE_SAVE_IMAGES.tmp" "$KE_SAVE_IMAGES"
+  log "saved ${saved[*]} to $KE_SAVE_IMAGES ($(du -m "$KE_SAVE_IMAGES" | cut -f1) MB) in $((SECONDS - t0))s"
+fi

@@ -22,7 +22,7 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile("ci", max_examples=1000, deadline=None, derandomize=True, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev"))
 
-REAL_TIERS = ("kafka", "kube", "spark")
+REAL_TIERS = ("kafka", "kube", "spark", "cluster")
 _SKIPPED_REAL = pytest.StashKey[list[str]]()
 
 

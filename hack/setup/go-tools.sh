@@ -19,11 +19,11 @@ KIND_VERSION=v0.33.0
 # promtool (check metrics / check rules / test rules) from the Prometheus Go module, whose v0.X.Y tags are
 # Prometheus 3.X.Y (v0.316.0 = Prometheus 3.16.0).
 PROMETHEUS_VERSION=v0.316.0
-# kube-apiserver, kube-controller-manager, kubectl and etcd come from hack/tools/kube/go.mod;
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and etcd come from hack/tools/kube/go.mod;
 # KUBE_VERSION must equal its k8s.io/kubernetes version (checked below). The newest 1.34 patch
 # whose go.mod the checksum database serves here is v1.34.10 (v1.34.11/12 are not verifiable).
 # To bump: set the new version in the replace block (every k8s.io staging module => v0.<minor>.<patch>),
-# then in hack/tools/kube: `go get -tool k8s.io/kubernetes/cmd/kube-apiserver@vX k8s.io/kubernetes/cmd/kube-controller-manager@vX
+# then in hack/tools/kube: `go get -tool k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet}@vX
 # && go mod tidy`, and commit go.mod + go.sum.
 KUBE_VERSION=v1.34.10
 # -----------------------------------------------------------------------------------------------
@@ -184,6 +184,13 @@ build_kube_apiserver() {
 build_kube_controller_manager() {
   kube_build "$BIN/kube-controller-manager" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-controller-manager
 }
+# The node parts of `make cluster-up` (src/kafka_eventing/localstack/cluster.py): same module, same version stamp.
+build_kube_scheduler() {
+  kube_build "$BIN/kube-scheduler" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-scheduler
+}
+build_kubelet() {
+  kube_build "$BIN/kubelet" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubelet
+}
 build_kubectl() {
   kube_build "$BIN/kubectl" "$(kube_ldflags)" ./cmd/kubectl
 }
@@ -201,7 +208,7 @@ check_kube_mod() {
   ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
 }
 
-ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd)
+ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler kubelet)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
@@ -222,6 +229,8 @@ for tool in "${WANT[@]}"; do
     kube-apiserver) install_tool kube-apiserver "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_apiserver ;;
     kube-controller-manager)
       install_tool kube-controller-manager "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_controller_manager ;;
+    kube-scheduler) install_tool kube-scheduler "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_scheduler ;;
+    kubelet) install_tool kubelet "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kubelet ;;
     kubectl) install_tool kubectl "$KUBE_VERSION" "$KUBE_KEY" "version --client" build_kubectl ;;
     etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
     *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;

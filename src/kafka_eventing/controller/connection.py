@@ -27,6 +27,16 @@ KEY_BOOTSTRAP = "bootstrap.servers"
 KEY_SECRET_NAME = "auth.secret.ref.name"  # noqa: S105 - a key name
 KEY_DISPATCHER_RESOURCES = "dispatcher.resources"
 KEDA_PREFIX = "dispatcher.keda."
+#: The dispatcher pods' settings the chart writes to config-kafka (JSON each, like dispatcher.resources), so that
+#: the Deployments the controller makes run like the chart's own pods: key -> (pod spec field, JSON type).
+DISPATCHER_POD_KEYS: dict[str, tuple[str, type]] = {
+    "dispatcher.imagePullSecrets": ("imagePullSecrets", list),
+    "dispatcher.imagePullPolicy": ("imagePullPolicy", str),
+    "dispatcher.nodeSelector": ("nodeSelector", dict),
+    "dispatcher.tolerations": ("tolerations", list),
+    "dispatcher.podSecurityContext": ("podSecurityContext", dict),
+    "dispatcher.securityContext": ("securityContext", dict),
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ class ResolvedConnection:
     bootstrap_servers: str
     checksum: str
     dispatcher_resources: Mapping[str, Any] | None = None
+    #: DISPATCHER_POD_KEYS present and non-empty, by pod spec field.
+    dispatcher_pod: Mapping[str, Any] | None = None
     keda: KedaConfig = KedaConfig()
     #: Keys present in the connection Secret: KEDA's TriggerAuthentication references them by name.
     secret_keys: frozenset[str] = frozenset()
@@ -89,6 +101,28 @@ def _dispatcher_resources(cm_data: Mapping[str, str], where: str) -> Mapping[str
     if not isinstance(value, dict) or not set(value) <= {"limits", "requests", "claims"}:
         raise KafkaConfigError(f"{where} key {KEY_DISPATCHER_RESOURCES} must be an object with limits/requests")
     return value or None
+
+
+def _dispatcher_pod(cm_data: Mapping[str, str], where: str) -> Mapping[str, Any] | None:
+    out: dict[str, Any] = {}
+    for key, (field, kind) in DISPATCHER_POD_KEYS.items():
+        raw = (cm_data.get(key) or "").strip()
+        if not raw:
+            continue
+        try:
+            value = raw if kind is str else json.loads(raw)
+        except ValueError as exc:
+            raise KafkaConfigError(f"{where} key {key} is not JSON: {exc}") from None
+        if not isinstance(value, kind):
+            raise KafkaConfigError(f"{where} key {key} must be a JSON {kind.__name__}, not {raw!r}")
+        if key == "dispatcher.imagePullPolicy" and value not in ("Always", "IfNotPresent", "Never"):
+            raise KafkaConfigError(f"{where} key {key} must be Always, IfNotPresent or Never, not {raw!r}")
+        if isinstance(value, list) and key == "dispatcher.imagePullSecrets":
+            # The chart's imagePullSecrets are names; a pod spec wants {name: ...}.
+            value = [v if isinstance(v, dict) else {"name": str(v)} for v in value]
+        if value:
+            out[field] = value
+    return out or None
 
 
 def _secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
@@ -130,6 +164,7 @@ def resolve(settings: Settings, config_maps: Store, secrets: Store, config_map: 
     region = data.get("aws.region")
     return ResolvedConnection(connection=connection, secret_name=secret_name, bootstrap_servers=servers,
                               checksum=digest, dispatcher_resources=_dispatcher_resources(cm_data, where),
+                              dispatcher_pod=_dispatcher_pod(cm_data, where),
                               keda=_keda_config(cm_data, where), secret_keys=frozenset(data),
                               aws_region=region.decode().strip() or None if region else None)
 

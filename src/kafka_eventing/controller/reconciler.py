@@ -224,7 +224,8 @@ class Reconciler:
         config = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas, checksum=connection.checksum,
                                       secret_name=connection.secret_name,
                                       bootstrap_servers=connection.bootstrap_servers,
-                                      resources=connection.dispatcher_resources)
+                                      resources=connection.dispatcher_resources,
+                                      pod=connection.dispatcher_pod)
         out: list[Condition] = []
         name = res.dispatcher_name(ref.namespace, ref.name)
         cached = self.stores.deployments.get(self.settings.system_namespace, name)

@@ -129,6 +129,9 @@ class DispatcherConfig:
     secret_name: str | None = None
     bootstrap_servers: str = ""
     resources: Mapping[str, Any] | None = None  # from config-kafka `dispatcher.resources`
+    #: From config-kafka `dispatcher.*` (connection.DISPATCHER_POD_KEYS): imagePullSecrets, imagePullPolicy,
+    #: nodeSelector, tolerations, podSecurityContext, securityContext; each replaces the default below.
+    pod: Mapping[str, Any] | None = None
 
 
 def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig) -> list[dict[str, Any]]:
@@ -156,10 +159,7 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         env["KE_BOOTSTRAP_SERVERS"] = config.bootstrap_servers
     if config.secret_name:
         env["KE_KAFKA_SECRET_DIR"] = SECRET_MOUNT
-    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
-    # Prometheus multiprocess dir and temp files need a writable place on a read-only root filesystem.
-    out.append({"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp/metrics"})
-    return out
+    return [{"name": k, "value": v} for k, v in env.items()]
 
 
 def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: DispatcherConfig,
@@ -172,16 +172,17 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
     if config.secret_name:
         volumes.append({"name": "kafka-secret", "secret": {"secretName": config.secret_name}})
         mounts.append({"name": "kafka-secret", "mountPath": SECRET_MOUNT, "readOnly": True})
+    pod = dict(config.pod or {})
     container = {
         "name": "dispatcher",
         "image": settings.dispatcher_image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": pod.get("imagePullPolicy", "IfNotPresent"),
         "env": dispatcher_env(ref, settings, config),
         "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
         # Liveness only: a dispatcher stuck behind an unreachable Kafka must not be restarted in a loop.
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                           "initialDelaySeconds": 10, "periodSeconds": 10},
-        "securityContext": {
+        "securityContext": pod.get("securityContext") or {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
@@ -201,12 +202,16 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
                 "automountServiceAccountToken": True,  # the dispatcher watches its channel and patches status
                 "serviceAccountName": DISPATCHER_SERVICE_ACCOUNT,
                 "enableServiceLinks": False,
-                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                "securityContext": pod.get("podSecurityContext") or {
+                    "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [container],
                 "volumes": volumes,
             },
         },
     }
+    for field in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        if pod.get(field):
+            spec["template"]["spec"][field] = pod[field]
     if not keda_scaled:
         # Consumers beyond the partition count would sit idle in the group.
         spec["replicas"] = max(1, min(settings.dispatcher_replicas, num_partitions))

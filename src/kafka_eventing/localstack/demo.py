@@ -43,6 +43,25 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+@contextlib.contextmanager
+def progress(what: str, every: float = 10.0) -> Iterator[None]:
+    """Say "still waiting for <what>" every ``every`` seconds while the block runs (a first run is slow)."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            say(f"  ... still waiting for {what} ({time.monotonic() - started:.0f}s)")
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 class DemoSubscriber:
     """A tiny HTTP subscriber on 127.0.0.1 that prints each CloudEvent and answers 200."""
 
@@ -219,7 +238,8 @@ def main(argv: list[str]) -> int:
 def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: DemoSubscriber,
          children: Children) -> int:
     say(f"starting a local Kafka node (logs: {node.log_path})...")
-    node.start()
+    with progress("the Kafka node"):
+        node.start()
     topic = Settings().topic_for(NAMESPACE, CHANNEL)
     create_topic(node.bootstrap_servers, topic)
     say(f"kafka ready at {node.bootstrap_servers}; topic {topic} ({PARTITIONS} partitions) created")
@@ -244,10 +264,12 @@ def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: D
                    {**env, "KE_CHANNEL_NAMESPACE": NAMESPACE, "KE_CHANNEL_NAME": CHANNEL,
                     "KE_METRICS_PORT": str(dispatcher_port)},
                    workdir / "dispatcher.log")
-    wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
+    with progress("the receiver"):
+        wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
     say(f"receiver listening on http://127.0.0.1:{args.port} (logs: {workdir / 'receiver.log'})")
     # The subscription starts at the latest offset: send only once its consumer group has joined.
-    wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
+    with progress("the dispatcher"):
+        wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
     say(f"dispatcher ready; status at http://127.0.0.1:{dispatcher_port}/status "
         f"(logs: {workdir / 'dispatcher.log'})")
 

@@ -39,6 +39,9 @@ class KafkaNode:
 
     workdir: Path
     heap: str = "512m"
+    #: Address of the PLAINTEXT listener (and what it advertises). cluster.py uses its bridge address, which pods
+    #: in their own network namespaces reach.
+    host: str = "127.0.0.1"
     scram_user: ScramUser = field(
         default_factory=lambda: ScramUser("alice", "alice-" + secrets.token_hex(8))
     )
@@ -64,7 +67,7 @@ class KafkaNode:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.plaintext_port}"
+        return f"{self.host}:{self.plaintext_port}"
 
     @property
     def sasl_ssl_bootstrap_servers(self) -> str:
@@ -117,12 +120,12 @@ class KafkaNode:
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.plaintext_port},"
+                f"PLAINTEXT://{self.host}:{self.plaintext_port},"
                 f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port},"
                 f"CONTROLLER://127.0.0.1:{self.controller_port}"
             ),
             "advertised.listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.plaintext_port},SASL_SSL://localhost:{self.sasl_ssl_port}"
+                f"PLAINTEXT://{self.host}:{self.plaintext_port},SASL_SSL://localhost:{self.sasl_ssl_port}"
             ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",

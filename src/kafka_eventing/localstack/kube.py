@@ -70,11 +70,20 @@ class KubeControlPlane:
         workdir: Path,
         *,
         controller_manager: bool = True,
+        scheduler: bool = False,
+        bind_address: str = "127.0.0.1",
+        secure_port: int = 0,
         start_timeout: float = 180.0,
         stop_timeout: float = 20.0,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.controller_manager = controller_manager
+        # A scheduler only matters with a node (localstack.cluster); envtest-style planes leave pods Pending.
+        self.scheduler = scheduler
+        # cluster.py serves on every address of its own network namespace, on 443, so that in-cluster clients
+        # reach the API through the `kubernetes` Service IP it puts on the namespace's loopback.
+        self.bind_address = bind_address
+        self.secure_port = secure_port
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.pki_dir = self.workdir / "pki"
@@ -131,6 +140,8 @@ class KubeControlPlane:
             self._write_kubeconfig(self.kubeconfig, self.token)
             if self.controller_manager:
                 self._start_controller_manager(binaries["kube-controller-manager"], deadline)
+            if self.scheduler:
+                self._start_scheduler(binaries["kube-scheduler"], deadline)
         except BaseException:
             self.stop()
             raise
@@ -169,6 +180,8 @@ class KubeControlPlane:
         names = ["etcd", "kube-apiserver"]
         if self.controller_manager:
             names.append("kube-controller-manager")
+        if self.scheduler:
+            names.append("kube-scheduler")
         return names
 
     def _prepare_workdir(self) -> None:
@@ -255,12 +268,12 @@ class KubeControlPlane:
         self._wait(comp, healthy, deadline, "healthy")
 
     def _start_apiserver(self, binary: Path, deadline: float) -> None:
-        self.api_port = free_port()
+        self.api_port = self.secure_port or free_port()
         pki = self.pki_dir
         args = [
             str(binary),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={self.bind_address}",
             "--advertise-address=127.0.0.1",
             f"--secure-port={self.api_port}",
             f"--cert-dir={pki}",
@@ -280,6 +293,8 @@ class KubeControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             # A loopback advertise address is not a valid Endpoints IP: don't reconcile the kubernetes Endpoints.
             "--endpoint-reconciler-type=none",
+            # Reach kubelets (logs, exec) at the node address they report; a node name is no DNS name here.
+            "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
         ]
         if not self.controller_manager:
@@ -322,6 +337,21 @@ class KubeControlPlane:
             return self._api_get("/api/v1/namespaces/default/serviceaccounts/default") is not None
 
         self._wait(comp, default_sa_exists, deadline, "running (default ServiceAccount created)")
+
+    def _start_scheduler(self, binary: Path, deadline: float) -> None:
+        comp = self._launch("kube-scheduler", [
+            str(binary),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--secure-port=0",
+            "--profiling=false",
+        ])
+
+        # The scheduler has no serving endpoint (secure-port 0): running for a few seconds is what can be checked;
+        # a pod that never gets a node shows a scheduler that does not work.
+        started = time.monotonic()
+        self._wait(comp, lambda: time.monotonic() - started > 2, deadline, "running")
 
     def _api_get(self, path: str) -> bytes | None:
         """GET ``path`` as the admin user: the stripped body on 2xx, ``None`` on an HTTP error status."""

@@ -81,3 +81,40 @@ def test_dispatcher_resources_invalid_is_a_readable_error(raw: str) -> None:
           "data": {"dispatcher.resources": raw}}
     with pytest.raises(KafkaConfigError, match=r"knative-eventing/config-kafka key dispatcher\.resources"):
         resolve(SETTINGS, DictStore(cm), DictStore())
+
+
+def test_dispatcher_pod_settings_from_config_map() -> None:
+    """The chart's pull, placement and security settings reach the dispatcher pods the controller makes."""
+    psc = {"runAsNonRoot": True, "runAsUser": 65532, "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+    csc = {"readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False}
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "eventing", "effect": "NoSchedule"}]
+    cm = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"}, "data": {
+        "dispatcher.imagePullSecrets": '["regcred"]', "dispatcher.imagePullPolicy": "Never",
+        "dispatcher.nodeSelector": '{"pool": "eventing"}', "dispatcher.tolerations": json.dumps(tolerations),
+        "dispatcher.podSecurityContext": json.dumps(psc), "dispatcher.securityContext": json.dumps(csc)}}
+    got = resolve(SETTINGS, DictStore(cm), DictStore())
+    config = res.DispatcherConfig(replicas=1, checksum=got.checksum, pod=got.dispatcher_pod)
+    pod = res.dispatcher_deployment(res.ChannelRef("team", "orders"), SETTINGS, config, 1)["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["nodeSelector"] == {"pool": "eventing"}
+    assert pod["tolerations"] == tolerations
+    assert pod["securityContext"] == psc
+    assert pod["containers"][0]["securityContext"] == csc
+    assert pod["containers"][0]["imagePullPolicy"] == "Never"
+    # Empty values (the chart's defaults `[]`, `{}`) keep the restricted defaults and add nothing.
+    empty = resolve(SETTINGS, DictStore({**cm, "data": {k: "[]" if "Secrets" in k or "tolerations" in k else "{}"
+                                                        for k in cm["data"] if k != "dispatcher.imagePullPolicy"}}),
+                    DictStore())
+    assert empty.dispatcher_pod is None
+    default = _deployment(1)["spec"]["template"]["spec"]
+    assert not {"imagePullSecrets", "nodeSelector", "tolerations"} & set(default)
+    assert default["securityContext"]["runAsNonRoot"] is True
+    assert default["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
+@pytest.mark.parametrize(("key", "raw"), [("dispatcher.nodeSelector", "[1]"), ("dispatcher.tolerations", "{"),
+                                          ("dispatcher.imagePullPolicy", "Sometimes")])
+def test_dispatcher_pod_settings_invalid_is_a_readable_error(key: str, raw: str) -> None:
+    cm = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"}, "data": {key: raw}}
+    with pytest.raises(KafkaConfigError, match=rf"knative-eventing/config-kafka key {key}"):
+        resolve(SETTINGS, DictStore(cm), DictStore())

@@ -1,0 +1,91 @@
+"""Test clients that run inside the cluster's network namespace (tests/e2e/test_cluster.py).
+
+Each entry point first moves its fresh "spawn" process into the namespace (``enter_netns``), so every socket it
+opens — HTTP to pods, Kafka on the node address — stays inside it. Nothing here imports pytest.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from kafka_eventing.localstack.cluster import enter_netns
+
+
+def init(pid: int) -> None:
+    """Pool initializer: join the namespace held by ``pid``."""
+    enter_netns(pid)
+
+
+def run_sink(pid: int, host: str, port: int, ledger: str, stop_after: float) -> None:
+    """A subscriber on the namespace's node address: appends each CloudEvent's id to ``ledger``; answers 200."""
+    enter_netns(pid)
+    lock = threading.Lock()
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            with lock, Path(ledger).open("a") as out:
+                out.write(json.dumps({"id": self.headers.get("ce-id")}) + "\n")
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port), Sink)
+    threading.Timer(stop_after, server.shutdown).start()
+    server.serve_forever()
+
+
+def receiver_ips(kubectl: list[str], namespace: str) -> list[str]:
+    out = subprocess.run([*kubectl, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=receiver",
+                          "-o", "json"], check=True, capture_output=True, text=True, timeout=60).stdout
+    return [p["status"]["podIP"] for p in json.loads(out)["items"]
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or ())]
+
+
+def send_events(kubectl: list[str], namespace: str, channel_host: str, ids: list[str], pace: float = 0.0,
+                deadline: float = 300.0) -> list[str]:
+    """POST each id as a binary CloudEvent to a ready receiver pod, as a client would: an event that gets no 202
+    (pod gone, 503) is sent again, to a receiver found afresh. Returns the ids that were accepted (202)."""
+    accepted: list[str] = []
+    ips: list[str] = []
+    end = time.monotonic() + deadline
+    with httpx.Client(timeout=10) as client:
+        for n, event_id in enumerate(ids):
+            while time.monotonic() < end:
+                if not ips:
+                    ips = receiver_ips(kubectl, namespace)
+                    if not ips:
+                        time.sleep(0.5)
+                        continue
+                url = f"http://{ips[n % len(ips)]}:8080/"
+                try:
+                    resp = client.post(url, content=json.dumps({"n": n}).encode(), headers={
+                        "host": channel_host, "ce-specversion": "1.0", "ce-id": event_id,
+                        "ce-source": "e2e/cluster", "ce-type": "dev.kafka-eventing.e2e",
+                        "content-type": "application/json"})
+                    if resp.status_code == 202:
+                        accepted.append(event_id)
+                        break
+                except httpx.HTTPError:
+                    pass
+                ips = []
+                time.sleep(0.2)
+            time.sleep(pace)
+    return accepted
+
+
+def topics(bootstrap_servers: str) -> list[str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    return sorted(admin.list_topics(timeout=15).topics)
