@@ -23,6 +23,7 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
+from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
 from kafka_eventing.core.delivery import DeliverySpecError, parse_duration
@@ -60,7 +61,7 @@ class Result:
 
 class _CustomObjects:
     """``get``/``create``/``patch``/``delete`` of one custom resource straight from the API (no cache: KEDA's CRDs
-    may be absent, and an informer on a missing type would only log errors), shaped for ``Reconciler._apply``."""
+    may be absent, and an informer on a missing type would only log errors), shaped for ``Reconciler.apply``."""
 
     def __init__(self, api: client.CustomObjectsApi, group: str, version: str, plural: str) -> None:
         self.api, self.group, self.version, self.plural = api, group, version, plural
@@ -194,7 +195,7 @@ class Reconciler:
             status["deadLetterSinkUri"] = None
 
         conditions.append(cond.ready_condition(conditions))
-        self._patch_status(obj, status, conditions)
+        self.patch_status(obj, status, conditions)
         if write_errors and result.error is None:
             # A refused API write (quota, admission, a transient 5xx) is retried with backoff like Kafka errors.
             return Result(error="; ".join(write_errors))
@@ -336,8 +337,8 @@ class Reconciler:
         try:
             if auth.needs_trigger_authentication:
                 ta = keda.trigger_authentication(ref, self.settings, auth)
-                self._apply(self.trigger_auths, self.trigger_auths.create, self.trigger_auths.patch, ta)
-            self._apply(self.scaled_objects, self.scaled_objects.create, self.scaled_objects.patch, so)
+                self.apply(self.trigger_auths, self.trigger_auths.create, self.trigger_auths.patch, ta)
+            self.apply(self.scaled_objects, self.scaled_objects.create, self.scaled_objects.patch, so)
             if not auth.needs_trigger_authentication and was_keda:
                 self._delete_quietly(self.trigger_auths, so["metadata"]["name"])
         except ApiException as exc:
@@ -386,37 +387,16 @@ class Reconciler:
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
         if not sink:
             return None
-        uri, target = sink.get("uri"), sink.get("ref")
-        if not target:
-            return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), str(uri)
-        kind, name = target.get("kind"), target.get("name")
-        namespace = target.get("namespace") or ref.namespace
-        api_version = str(target.get("apiVersion") or "v1")
         try:
-            if kind == "Service" and api_version == "v1":
-                self.core.read_namespaced_service(name, namespace, _request_timeout=(5, 15))
-                base = f"http://{name}.{namespace}.svc.cluster.local"
-            else:
-                # Any Addressable (a Knative Service, Broker, ...): its status.address.url.
-                group, _, version = api_version.rpartition("/")
-                plural = f"{str(kind).lower()}s"
-                obj = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                               _request_timeout=(5, 15))
-                found = ((obj.get("status") or {}).get("address") or {}).get("url")
-                if not found:
-                    return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "DeadLetterSinkNotAddressable",
-                                           f"{kind} {namespace}/{name} has no status.address.url yet"), None
-                base = str(found)
-        except ApiException as exc:
-            why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status} {exc.reason})"
-            return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "DeadLetterSinkUnresolved",
-                                   f"dead-letter sink {kind} {namespace}/{name} {why}"), None
-        if uri:
-            base = base.rstrip("/") + "/" + str(uri).lstrip("/")
-        return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), base
+            uri = resolve_destination(self.core, self.custom, sink, ref.namespace, "dead-letter sink")
+        except Unresolved as exc:
+            reason = "DeadLetterSinkNotAddressable" if exc.reason == "DestinationNotAddressable" \
+                else "DeadLetterSinkUnresolved"
+            return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, reason, str(exc)), None
+        return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), uri
 
     # -- writes -------------------------------------------------------------------------------------
-    def _apply(self, store: Any, create: Any, patch: Any,
+    def apply(self, store: Any, create: Any, patch: Any,
                desired: dict[str, Any]) -> tuple[Mapping[str, Any] | None, bool]:
         """Create or merge-patch ``desired``: (the cached live object or None, whether anything was written)."""
         ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
@@ -438,7 +418,7 @@ class Reconciler:
         return live, True
 
     def _apply_service(self, desired: dict[str, Any]) -> Mapping[str, Any]:
-        live, written = self._apply(self.stores.services, self.core.create_namespaced_service,
+        live, written = self.apply(self.stores.services, self.core.create_namespaced_service,
                                     self.core.patch_namespaced_service, desired)
         return desired if written or live is None else live
 
@@ -448,20 +428,28 @@ class Reconciler:
         After an update the cached object is returned: the old ReplicaSet keeps serving during the rollout,
         so a rotated Secret does not flip the channel to not-Ready.
         """
-        live, _ = self._apply(self.stores.deployments, self.apps.create_namespaced_deployment,
+        live, _ = self.apply(self.stores.deployments, self.apps.create_namespaced_deployment,
                               self.apps.patch_namespaced_deployment, desired)
         return live
 
     def _add_finalizer(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.set_finalizers(obj, [*(obj["metadata"].get("finalizers") or ()), FINALIZER])
+
+    def set_finalizers(self, obj: Mapping[str, Any], finalizers: list[str],
+                       api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> Mapping[str, Any]:
+        """``api``: (group, version, plural) of ``obj``."""
+        if not self.may_write():
+            raise LostLeadership
         meta = obj["metadata"]
-        finalizers = [*(meta.get("finalizers") or ()), FINALIZER]
         # resourceVersion makes this a compare-and-swap: a concurrent change to the list gives a 409, not a loss.
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
         return dict(self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch,
+            *api[:2], meta["namespace"], api[2], meta["name"], patch,
             _content_type=MERGE_PATCH, _request_timeout=(5, 30)))
 
-    def _patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition]) -> None:
+    def patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition],
+                     api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> None:
+        """Merge-patch the fields the controller owns, only when something changed."""
         meta = obj["metadata"]
         old: Mapping[str, Any] = obj.get("status") or {}
         status = {**status, "conditions": cond.merge(old.get("conditions"), conditions)}
@@ -470,7 +458,7 @@ class Reconciler:
         if not self.may_write():
             raise LostLeadership
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": status},
+            *api[:2], meta["namespace"], api[2], meta["name"], {"status": status},
             _content_type=MERGE_PATCH, _request_timeout=(5, 30))
 
     # -- deletion -----------------------------------------------------------------------------------
@@ -506,14 +494,8 @@ class Reconciler:
                 self.topic_ops["delete"] = self.topic_ops.get("delete", 0) + 1
             except (TopicError, KafkaConfigError) as exc:
                 return Result(error=f"deleting topic {topic}: {exc}")
-        finalizers = [f for f in meta.get("finalizers") or () if f != FINALIZER]
-        if not self.may_write():
-            raise LostLeadership
         try:
-            self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name,
-                {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
-                _content_type=MERGE_PATCH, _request_timeout=(5, 30))
+            self.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != FINALIZER])
         except ApiException as exc:
             if exc.status != HTTP_NOT_FOUND:
                 raise
