@@ -1,16 +1,14 @@
 """Receiver benchmark (``make bench-receiver``): side by side on one local broker, in one run —
 
 (a) the raw confluent-kafka producer in one process (acks=all),
-(b) a bare falcon endpoint answering 202 without Kafka, under the same gunicorn worker model and count,
+(b) a bare falcon ASGI endpoint answering 202 without Kafka, under the same gunicorn workers (uvicorn, 2),
 (c) the receiver,
 
 for 1 KB and 20 KB binary-mode events, loaded at saturation by ``wrk`` (closed loop, Lua script) and at half of
 that rate by ``oha`` (open loop: requests are sent on a fixed schedule whatever the answers' latency, and latency
-is counted from each request's scheduled time, so a stall is not hidden by the client waiting), for two
-worker models: gthread (WSGI, 2 workers x 32 threads) and uvicorn workers (ASGI falcon, 2 workers).
-Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported;
-``BENCH_MODELS=uvicorn`` skips gthread. Results: docs/benchmarks/receiver.json and receiver.png. Not a test;
-takes about 11 minutes with the defaults.
+is counted from each request's scheduled time, so a stall is not hidden by the client waiting).
+Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported.
+Results: docs/benchmarks/receiver.json and receiver.png. Not a test.
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ from _common import (
 
 SIZES = (1024, 20 * 1024)
 WORKERS = 2
-THREADS = 32
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
 # acknowledgement, so by Little's law the rate is capped at connections / latency. 256 left ~20 % of the CPU
 # idle under the receiver (session 5). 512 still left 1-17 % idle once the receiver got cheaper (session 6):
@@ -61,33 +58,17 @@ DURATION = int(os.environ.get("BENCH_SECONDS", "8"))
 # Each (server, size) is measured this many times, interleaved with the others, and reported as the median run:
 # the machine is shared, so one run can be off by 2x.
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+# The worker model the receiver ships with (gunicorn_conf); gthread workers with a WSGI app measured 5.8x less
+# throughput at 5.9x the CPU per event (docs/receiver.md) and are no longer offered.
 MODELS = {
-    "gthread": {"args": ["-k", "gthread", "--threads", str(THREADS)],
-                "receiver": "kafka_eventing.receiver.app:get_app()", "bare": "receiver:bare_wsgi()"},
-    "uvicorn": {"args": ["-k", "uvicorn.workers.UvicornWorker"], "receiver": "kafka_eventing.receiver.asgi:get_app()",
+    "uvicorn": {"args": ["-k", "uvicorn.workers.UvicornWorker"], "receiver": "kafka_eventing.receiver.app:get_app()",
                 "bare": "receiver:bare_asgi()"},
 }
-# Which worker models to measure (BENCH_MODELS=uvicorn,gthread); gthread is the rejected one, kept to show why.
-MODELS = {name: MODELS[name] for name in os.environ.get("BENCH_MODELS", "uvicorn,gthread").split(",")}
 CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",
               "content-type": "application/octet-stream"}
 
 
 # -- the bare endpoints (b): gunicorn imports this file as module `receiver` -------------------------------
-
-
-def bare_wsgi() -> Any:
-    import falcon
-
-    class Accept:
-        def on_post(self, req: Any, resp: Any, **_params: str) -> None:
-            req.bounded_stream.read()
-            resp.status = falcon.HTTP_202
-
-    app = falcon.App()
-    app.add_route("/{namespace}/{name}", Accept())
-    app.add_route("/readyz", Accept())
-    return app
 
 
 def bare_asgi() -> Any:
@@ -348,7 +329,7 @@ def main() -> None:
     facts = machine_facts(["confluent-kafka", "falcon", "gunicorn", "uvicorn", "uvloop", "httptools",
                            "cloudevents"], kafka=KAFKA_VERSION, load_generator=generator)
     results: dict[str, Any] = {"machine": facts, "config": {
-        "workers": WORKERS, "gthread_threads": THREADS, "saturation_connections": SATURATION_CONNECTIONS,
+        "workers": WORKERS, "saturation_connections": SATURATION_CONNECTIONS,
         "half_connections": HALF_CONNECTIONS, "duration_s": DURATION, "sizes": list(SIZES), "repeats": REPEATS,
         "producer": "acks=all, idempotent, linger.ms=5, compression none",
         "topic": f"3 partitions, segment.bytes {SEGMENT_BYTES} (recreated before each run that writes)"},

@@ -139,12 +139,11 @@ def test_images_are_labelled_with_source_revision_and_version(engine: Engine, im
         assert not any(t.endswith(":latest") for t in tags), tags
 
 
-@pytest.mark.parametrize("args", [(), ("--worker-model", "gthread")], ids=["default-worker", "gthread-worker"])
 def test_receiver_answers_healthz_in_standalone_file_mode(
-        engine: Engine, images: dict[str, str], tmp_path: Path, args: tuple[str, ...]) -> None:
+        engine: Engine, images: dict[str, str], tmp_path: Path) -> None:
     """The receiver's real entrypoint (gunicorn) starts under the restricted flags and serves /healthz.
 
-    Both worker models the entrypoint offers must find everything they import in the image. There is no Kafka in
+    The uvicorn workers must find everything they import in the image. There is no Kafka in
     a ``--network none`` container, so /healthz (alive) answers 200 while /readyz (connected to Kafka) must not
     claim readiness: the two probes stay distinct in the image too.
     """
@@ -160,7 +159,7 @@ def test_receiver_answers_healthz_in_standalone_file_mode(
                   "--volume", f"{config}:/config:ro",
                   "--env", "KE_CHANNEL_SOURCE=file", "--env", "KE_CHANNELS_FILE=/config/channels.yaml",
                   "--env", "WEB_CONCURRENCY=1",
-                  images["receiver"], *args)
+                  images["receiver"])
     try:
         status = _wait_for_status(engine, name, "/healthz", deadline_s=60)
         assert status == 200, f"/healthz answered {status}\n{_logs(engine, name)}"

@@ -77,8 +77,7 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
 def start_receiver(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
     started: list[Receiver] = []
 
-    def start(channels: str, *, env: dict[str, str] | None = None, bootstrap: str = "",
-              model: str = "uvicorn") -> Receiver:
+    def start(channels: str, *, env: dict[str, str] | None = None, bootstrap: str = "") -> Receiver:
         port = _proc.free_port()
         channels_file = tmp_path / f"channels-{len(started)}.yaml"
         channels_file.write_text(channels)
@@ -92,7 +91,7 @@ def start_receiver(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
         })
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "kafka_eventing.receiver", "--worker-model", model,
+                [sys.executable, "-m", "kafka_eventing.receiver",
                  "--bind", f"127.0.0.1:{port}", "--workers", "2", "--graceful-timeout", "15"],
                 env=full_env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -227,11 +226,9 @@ def test_channels_added_and_removed_at_runtime(kafka_running: KafkaNode, topic: 
     assert receiver.post("/ns/b", b"x", binary_headers("4")).status_code == 202
 
 
-@pytest.mark.parametrize("model", ["uvicorn", "gthread"])
 def test_sigterm_loses_no_accepted_event(kafka_running: KafkaNode, topic: str,
-                                         start_receiver: Callable[..., Receiver], model: str) -> None:
-    receiver = start_receiver(channels_yaml(("ns", "a", topic, "binary")), bootstrap=kafka_running.bootstrap_servers,
-                              model=model)
+                                         start_receiver: Callable[..., Receiver]) -> None:
+    receiver = start_receiver(channels_yaml(("ns", "a", topic, "binary")), bootstrap=kafka_running.bootstrap_servers)
     accepted: list[str] = []
     stop = threading.Event()
 

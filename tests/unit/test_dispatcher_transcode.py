@@ -1,4 +1,4 @@
-"""The dispatcher's Kafka→HTTP fast path (``binding.kafka_to_http``) against the SDK path it replaces.
+"""The dispatcher's Kafka→HTTP fast path (``core.transcode.kafka_to_http``) against the SDK path it replaces.
 
 For any record, ``kafka_to_http`` must give exactly what ``event_to_http(event_from_kafka(...))`` gives —
 the same headers in the same order and the same body — or raise the same ``BindingError``.
@@ -19,8 +19,8 @@ from kafka_eventing.core.binding import (
     event_from_kafka,
     event_to_http,
     event_to_kafka,
-    kafka_to_http,
 )
+from kafka_eventing.core.transcode import kafka_to_http
 
 Headers = list[tuple[str, bytes | str | None]]
 

@@ -1,5 +1,5 @@
-"""core.metrics: Tally's buffered increments reach prometheus_client exactly as direct calls would; the cached pid of
-multiprocess values still tells a forked process apart."""
+"""receiver.metrics: Tally's buffered increments reach prometheus_client exactly as direct calls would; the
+cached pid of multiprocess values still tells a forked process apart."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from kafka_eventing.core.metrics import Tally
+from kafka_eventing.receiver.metrics import Tally
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = (0.0005, 0.001, 0.002, 0.01, 0.05, 0.5, 0.99, 1.0, 3.0, 0.0)
@@ -59,7 +59,7 @@ def test_flush_all_is_what_a_scrape_runs() -> None:
 
 _FORK_SCRIPT = """
 import os, sys
-from kafka_eventing.core import metrics
+from kafka_eventing.receiver import metrics
 from prometheus_client import CollectorRegistry, Counter, values, multiprocess
 assert values.ValueClass is not values.MutexValue
 counter = Counter("t_forked_total", "events")
@@ -92,7 +92,7 @@ def test_loop_tally_is_flushed_by_its_loop_after_the_interval() -> None:
     import asyncio
     import threading
 
-    from kafka_eventing.core.metrics import LoopTally
+    from kafka_eventing.receiver.metrics import LoopTally
 
     registry, counter, hist = _metrics()
 

@@ -1,5 +1,4 @@
-"""The ASGI variant answers exactly like the WSGI app (same Ingress); checked on the paths that differ:
-async body reading and waiting for the delivery report on the event loop."""
+"""The receiver's event-loop machinery: answers through the whole app, and delivery reports served on the loop."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from test_receiver import FakeChannels, FakeProducer
 
 from kafka_eventing.core.channels import Channel
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.receiver.asgi import create_app
+from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
 
 ORDERS = Channel("shop", "orders", "shop.orders")
@@ -20,7 +19,7 @@ HOST = "orders-kn-channel.shop.svc"  # falcon's ASGI simulator sets Host from it
 
 def client_for(producer: FakeProducer) -> tuple[testing.TestClient, KafkaSender]:
     settings = Settings(produce_timeout_seconds=0.3, max_event_bytes=4096)
-    sender = KafkaSender(producer, timeout=0.3, poll_interval=0.05)
+    sender = KafkaSender(producer, timeout=0.3)
     app = create_app(producer, FakeChannels(ORDERS), settings, sender=sender)
     return testing.TestClient(app), sender
 
@@ -50,7 +49,7 @@ def test_routing_and_other_endpoints() -> None:
         res = client.simulate_options("/", headers={"WebHook-Request-Origin": "o.example"})
         assert res.headers["WebHook-Allowed-Origin"] == "o.example"
         assert client.simulate_get("/").status_code == 405
-        # falcon's own errors answer in the same JSON shape as ours (and as the WSGI app's)
+        # falcon's own errors answer in the same JSON shape as ours
         for res in (client.simulate_post("/x", body=b"x", headers=HEADERS), client.simulate_put("/shop/orders")):
             assert res.status_code in (404, 405) and "error" in res.json, res.text
         assert client.simulate_get("/healthz").status_code == 200

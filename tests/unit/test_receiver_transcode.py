@@ -1,4 +1,4 @@
-"""The receiver's HTTP→Kafka fast path (``binding.http_to_kafka``) against the SDK path it replaces.
+"""The receiver's HTTP→Kafka fast path (``core.transcode.http_to_kafka``) against the SDK path it replaces.
 
 For any request, ``http_to_kafka`` must give exactly what ``event_to_kafka(event_from_http(...))`` gives — the
 same key, value and headers in the same order — or raise the same ``BindingError``.
@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kafka_eventing.core import binding
-from kafka_eventing.core.binding import BindingError, ContentMode, event_from_http, event_to_kafka, http_to_kafka
+from kafka_eventing.core.binding import BindingError, ContentMode, event_from_http, event_to_kafka
+from kafka_eventing.core.transcode import http_to_kafka
 
 BASE = {"ce-id": "1", "ce-source": "/s", "ce-type": "t", "ce-specversion": "1.0"}
 TEXTS = st.one_of(
@@ -113,7 +114,7 @@ RAW_VALUES = st.one_of(st.sampled_from([b"", b"x", b"2024-01-01T00:00:00Z", b"a%
 def test_raw_header_pairs_give_what_the_sdk_gives_on_the_framework_headers(
         extra: list[tuple[bytes, bytes]], body: bytes) -> None:
     # Repeated names, non-ASCII bytes, trace headers: the ASGI server's raw pairs against what falcon makes of them.
-    from kafka_eventing.core.binding import raw_http_to_kafka
+    from kafka_eventing.core.transcode import raw_http_to_kafka
 
     pairs = [*RAW_BASE, *extra]
     req = _asgi_request(pairs)

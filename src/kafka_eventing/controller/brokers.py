@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 from kafka_eventing.broker.filters import FilterError, TriggerFilters
 from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import (
     KEY_BOOTSTRAP,
@@ -39,7 +40,7 @@ from kafka_eventing.controller.connection import (
     resolve,
 )
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
-from kafka_eventing.controller.reconciler import LostLeadership, Reconciler, Result, _api_error
+from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
@@ -290,8 +291,8 @@ class BrokerReconciler:
             live = self.base._apply_deployment(deployment)
             self.base._apply_service(res.dispatcher_service(ref, self.settings, owner))
         except ApiException as exc:
-            errors.append(f"Broker dispatcher: {_api_error(exc)}")
-            return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherFailed", _api_error(exc))
+            errors.append(f"Broker dispatcher: {api_error(exc)}")
+            return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherFailed", api_error(exc))
         system = self.settings.system_namespace
         receiver = self.stores.deployments.get(system, self.settings.receiver_deployment_name)
         ok, why = res.deployment_available(receiver)
@@ -310,8 +311,7 @@ class BrokerReconciler:
         system = self.settings.system_namespace
         dispatcher = broker_dispatcher_name(namespace, name)
         for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service):
-            if not self.base.may_write():
-                raise LostLeadership
+            self.base.writer.check()
             try:
                 delete(dispatcher, system, propagation_policy="Background", _request_timeout=(5, 30))
             except ApiException as exc:

@@ -22,10 +22,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.api import LostLeadership
 from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
 from kafka_eventing.controller.leader import LeaderElector
-from kafka_eventing.controller.reconciler import LostLeadership, Reconciler, Result, Stores
+from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import GROUP, PLURAL

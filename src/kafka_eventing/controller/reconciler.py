@@ -7,7 +7,6 @@ only the fields the controller owns, so ``status.subscribers`` (written by the d
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,8 +18,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kafka_eventing.controller import conditions as cond
-from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.api import (
+    HTTP_NOT_FOUND,
+    MERGE_PATCH,
+    Writer,
+    api_error,
+)
+from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
@@ -35,11 +40,6 @@ log = logging.getLogger(__name__)
 
 VERSION = "v1beta1"
 FINALIZER = "kafkachannels.messaging.knative.dev/finalizer"
-MERGE_PATCH = "application/merge-patch+json"
-HTTP_NOT_FOUND = 404
-HTTP_CONFLICT = 409
-#: How long an answer to "does the API server serve keda.sh/v1alpha1?" is reused.
-KEDA_DISCOVERY_TTL = 30.0
 
 
 @dataclass
@@ -57,44 +57,6 @@ class Result:
 
     error: str | None = None
     requeue_after: float | None = None
-
-
-class _CustomObjects:
-    """``get``/``create``/``patch``/``delete`` of one custom resource straight from the API (no cache: KEDA's CRDs
-    may be absent, and an informer on a missing type would only log errors), shaped for ``Reconciler.apply``."""
-
-    def __init__(self, api: client.CustomObjectsApi, group: str, version: str, plural: str) -> None:
-        self.api, self.group, self.version, self.plural = api, group, version, plural
-
-    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        try:
-            return dict(self.api.get_namespaced_custom_object(self.group, self.version, namespace, self.plural,
-                                                              name, _request_timeout=(5, 15)))
-        except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND:
-                return None
-            raise
-
-    def create(self, namespace: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
-        return self.api.create_namespaced_custom_object(self.group, self.version, namespace, self.plural, body,
-                                                        **kwargs)
-
-    def patch(self, name: str, namespace: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
-        return self.api.patch_namespaced_custom_object(self.group, self.version, namespace, self.plural, name,
-                                                       body, **kwargs)
-
-    def delete(self, name: str, namespace: str, **kwargs: Any) -> Any:
-        return self.api.delete_namespaced_custom_object(self.group, self.version, namespace, self.plural, name,
-                                                        **kwargs)
-
-
-def _api_error(exc: ApiException) -> str:
-    """``<status> <the API server's message>`` — the message says which quota or admission rule refused."""
-    try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return f"{exc.status} {message or exc.reason}"
 
 
 class Reconciler:
@@ -123,10 +85,9 @@ class Reconciler:
         # round trip; a spec or connection change, an error, or the recheck interval brings one.
         self._verified: dict[tuple[str, str], tuple[tuple[Any, ...], float]] = {}
         self.topic_ops: dict[str, int] = {}
-        self.scaled_objects = _CustomObjects(self.custom, keda.GROUP, keda.VERSION, keda.SCALED_OBJECTS)
-        self.trigger_auths = _CustomObjects(self.custom, keda.GROUP, keda.VERSION, keda.TRIGGER_AUTHENTICATIONS)
-        self._keda_served: tuple[bool, float] | None = None
-        self.keda_discovery_seconds = keda_discovery_seconds
+        self.writer = Writer(may_write)
+        self.autoscaler = KedaAutoscaler(self.custom, settings, self.writer, self._topic_name,
+                                         discovery_seconds=keda_discovery_seconds)
 
     # -- entry --------------------------------------------------------------------------------------
     def reconcile(self, namespace: str, name: str) -> Result:
@@ -254,9 +215,9 @@ class Reconciler:
         try:
             self._apply_service(desired)
         except ApiException as exc:
-            errors.append(f"channel Service: {_api_error(exc)}")
+            errors.append(f"channel Service: {api_error(exc)}")
             return Condition.false(cond.CHANNEL_SERVICE_READY, "ChannelServiceFailed",
-                                   f"Service {ref.namespace}/{name}: {_api_error(exc)}"), None
+                                   f"Service {ref.namespace}/{name}: {api_error(exc)}"), None
         return Condition.true(cond.CHANNEL_SERVICE_READY), res.channel_url(ref.namespace, ref.name)
 
     def _dispatcher(self, ref: res.ChannelRef, obj: Mapping[str, Any], connection: ResolvedConnection,
@@ -268,120 +229,33 @@ class Reconciler:
         out: list[Condition] = []
         name = res.dispatcher_name(ref.namespace, ref.name)
         cached = self.stores.deployments.get(self.settings.system_namespace, name)
-        autoscaler, keda_scaled = self._autoscaler(ref, obj, connection, partitions, deployment=cached,
-                                                  errors=errors)
+        autoscaler, keda_owned = self.autoscaler.reconcile(ref, obj, connection, partitions, deployment=cached,
+                                                            errors=errors)
         if autoscaler is not None:
             out.append(autoscaler)
-        deployment = res.dispatcher_deployment(ref, self.settings, config, partitions, keda_scaled=keda_scaled)
+        deployment = res.dispatcher_deployment(ref, self.settings, config, partitions, keda_scaled=keda_owned)
         try:
             live = self._apply_deployment(deployment)
             ok, why = res.deployment_available(live)
-            if not ok and keda_scaled and live is not None and (live.get("spec") or {}).get("replicas") == 0:
+            if not ok and keda_owned and live is not None and (live.get("spec") or {}).get("replicas") == 0:
                 # KEDA scales an idle dispatcher to zero when minReplicas is 0: that is not an outage.
                 ok, why = True, ""
             out.append(Condition.true(cond.DISPATCHER_DEPLOYMENT_READY) if ok else Condition.false(
                 cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentUnavailable",
                 f"Deployment {deployment['metadata']['namespace']}/{deployment['metadata']['name']}: {why}"))
         except ApiException as exc:
-            errors.append(f"dispatcher Deployment: {_api_error(exc)}")
+            errors.append(f"dispatcher Deployment: {api_error(exc)}")
             out.append(Condition.false(cond.DISPATCHER_DEPLOYMENT_READY, "DispatcherDeploymentFailed",
-                                       _api_error(exc)))
+                                       api_error(exc)))
         service = res.dispatcher_service(ref, self.settings)
         try:
             self._apply_service(service)
             out.append(Condition.true(cond.DISPATCHER_SERVICE_READY))
         except ApiException as exc:
-            errors.append(f"dispatcher Service: {_api_error(exc)}")
+            errors.append(f"dispatcher Service: {api_error(exc)}")
             out.append(Condition.false(cond.DISPATCHER_SERVICE_READY, "DispatcherServiceFailed",
-                                       _api_error(exc)))
+                                       api_error(exc)))
         return out
-
-    # -- KEDA -------------------------------------------------------------------------------------------
-    def _autoscaler(self, ref: res.ChannelRef, obj: Mapping[str, Any], connection: ResolvedConnection,
-                    partitions: int, *, deployment: Mapping[str, Any] | None,
-                    errors: list[str]) -> tuple[Condition | None, bool]:
-        """Stamp or remove the dispatcher's ScaledObject: (condition or None, whether KEDA owns replicas)."""
-        was_keda = _scaler(deployment) == res.SCALER_KEDA
-        subscribers = keda.subscriber_uids(obj.get("spec") or {})
-        kind = cond.DISPATCHER_AUTOSCALER_READY
-        if not connection.keda.enabled or not subscribers:
-            # Nothing to scale on: the controller owns replicas again (and keeps an idle dispatcher at its
-            # count instead of letting KEDA hold it at zero). Only a Deployment marked as KEDA-scaled
-            # leads to API calls, so the default (KEDA off) costs nothing.
-            if was_keda:
-                try:
-                    self._delete_keda(ref)
-                except ApiException as exc:
-                    errors.append(f"KEDA ScaledObject removal: {_api_error(exc)}")
-                    # Until it is gone KEDA still scales: setting replicas now would fight it.
-                    return Condition.false(kind, "KEDAScaledObjectFailed", _api_error(exc)), True
-            if not connection.keda.enabled:
-                return None, False
-            return Condition.true(kind, "NoSubscribers",
-                                  "no subscribers, no consumer lag to scale on: the controller sets replicas"), False
-        try:
-            auth = keda.keda_auth(connection)
-        except keda.KedaAuthError as exc:
-            return Condition.false(kind, "KEDAAuthUnsupported", str(exc)), was_keda
-        try:
-            served = self._keda_is_served()
-        except ApiException as exc:
-            errors.append(f"KEDA discovery: {_api_error(exc)}")
-            return Condition.false(kind, "KEDADiscoveryFailed", _api_error(exc)), was_keda
-        if not served:
-            return Condition.false(kind, "KEDANotInstalled",
-                                   f"the API server does not serve {keda.GROUP}/{keda.VERSION} ScaledObjects: "
-                                   "install KEDA; the controller sets replicas meanwhile"), False
-        so = keda.scaled_object(ref, self.settings, connection, auth, topic=self._topic_name(obj["metadata"]),
-                                subscribers=subscribers, num_partitions=partitions)
-        try:
-            if auth.needs_trigger_authentication:
-                ta = keda.trigger_authentication(ref, self.settings, auth)
-                self.apply(self.trigger_auths, self.trigger_auths.create, self.trigger_auths.patch, ta)
-            self.apply(self.scaled_objects, self.scaled_objects.create, self.scaled_objects.patch, so)
-            if not auth.needs_trigger_authentication and was_keda:
-                self._delete_quietly(self.trigger_auths, so["metadata"]["name"])
-        except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND:
-                self._keda_served = None  # the CRDs went away since discovery: ask again next time
-            errors.append(f"KEDA ScaledObject: {_api_error(exc)}")
-            return Condition.false(kind, "KEDAScaledObjectFailed", _api_error(exc)), was_keda
-        spec = so["spec"]
-        return Condition.true(kind, "KEDAScaledObjectReady",
-                              f"ScaledObject {so['metadata']['namespace']}/{so['metadata']['name']}: "
-                              f"{spec['minReplicaCount']}-{spec['maxReplicaCount']} replicas on the lag of "
-                              f"{len(spec['triggers'])} consumer group(s)"), True
-
-    def _keda_is_served(self) -> bool:
-        now = time.monotonic()
-        if self._keda_served is not None and now - self._keda_served[1] < self.keda_discovery_seconds:
-            return self._keda_served[0]
-        try:
-            found = self.custom.get_api_resources(keda.GROUP, keda.VERSION, _request_timeout=(5, 15))
-            names = {r.name for r in found.resources or ()}
-            served = {keda.SCALED_OBJECTS, keda.TRIGGER_AUTHENTICATIONS} <= names
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
-            served = False
-        self._keda_served = (served, now)
-        return served
-
-    def _delete_keda(self, ref: res.ChannelRef) -> None:
-        name = res.dispatcher_name(ref.namespace, ref.name)
-        # The ScaledObject first: KEDA then stops scaling before its credentials go.
-        for api in (self.scaled_objects, self.trigger_auths):
-            self._delete_quietly(api, name)
-
-    def _delete_quietly(self, api: _CustomObjects, name: str) -> None:
-        """Delete; already gone (or KEDA's CRDs gone) counts as deleted."""
-        if not self.may_write():
-            raise LostLeadership
-        try:
-            api.delete(name, self.settings.system_namespace, _request_timeout=(5, 30))
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
 
     def _dead_letter_sink(self, ref: res.ChannelRef, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
@@ -396,29 +270,8 @@ class Reconciler:
         return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), uri
 
     # -- writes -------------------------------------------------------------------------------------
-    def apply(self, store: Any, create: Any, patch: Any,
-               desired: dict[str, Any]) -> tuple[Mapping[str, Any] | None, bool]:
-        """Create or merge-patch ``desired``: (the cached live object or None, whether anything was written)."""
-        ns, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-        live = store.get(ns, name)
-        if live is not None and not res.needs_update(live, desired):
-            return live, False
-        if not self.may_write():
-            raise LostLeadership
-        if live is None:
-            try:
-                create(ns, desired, _request_timeout=(5, 30), _preload_content=False)
-                return None, True
-            except ApiException as exc:
-                if exc.status != HTTP_CONFLICT:
-                    raise
-                # Created by an earlier attempt whose event has not reached the cache yet: update it.
-        body = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
-        patch(name, ns, body, _content_type=MERGE_PATCH, _request_timeout=(5, 30), _preload_content=False)
-        return live, True
-
     def _apply_service(self, desired: dict[str, Any]) -> Mapping[str, Any]:
-        live, written = self.apply(self.stores.services, self.core.create_namespaced_service,
+        live, written = self.writer.apply(self.stores.services, self.core.create_namespaced_service,
                                     self.core.patch_namespaced_service, desired)
         return desired if written or live is None else live
 
@@ -428,7 +281,7 @@ class Reconciler:
         After an update the cached object is returned: the old ReplicaSet keeps serving during the rollout,
         so a rotated Secret does not flip the channel to not-Ready.
         """
-        live, _ = self.apply(self.stores.deployments, self.apps.create_namespaced_deployment,
+        live, _ = self.writer.apply(self.stores.deployments, self.apps.create_namespaced_deployment,
                               self.apps.patch_namespaced_deployment, desired)
         return live
 
@@ -437,9 +290,8 @@ class Reconciler:
 
     def set_finalizers(self, obj: Mapping[str, Any], finalizers: list[str],
                        api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> Mapping[str, Any]:
-        """``api``: (group, version, plural) of ``obj``."""
-        if not self.may_write():
-            raise LostLeadership
+        """``api``: (group, version, plural) of ``obj`` — the Broker reconciler writes through these too."""
+        self.writer.check()
         meta = obj["metadata"]
         # resourceVersion makes this a compare-and-swap: a concurrent change to the list gives a 409, not a loss.
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
@@ -449,14 +301,13 @@ class Reconciler:
 
     def patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition],
                      api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> None:
-        """Merge-patch the fields the controller owns, only when something changed."""
+        """Merge-patch the status fields the controller owns, only when something changed."""
         meta = obj["metadata"]
         old: Mapping[str, Any] = obj.get("status") or {}
         status = {**status, "conditions": cond.merge(old.get("conditions"), conditions)}
         if all(old.get(k) == v for k, v in status.items()):
             return  # nothing changed (None matches an absent field)
-        if not self.may_write():
-            raise LostLeadership
+        self.writer.check()
         self.custom.patch_namespaced_custom_object_status(
             *api[:2], meta["namespace"], api[2], meta["name"], {"status": status},
             _content_type=MERGE_PATCH, _request_timeout=(5, 30))
@@ -470,16 +321,15 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         dispatcher = res.dispatcher_name(namespace, name)
         system = self.settings.system_namespace
-        if _scaler(self.stores.deployments.get(system, dispatcher)) == res.SCALER_KEDA:
-            self._delete_keda(res.ChannelRef(namespace, name))
+        if keda_scaled(self.stores.deployments.get(system, dispatcher)):
+            self.autoscaler.delete(res.ChannelRef(namespace, name))
         # The channel Service is also garbage-collected through its ownerReference; deleting it here keeps
         # deletion complete on clusters without the garbage collector.
         doomed = ((self.apps.delete_namespaced_deployment, dispatcher, system),
                   (self.core.delete_namespaced_service, dispatcher, system),
                   (self.core.delete_namespaced_service, res.channel_service_name(name), namespace))
         for delete, victim, where in doomed:
-            if not self.may_write():
-                raise LostLeadership
+            self.writer.check()
             try:
                 delete(victim, where, propagation_policy="Background", _request_timeout=(5, 30))
             except ApiException as exc:
@@ -501,12 +351,3 @@ class Reconciler:
                 raise
         log.info("KafkaChannel finalized", extra={"namespace": namespace, "channel": name})
         return Result()
-
-
-def _scaler(deployment: Mapping[str, Any] | None) -> str | None:
-    value = (((deployment or {}).get("metadata") or {}).get("annotations") or {}).get(res.ANNOTATION_SCALER)
-    return None if value is None else str(value)
-
-
-class LostLeadership(RuntimeError):
-    """Raised before a write once this replica no longer holds the lease."""

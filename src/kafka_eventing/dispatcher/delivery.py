@@ -24,11 +24,11 @@ from kafka_eventing.core.binding import (
     event_from_http,
     event_from_kafka,
     event_to_http,
-    kafka_to_http,
     with_extensions,
 )
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import is_retryable
+from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.retry import delivery_policy, parse_retry_after, retry_delay, sink_policy
 

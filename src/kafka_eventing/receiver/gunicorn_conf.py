@@ -2,9 +2,8 @@
 
 Worker model (chosen by bench/receiver.py, see docs/receiver.md): uvicorn workers running the ASGI app. A
 request spends most of its life waiting for Kafka's delivery report; as a suspended coroutine it costs no
-thread, so hundreds wait at once while librdkafka batches their records, for less CPU per event than gthread.
-``python -m kafka_eventing.receiver --worker-model gthread`` runs the WSGI app on gthread workers instead.
-Command-line flags override everything here.
+thread, so hundreds wait at once while librdkafka batches their records, for less CPU per event than gthread
+workers running a WSGI app did. Command-line flags override everything here.
 """
 
 from __future__ import annotations
@@ -13,16 +12,15 @@ import gc
 import os
 from typing import Any
 
-from kafka_eventing.core.metrics import prepare_multiprocess_dir, worker_exited
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.receiver.metrics import prepare_multiprocess_dir, worker_exited
 
 _settings = Settings.from_env()
 
 bind = [f"0.0.0.0:{os.environ.get('PORT', '8080')}"]
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_class = "uvicorn.workers.UvicornWorker"
-wsgi_app = "kafka_eventing.receiver.asgi:get_app()"
-threads = 32  # used by the gthread model only
+wsgi_app = "kafka_eventing.receiver.app:get_app()"  # gunicorn's name for the app setting, ASGI included
 # The producer and its threads must be created in the worker, never inherited across fork().
 preload_app = False
 keepalive = 75  # longer than common client/LB idle timeouts, so connections are reused rather than reset
@@ -49,7 +47,8 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    # gthread: after in-flight requests finished; uvicorn: the ASGI lifespan shutdown already did it (no-op).
+    # The ASGI lifespan shutdown has normally done this already (then a no-op); this covers a worker whose
+    # lifespan never completed.
     from kafka_eventing.receiver import app
 
     app.shutdown()

@@ -1,14 +1,10 @@
-"""Hand records to the Kafka producer and wait for their delivery reports.
+"""Hand records to the Kafka producer and wait for their delivery reports, on the event loop.
 
-Two ways to serve the producer's callbacks (``poll``), one per worker model:
-
-- WSGI (gthread): a background thread polls; a request thread produces and then waits on its own event.
-- ASGI (uvicorn): ``LoopPoller`` polls from the event loop itself, so a report resolves its request's future
-  directly — no lock, no cross-thread wake-up, no GIL hand-off per report (that hand-off was the largest single
-  cost per event in the profile, docs/receiver.md).
-
-Either way many requests wait for Kafka at once while librdkafka batches their records, and the answer is decided
-by the delivery report alone — a record is "accepted" only after the broker acknowledged it (acks=all).
+``LoopPoller`` polls the producer from the event loop itself, so a report resolves its request's future
+directly — no lock, no cross-thread wake-up, no GIL hand-off per report (that hand-off was the largest single
+cost per event in the profile, docs/receiver.md). Many requests wait for Kafka at once while librdkafka batches
+their records, and the answer is decided by the delivery report alone — a record is "accepted" only after the
+broker acknowledged it (acks=all).
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ import asyncio
 import enum
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,51 +54,6 @@ class Result:
 
 #: The common answer, made once (a frozen dataclass costs ~0.5 µs to build, per request).
 DELIVERED = Result(Outcome.DELIVERED)
-
-
-class Pending:
-    """Delivery state of one request's records (one event, or every event of a batch)."""
-
-    __slots__ = ("_callbacks", "_done", "_lock", "error", "remaining")
-
-    def __init__(self, count: int) -> None:
-        self.remaining = count
-        self.error: str | None = None
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-        if count == 0:
-            self._done.set()
-
-    def on_delivery(self, err: Any, _msg: Any) -> None:
-        with self._lock:
-            if err is not None and self.error is None:
-                self.error = str(err)
-            self.remaining -= 1
-            if self.remaining > 0:
-                return
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def add_done_callback(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` (in the poll thread) once every report is in — the hook an async server needs."""
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self) -> Result:
-        if not self._done.is_set():
-            return Result(Outcome.TIMEOUT, "no delivery report in time")
-        if self.error is not None:
-            return Result(Outcome.FAILED, self.error)
-        return DELIVERED
 
 
 class LoopPoller:
@@ -198,64 +148,17 @@ class AsyncPending:
         return DELIVERED
 
 
-class _InFlight:
-    """A counting context manager (a class, not @contextmanager: this runs once per request)."""
-
-    __slots__ = ("_lock", "count")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self.count += 1
-
-    def __exit__(self, *_exc: object) -> None:
-        with self._lock:
-            self.count -= 1
-
-
 class KafkaSender:
-    """Owns the poll thread; ``send`` produces a request's records and blocks until all are reported."""
+    """Produces a request's records for the event loop's ``LoopPoller`` to collect the reports of."""
 
-    def __init__(self, producer: Producer, timeout: float, poll_interval: float = 0.1) -> None:
+    def __init__(self, producer: Producer, timeout: float) -> None:
         self.producer = producer
         self.timeout = timeout
-        self.poll_interval = poll_interval
-        self._closing = threading.Event()
-        self._closed = False  # _closing as a plain attribute, for the per-request check (Event.is_set is a call)
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._tracker = _InFlight()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
-            self._thread.start()
-
-    def _poll_loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                self.producer.poll(self.poll_interval)
-            except Exception:  # a callback bug must not stop delivery reports for everyone else
-                log.exception("producer poll failed")
-
-    @property
-    def closing(self) -> bool:
-        return self._closing.is_set()
-
-    def submit(self, topic: str, records: Sequence[KafkaRecord]) -> Pending | Result:
-        """Produce every record; a Result when the request failed before any report could come."""
-        if self._closing.is_set():
-            return Result(Outcome.CLOSED, "receiver is shutting down")
-        pending = Pending(len(records))
-        failed, _ = self._produce(topic, records, pending.on_delivery)
-        return failed or pending
+        self.closing = False
 
     def submit_async(self, topic: str, records: Sequence[KafkaRecord], poller: LoopPoller) -> AsyncPending | Result:
-        """``submit`` for the event loop: reports are served by ``poller`` and resolve a future."""
-        if self._closed:
+        """Produce every record, in order; a Result when the request failed before any report could come."""
+        if self.closing:
             return Result(Outcome.CLOSED, "receiver is shutting down")
         pending = AsyncPending(len(records), poller)
         if len(records) == 1:  # one event, as nearly every request: no loop, no tuple to unpack
@@ -268,51 +171,27 @@ class KafkaSender:
             poller.outstanding += 1
             poller.kick()
             return pending
-        failed, produced = self._produce(topic, records, pending.on_delivery)
+        produced = 0
+        failed: Result | None = None
+        for record in records:  # stop at the first failure
+            try:
+                self.producer.produce(topic, record.value, record.key, headers=record.headers,
+                                      on_delivery=pending.on_delivery)
+            except Exception as exc:
+                failed = _produce_error(exc)
+                break
+            produced += 1
         # Reports are served on this thread, later: none can have counted down yet.
         poller.outstanding += produced
         if produced:
             poller.kick()
         return failed or pending
 
-    def _produce(self, topic: str, records: Sequence[KafkaRecord],
-                 on_delivery: Callable[[Any, Any], None]) -> tuple[Result | None, int]:
-        """Produce in order; stop at the first failure. Returns it (or None) and how many were produced."""
-        for produced, record in enumerate(records):
-            try:
-                self.producer.produce(topic, record.value, record.key, headers=record.headers,
-                                      on_delivery=on_delivery)
-            except Exception as exc:
-                return _produce_error(exc), produced
-        return None, len(records)
-
-    def tracked(self) -> _InFlight:
-        """Count a request as in flight, so close() waits for its answer before flushing."""
-        return self._tracker
-
-
-    def send(self, topic: str, records: Sequence[KafkaRecord]) -> Result:
-        with self.tracked():
-            pending = self.submit(topic, records)
-            if isinstance(pending, Result):
-                return pending
-            pending.wait(self.timeout)
-            return pending.result()
-
     def close(self, timeout: float) -> int:
-        """Accept nothing new, let in-flight requests get their reports, flush, stop polling.
-
-        Returns the number of records still undelivered (their requests got no 202).
-        """
-        self._closing.set()
-        self._closed = True
-        deadline = time.monotonic() + timeout
-        while self._tracker.count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        left = self.producer.flush(max(0.0, deadline - time.monotonic()))
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(self.poll_interval + 1.0)
+        """Accept nothing new and flush what is produced (the ASGI lifespan shutdown runs this once every
+        request has its answer). Returns the number of records still undelivered."""
+        self.closing = True
+        left = self.producer.flush(timeout)
         if left:
             log.error("records not delivered at shutdown", extra={"records": left})
         return left

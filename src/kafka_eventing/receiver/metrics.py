@@ -1,4 +1,4 @@
-"""Prometheus metrics for every role: the exposition helpers and the multiprocess setup gunicorn needs.
+"""The receiver's Prometheus plumbing: multiprocess setup under gunicorn, per-request buffering, exposition.
 
 Under gunicorn each worker is a process, so metrics live in ``PROMETHEUS_MULTIPROC_DIR`` (mmap files that
 prometheus_client aggregates on scrape). prometheus_client picks the storage when it is first imported, so the
@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-__all__ = ["MULTIPROC_ENV", "LoopTally", "MetricsResource", "Tally", "exposition", "multiprocess_registry",
+__all__ = ["MULTIPROC_ENV", "LoopTally", "Tally", "exposition", "multiprocess_registry",
            "prepare_multiprocess_dir", "worker_exited"]
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,8 @@ class LoopTally(Tally):
     daemon thread — the loop flushes it ``interval`` seconds after the first update since the last flush.
 
     With a flush a few milliseconds behind, answers are buffered too (``count``): in the receiver's benchmark the
-    three multiprocess writes per request cost ~3.5 µs of ~51 (7 %; session 6, docs/receiver.md).
+    three multiprocess writes per request cost ~3.5 µs of ~51 (7 %; profile of a uvicorn worker under
+    bench/receiver.py's saturation load, docs/receiver.md).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float = 0.005) -> None:
@@ -229,12 +230,3 @@ def exposition(registry: CollectorRegistry | None = None) -> tuple[bytes, str]:
     """Body and Content-Type of a scrape (text format); this process's buffered metrics are applied first."""
     Tally.flush_all()
     return generate_latest(registry or multiprocess_registry()), CONTENT_TYPE_LATEST
-
-
-class MetricsResource:
-    """``GET /metrics`` for a falcon app (WSGI); every role mounts it the same way."""
-
-    def on_get(self, req: Any, resp: Any) -> None:
-        body, content_type = exposition()
-        resp.data = body
-        resp.content_type = content_type

@@ -1,0 +1,276 @@
+"""The two hand-tuned fast paths between HTTP binary mode and Kafka binary mode, with the SDK binding
+(``core.binding``) as their reference: each must give exactly what the SDK path gives (same headers, same body,
+same errors), and hands any input it is not certain about to the SDK.
+
+- ``kafka_to_http``: the dispatcher's per-event path, a Kafka record straight to an HTTP request.
+- ``http_to_kafka`` / ``raw_http_to_kafka``: the receiver's per-request path, an HTTP request straight to a
+  Kafka record (``raw_`` from the ASGI server's header bytes).
+
+They exist because building an SDK event per event was most of the CPU per event in the receiver's and the
+dispatcher's profiles (docs/receiver.md, docs/dispatcher.md); tests/unit/test_*_transcode.py check them against
+the SDK for any input hypothesis finds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from urllib.parse import quote
+
+from cloudevents.core.bindings.common import CONTENT_TYPE_HEADER
+from dateutil.parser import isoparse
+
+from kafka_eventing.core.binding import (
+    EXTENSION_NAME,
+    HTTP_HEADER_PREFIX,
+    KAFKA_HEADER_PREFIX,
+    RESERVED_EXTENSION_NAMES,
+    SPECVERSION,
+    TRACE_HEADERS,
+    ContentMode,
+    KafkaRecord,
+    event_from_http,
+    event_from_kafka,
+    event_to_http,
+    event_to_kafka,
+    trace_from_kafka,
+)
+
+# -- the dispatcher's per-event path: Kafka binary mode straight to HTTP binary mode --------------------------
+# The SDK's HTTP header-value encoding (cloudevents.core.bindings.http): printable ASCII except space, '"' and
+# '%' is sent as is, everything else percent-encoded.
+_HTTP_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ('"', "%"))
+_HTTP_SAFE_SET = frozenset(_HTTP_SAFE)
+_V1_ATTRIBUTES = frozenset(("id", "source", "type", "specversion", "dataschema", "subject", "time"))
+_NON_EMPTY = frozenset(("id", "source", "type", "dataschema", "subject"))
+_EXTENSION = re.compile(EXTENSION_NAME)
+
+
+def _canonical_time(text: str) -> str:
+    """``time`` as the SDK writes it after parsing it: isoformat, UTC as ``Z``; no zone → ValueError (SDK path)."""
+    when = isoparse(text)
+    if when.tzinfo is None:
+        raise ValueError("time without a zone")
+    out = when.isoformat()
+    return out[:-6] + "Z" if out.endswith("+00:00") else out
+
+
+# What a header is to the fast paths (kafka_to_http, raw_http_to_kafka), by its lower-case name.
+_CONTENT_TYPE, _TRACE, _ATTR, _INVALID, _OTHER = "content-type", "trace", "attr", "invalid", "other"
+# Each path caches its routes by the name as it arrives (the work is per name, not per event); bounded so that
+# random names cannot grow the caches.
+_ROUTES_MAX = 256
+
+
+def _header_kind(lname: str, prefix: str) -> tuple[str, str]:
+    """(kind, attribute) of a lower-case header name; ``prefix`` is the binding's (``ce_`` Kafka, ``ce-`` HTTP)."""
+    if lname == CONTENT_TYPE_HEADER:
+        return _CONTENT_TYPE, ""
+    if lname in TRACE_HEADERS:
+        return _TRACE, ""
+    if lname.startswith(prefix):
+        attr = lname[len(prefix):]
+        valid = attr in _V1_ATTRIBUTES or (attr != RESERVED_EXTENSION_NAMES[0] and _EXTENSION.match(attr))
+        return (_ATTR if valid else _INVALID), attr
+    return _OTHER, ""
+
+
+_KAFKA_ROUTES: dict[str, tuple[str, str, str]] = {}
+
+
+def _kafka_route(name: str) -> tuple[str, str, str]:
+    """(kind, HTTP header name, attribute) for a Kafka header name."""
+    lname = name.lower()
+    kind, attr = _header_kind(lname, KAFKA_HEADER_PREFIX)
+    route = (kind, HTTP_HEADER_PREFIX + attr if attr else lname, attr)
+    if len(_KAFKA_ROUTES) < _ROUTES_MAX:
+        _KAFKA_ROUTES[name] = route
+    return route
+
+
+def kafka_to_http(
+    headers: Sequence[tuple[str, bytes | str | None]] | None,
+    value: bytes | None,
+    *,
+    trace: bool = False,
+) -> tuple[dict[str, str], bytes]:
+    """``event_to_http(event_from_kafka(headers, value))`` without building the event, for the dispatcher.
+
+    With ``trace``, the record's ``traceparent``/``tracestate`` come along as HTTP headers. Only a binary-mode
+    record that the SDK would accept unchanged is mapped here (``ce_x`` → ``ce-x``, the body as is; a repeated
+    header: the last one wins, as in the SDK); anything else — structured mode, a missing or empty attribute, an
+    odd extension name, bytes that are not UTF-8 — takes the SDK path, so its errors and edge cases stay the
+    SDK's own. Checked against the SDK path in tests/unit/test_dispatcher_transcode.py.
+    """
+    out: dict[str, str] = {}
+    specversion = None
+    routes = _KAFKA_ROUTES
+    try:
+        for name, raw in headers or ():
+            if raw is None:
+                continue
+            # Every header is decoded, as the SDK does: one that is not UTF-8 fails the record.
+            text = raw if isinstance(raw, str) else raw.decode()
+            kind, http_name, attr = routes[name] if name in routes else _kafka_route(name)
+            if kind == _ATTR:
+                if attr == "time":
+                    text = _canonical_time(text)
+                elif not text and attr in _NON_EMPTY:
+                    raise ValueError("empty attribute")
+                elif attr == "specversion":
+                    specversion = text
+                elif attr == "datacontenttype":
+                    raise ValueError("ce_datacontenttype header")
+                out[http_name] = text if _HTTP_SAFE_SET.issuperset(text) else quote(text, safe=_HTTP_SAFE)
+            elif kind == _CONTENT_TYPE:
+                if not text:
+                    raise ValueError("empty datacontenttype")
+                out[http_name] = text  # the SDK does not percent-encode Content-Type
+            elif kind == _TRACE:
+                if trace:
+                    out[http_name] = text
+            elif kind == _INVALID:
+                raise ValueError("invalid extension name")
+    except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
+        return _kafka_to_http_sdk(headers, value, trace)
+    if specversion != SPECVERSION or "ce-id" not in out or "ce-source" not in out or "ce-type" not in out:
+        return _kafka_to_http_sdk(headers, value, trace)
+    return out, bytes(value) if value else b""
+
+
+def _kafka_to_http_sdk(headers: Sequence[tuple[str, bytes | str | None]] | None, value: bytes | None,
+                       trace: bool) -> tuple[dict[str, str], bytes]:
+    out, body = event_to_http(event_from_kafka(headers, value))
+    if trace:
+        out.update(trace_from_kafka(headers))
+    return out, body
+
+
+_ROUTES: dict[bytes, tuple[str, str, int] | None] = {}
+_SPECVERSION_BYTES = SPECVERSION.encode()
+# What the fast path does with a header beyond copying it, as a small int in its route: most headers (id, source,
+# type, Content-Type) are 0, so the loop tests one int instead of comparing the name against each special case.
+_PLAIN, _S_TRACE, _S_INVALID, _S_TIME, _S_SPECVERSION, _S_PARTITIONKEY, _S_SUBJECT = range(7)
+_SPECIAL = {"time": _S_TIME, "specversion": _S_SPECVERSION, "partitionkey": _S_PARTITIONKEY, "subject": _S_SUBJECT}
+_MUST_NOT_BE_EMPTY = _NON_EMPTY | {CONTENT_TYPE_HEADER}
+# `int in bytes` is a plain byte scan; `b"%" in value` goes through the buffer protocol (~140 vs ~15 ns).
+_PERCENT = ord("%")
+
+
+def _route(name: bytes) -> tuple[str, str, int] | None:
+    """(attribute or header name, Kafka header name, special case) for a request header name as the server read
+    it; None: not ours to copy (Host, Content-Length, ...)."""
+    lname = name.decode("latin-1").lower()
+    kind, attr = _header_kind(lname, HTTP_HEADER_PREFIX)
+    route: tuple[str, str, int] | None
+    if kind == _OTHER:
+        route = None
+    elif kind == _TRACE:
+        route = (lname, lname, _S_TRACE)
+    elif kind == _CONTENT_TYPE:
+        route = (lname, lname, _PLAIN)
+    else:
+        route = (attr, KAFKA_HEADER_PREFIX + attr, _S_INVALID if kind == _INVALID else _SPECIAL.get(attr, _PLAIN))
+    if len(_ROUTES) < _ROUTES_MAX:
+        _ROUTES[name] = route
+    return route
+
+
+def _trace_from_http(headers: Mapping[str, str]) -> dict[str, str]:
+    return {lname: value for name, value in headers.items() if (lname := name.lower()) in TRACE_HEADERS and value}
+
+
+def http_to_kafka(
+    headers: Mapping[str, str],
+    body: bytes,
+    mode: ContentMode = ContentMode.BINARY,
+    trace: Mapping[str, str] | None = None,
+) -> KafkaRecord:
+    """``event_to_kafka(event_from_http(headers, body), mode, trace)`` without building the event, for the receiver.
+
+    ``headers`` as a WSGI server gives them (str, latin-1 as PEP 3333 says); see ``raw_http_to_kafka``.
+    """
+    try:
+        raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    except UnicodeEncodeError:  # not what a server reads off the wire: the SDK decides
+        return _http_to_kafka_sdk(headers, body, mode, trace)
+    return raw_http_to_kafka(raw, body, mode, trace, headers=lambda: headers)
+
+
+def raw_http_to_kafka(
+    raw: Iterable[tuple[bytes, bytes]],
+    body: bytes,
+    mode: ContentMode = ContentMode.BINARY,
+    trace: Mapping[str, str] | None = None,
+    *,
+    headers: Callable[[], Mapping[str, str]],
+) -> KafkaRecord:
+    """The receiver's fast path, from the header pairs as the server read them (ASGI ``scope["headers"]``).
+
+    ``headers`` gives the same headers as a str mapping (the framework's, with repeated names joined); it is only
+    asked for when the SDK decides. ``trace`` defaults to the request's own ``traceparent``/``tracestate``.
+
+    Only a binary-mode request that the SDK would accept unchanged, going to a binary-mode channel, is mapped here
+    (``ce-x`` → ``ce_x`` in header order, value bytes and body as they came); anything else — structured or
+    batched mode, a percent-encoded or non-ASCII value, a missing or empty attribute, an odd extension name, a
+    repeated attribute — takes the SDK path, so its errors (the 400 bodies) and edge cases stay the SDK's own.
+    Checked against the SDK path in tests/unit/test_receiver_transcode.py.
+    """
+    if mode is not ContentMode.BINARY:
+        return _http_to_kafka_sdk(headers(), body, mode, trace)
+    out: list[tuple[str, bytes]] = []
+    seen: set[str] = set()
+    found: dict[str, bytes] = {}
+    specversion = partitionkey = subject = None
+    routes = _ROUTES
+    try:
+        # Every raise below means "not certain": the SDK path decides, so the checks' order does not matter.
+        for name, value in raw:
+            route = routes[name] if name in routes else _route(name)
+            if route is None:
+                continue  # not an attribute (Host, Content-Length, ...)
+            attr, header, special = route
+            if not value.isascii():
+                raise ValueError("non-ASCII value")  # the SDK writes the decoded text as UTF-8
+            if special == _S_TRACE:
+                if attr in found:
+                    raise ValueError("repeated trace header")  # the framework joins them; the SDK path does too
+                found[attr] = value
+                continue
+            if attr in seen or _PERCENT in value:
+                raise ValueError("repeated attribute or percent-encoded value")
+            seen.add(attr)
+            if special:
+                if special == _S_INVALID:
+                    raise ValueError("invalid extension name")
+                if special == _S_TIME:
+                    out.append((header, _canonical_time(value.decode()).encode()))
+                    continue
+                if not value and attr in _MUST_NOT_BE_EMPTY:
+                    raise ValueError("empty attribute")
+                if special == _S_SPECVERSION:
+                    specversion = value
+                elif special == _S_PARTITIONKEY:
+                    partitionkey = value
+                else:
+                    subject = value
+            elif not value and attr in _MUST_NOT_BE_EMPTY:
+                raise ValueError("empty attribute")
+            out.append((header, value))
+    except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
+        return _http_to_kafka_sdk(headers(), body, mode, trace)
+    if specversion != _SPECVERSION_BYTES or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
+        return _http_to_kafka_sdk(headers(), body, mode, trace)
+    if trace is None:
+        if found:  # most requests carry no trace context: no generator to build for them
+            out.extend((name, found[name]) for name in TRACE_HEADERS if found.get(name))
+    elif trace:
+        out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
+    key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject
+    return KafkaRecord(key or None, bytes(body) if body else b"", out)  # positional: the faster __new__
+
+
+def _http_to_kafka_sdk(headers: Mapping[str, str], body: bytes, mode: ContentMode,
+                       trace: Mapping[str, str] | None) -> KafkaRecord:
+    event = event_from_http(headers, body)
+    return event_to_kafka(event, mode, trace=_trace_from_http(headers) if trace is None else trace)

@@ -1,0 +1,212 @@
+"""What the receiver does with a request, apart from serving HTTP: find the channel, decode the body into Kafka
+records, turn the delivery outcome into an answer, count it.
+
+Routing is by the ``Host`` header (``<name>-kn-channel.<namespace>.svc...``, what a channel's address resolves
+to) or by path (``/<namespace>/<name>``, so a person can ``curl localhost:8080/default/orders``). The falcon app
+around it is ``receiver.app``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import falcon
+import falcon.asgi
+from prometheus_client import Counter, Histogram
+
+from kafka_eventing.core.binding import (
+    TRACE_HEADERS,
+    BindingError,
+    KafkaRecord,
+    event_to_kafka,
+    events_from_http_batch,
+    is_batch,
+)
+from kafka_eventing.core.channel_source import ChannelSource
+from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.transcode import raw_http_to_kafka
+from kafka_eventing.receiver.metrics import Tally
+from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Producer, Result
+
+log = logging.getLogger(__name__)
+
+#: librdkafka's default ``message.max.bytes``; the body limit never exceeds what the producer will send.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+READ_CHUNK = 64 * 1024
+
+EVENTS = Counter("kafka_receiver_events_total", "Requests answered, by channel and HTTP status.",
+                 ["channel", "code"])
+BYTES_IN = Counter("kafka_receiver_bytes_in_total", "Event bytes received (request bodies), by channel.",
+                   ["channel"])
+PRODUCE_LATENCY = Histogram(
+    "kafka_receiver_produce_latency_seconds", "From produce() to the last delivery report of a request.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+# The per-request metrics go through a buffer: written straight to the multiprocess files, the three
+# per-request metrics cost ~25 µs/event (profile of a gunicorn worker under bench/receiver.py's load). The app
+# replaces this default with a LoopTally on its event loop (receiver.app); this one serves code off the loop.
+TALLY = Tally()
+
+
+@functools.lru_cache(maxsize=4096)
+def _events(key: ChannelKey | None, status: str) -> Any:
+    # labels() validates and locks on every call; a child per (channel, answer) is looked up once, by the key
+    # the request already has (no label string built per request). Only known channels are counted by name
+    # (a 404 counts under ""), so the cache is bounded by the channels that exist.
+    label = f"{key[0]}/{key[1]}" if key and status != falcon.HTTP_404 else ""
+    return EVENTS.labels(label, status[:3])
+
+
+@functools.lru_cache(maxsize=4096)
+def _bytes_in(namespace: str, name: str) -> Any:
+    return BYTES_IN.labels(f"{namespace}/{name}")
+
+
+class KafkaProbe:
+    """Readiness of the Kafka side: cluster metadata within ``timeout``, remembered for ``ttl`` seconds."""
+
+    def __init__(self, producer: Producer, timeout: float = 2.0, ttl: float = 5.0) -> None:
+        self.producer, self.timeout, self.ttl = producer, timeout, ttl
+        self._checked_at = -1e9
+        self._ok = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:  # one probe at a time; the others read its answer
+            if time.monotonic() - self._checked_at >= self.ttl:
+                try:
+                    self.producer.list_topics(timeout=self.timeout)
+                    self._ok = True
+                except Exception as exc:
+                    if self._ok:
+                        log.warning("Kafka unreachable", extra={"error": type(exc).__name__})
+                    self._ok = False
+                self._checked_at = time.monotonic()
+            return self._ok
+
+
+@dataclass
+class Answer:
+    status: str
+    body: dict[str, Any] | None = None
+    retry_after: int | None = None
+
+
+_ACCEPTED = Answer(falcon.HTTP_202)  # never mutated: one for every accepted request
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _media_json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _cannot_write(exc: Exception) -> Answer:
+    # Attributes the SDK accepted but cannot write as Kafka headers: the sender's to fix.
+    return Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
+
+
+class Ingress:
+    """What a POST does, apart from reading the body and waiting for Kafka."""
+
+    def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings, max_body: int,
+                 tally: Tally = TALLY) -> None:
+        self.sender, self.channels, self.settings, self.max_body = sender, channels, settings, max_body
+        self.tally = tally
+
+    @staticmethod
+    def key(req: falcon.asgi.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
+        if namespace and name:
+            return (namespace, name)
+        return channel_key_from_host(req.get_header("Host") or "")
+
+    def unavailable(self, message: str) -> Answer:
+        return Answer(falcon.HTTP_503, {"error": message}, self.settings.retry_after_seconds)
+
+    def too_large(self) -> Answer:
+        return Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
+
+    def lookup(self, key: ChannelKey | None) -> Channel | Answer:
+        if key is None:
+            return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
+                                            "or path /<namespace>/<name>"})
+        channel = self.channels.get(key)
+        if channel is None:
+            return Answer(falcon.HTTP_404, {"error": f"channel {key[0]}/{key[1]} not found"})
+        if not channel.ready:
+            return self.unavailable(f"channel {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
+        return channel
+
+    def decode(self, channel: Channel, req: falcon.asgi.Request, body: bytes) -> list[KafkaRecord] | Answer:
+        """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""
+        self.tally.inc(_bytes_in(channel.namespace, channel.name), len(body))
+        try:
+            if not is_batch(req.content_type):
+                # One event: straight from HTTP to Kafka (trace context included), through the SDK whenever the
+                # fast path is not certain; from the header bytes the server read, no str dict per request.
+                return [raw_http_to_kafka(req.scope["headers"], body, channel.content_mode,
+                                          headers=lambda: req.headers)]
+            events = events_from_http_batch(body)
+        except BindingError as exc:
+            return Answer(falcon.HTTP_400, exc.as_dict())
+        except (ValueError, TypeError) as exc:
+            return _cannot_write(exc)
+        trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
+        try:
+            return [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
+        except (BindingError, ValueError, TypeError) as exc:
+            return _cannot_write(exc)
+
+    def finish(self, result: Result, channel: Channel, count: int, started: float) -> Answer:
+        self.tally.observe(PRODUCE_LATENCY, time.perf_counter() - started)
+        if result is DELIVERED or result.ok:  # the shared result first: no property call for the common answer
+            return _ACCEPTED
+        if result.outcome is Outcome.TOO_LARGE:
+            return Answer(falcon.HTTP_413, {"error": result.detail})
+        # Never log event data; the channel and the librdkafka reason are enough to act on.
+        log.warning("events not accepted", extra={
+            "channel": f"{channel.namespace}/{channel.name}", "events": count,
+            "outcome": result.outcome.value, "reason": result.detail})
+        return self.unavailable(f"Kafka did not accept the event ({result.outcome.value}): {result.detail}")
+
+    def respond(self, resp: falcon.asgi.Response, answer: Answer, key: ChannelKey | None) -> None:
+        resp.status = answer.status
+        if answer.body is not None:
+            resp.data = _media_json(answer.body)
+            resp.content_type = falcon.MEDIA_JSON
+        if answer.retry_after is not None:
+            resp.set_header("Retry-After", str(answer.retry_after))
+        # Counted promptly: within the LoopTally's few milliseconds.
+        self.tally.count(_events(key, answer.status))
+
+    @staticmethod
+    def options(req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        # CloudEvents HTTP webhook abuse protection: allow the origin that asks, at any rate.
+        origin = req.get_header("WebHook-Request-Origin")
+        resp.status = falcon.HTTP_200
+        resp.set_header("Allow", "POST, OPTIONS")
+        if origin:
+            resp.set_header("WebHook-Allowed-Origin", origin)
+        if req.get_header("WebHook-Request-Rate"):
+            resp.set_header("WebHook-Allowed-Rate", "*")
+
+
+class JsonErrors:
+    """Falcon's own errors (405, 404 for other paths, bad headers) as JSON like ours."""
+
+    async def __call__(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, ex: falcon.HTTPError,
+                       params: dict[str, Any], **_kwargs: Any) -> None:
+        resp.status = ex.status
+        resp.data = _media_json({"error": ex.title + (f": {ex.description}" if ex.description else "")})
+        resp.content_type = falcon.MEDIA_JSON
+        if ex.headers:
+            resp.set_headers(ex.headers)
