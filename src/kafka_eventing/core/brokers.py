@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kafka_eventing.core.channels import Channel
+
 GROUP = "eventing.knative.dev"
 VERSION = "v1"
 BROKERS = "brokers"
@@ -52,3 +54,24 @@ def trigger_broker(trigger: Mapping[str, Any]) -> str:
 
 def ingress_url(receiver_host: str, namespace: str, name: str) -> str:
     return f"http://{receiver_host}/{namespace}/{name}"
+
+
+def broker_ingress(obj: Mapping[str, Any]) -> Channel | None:
+    """A Kafka-class Broker as the receiver sees it: where its events go, and whether they may go there yet.
+
+    Ready once the controller reports TopicReady (not Ready: that includes the receiver's own availability).
+    Brokers of other classes are None: another implementation serves them.
+    """
+    if not is_kafka_broker(obj):
+        return None
+    meta = obj.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    topic_ready = next((c for c in (obj.get("status") or {}).get("conditions") or ()
+                        if c.get("type") == "TopicReady"), None)
+    ready = topic_ready is not None and str(topic_ready.get("status")) == "True"
+    if topic_ready is None:
+        reason = "not reconciled yet: the controller has not reported TopicReady"
+    else:
+        reason = "" if ready else str(topic_ready.get("message") or topic_ready.get("reason") or "topic not ready")
+    return Channel(namespace=namespace, name=name, topic=topic_of(obj), ready=ready, reason=reason,
+                   ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import (
     GROUP,
     PLURAL,
@@ -159,6 +160,9 @@ class KubeChannelSource(_Cache):
     half-listed set, and patched per watch event. A channel whose spec is invalid is kept out.
     """
 
+    #: (group, version, plural) watched; ``_channel`` turns each object into what the data plane uses.
+    resource = (GROUP, VERSION, PLURAL)
+
     def __init__(
         self,
         api_client: Any,
@@ -189,7 +193,8 @@ class KubeChannelSource(_Cache):
         from kafka_eventing.core.informer import Informer
 
         if self.informer is None:  # built at start, not in __init__, so the API object can still be swapped
-            kwargs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+            group, version, plural = self.resource
+            kwargs: dict[str, Any] = {"group": group, "version": version, "plural": plural}
             if self.name:
                 kwargs["field_selector"] = f"metadata.name={self.name}"
             if self.namespace:
@@ -198,7 +203,7 @@ class KubeChannelSource(_Cache):
             else:
                 func = self.api.list_cluster_custom_object
             self.informer = Informer(
-                "kafkachannels", func, self._on_event, on_list=self._on_list,
+                plural, func, self._on_event, on_list=self._on_list,
                 watch_timeout_seconds=self.watch_timeout_seconds, max_backoff_seconds=self.max_backoff_seconds,
                 **kwargs)
         self.informer.start()
@@ -232,7 +237,7 @@ class KubeChannelSource(_Cache):
             channel = self._channel(obj)
             if channel is not None:
                 channels[channel.key] = channel
-        log.info("KafkaChannels listed", extra={"channels": len(channels)})
+        log.info("listed", extra={"resource": self.resource[2], "objects": len(channels)})
         self._publish(channels)
 
     def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -254,6 +259,42 @@ class KubeChannelSource(_Cache):
         self._publish(channels)
 
 
+class KubeBrokerSource(KubeChannelSource):
+    """Kafka-class Brokers as ingress targets (``core.brokers.broker_ingress``), watched like KafkaChannels."""
+
+    resource = (kb.GROUP, kb.VERSION, kb.BROKERS)
+
+    def _channel(self, obj: Mapping[str, Any]) -> Channel | None:
+        return kb.broker_ingress(obj)
+
+
+def broker_source(settings: Settings, api_client: Any) -> KubeBrokerSource | None:
+    """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    if settings.channel_source != "kube":
+        return None
+    try:
+        found = client.CustomObjectsApi(api_client).get_api_resources(kb.GROUP, kb.VERSION)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if kb.BROKERS not in {r.name for r in found.resources or ()}:
+        return None
+    return KubeBrokerSource(api_client, settings)
+
+
+def kube_api_client(settings: Settings) -> Any:
+    from kubernetes import client, config
+
+    if settings.kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(settings.kubeconfig))
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
 def channel_source_from_settings(settings: Settings, api_client: Any = None) -> ChannelSource:
     """The source ``settings.channel_source`` names: ``file`` (``channels_file``) or ``kube``.
 
@@ -266,13 +307,7 @@ def channel_source_from_settings(settings: Settings, api_client: Any = None) -> 
         return FileChannelSource(settings.channels_file, settings)
     if settings.channel_source == "kube":
         if api_client is None:
-            from kubernetes import client, config
-
-            if settings.kubeconfig is not None:
-                api_client = config.new_client_from_config(config_file=str(settings.kubeconfig))
-            else:
-                config.load_incluster_config()
-                api_client = client.ApiClient()
+            api_client = kube_api_client(settings)
         return KubeChannelSource(
             api_client, settings,
             namespace=settings.channel_namespace or None, name=settings.channel_name or None,

@@ -81,14 +81,15 @@ class ChannelResource:
                       namespace: str | None = None, name: str | None = None) -> None:
         poller = self.poller()  # first: it also sets the loop's tally that the answer is counted in
         key = self.ingress.key(req, namespace, name)
-        self.ingress.respond(resp, await self._handle(req, key, poller), key)
+        self.ingress.respond(resp, await self._handle(req, key, poller, namespace is not None), key)
 
-    async def _handle(self, req: falcon.asgi.Request, key: ChannelKey | None, poller: LoopPoller) -> Answer:
+    async def _handle(self, req: falcon.asgi.Request, key: ChannelKey | None, poller: LoopPoller,
+                      by_path: bool) -> Answer:
         # One coroutine for the whole request: the body read and the wait are inlined, because each awaited
         # helper coroutine cost ~0.2 µs per request (profile of a uvicorn worker under bench/receiver.py's
         # saturation load, docs/receiver.md).
         ingress = self.ingress
-        channel = ingress.lookup(key)
+        channel = ingress.lookup(key, by_path)
         if isinstance(channel, Answer):
             return channel
         length = req.content_length
@@ -140,12 +141,15 @@ class HealthResource:
 
 
 class ReadyResource:
-    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender) -> None:
-        self.channels, self.kafka_ready, self.sender = channels, kafka_ready, sender
+    def __init__(self, channels: ChannelSource, kafka_ready: Callable[[], bool], sender: KafkaSender,
+                 brokers: ChannelSource | None = None) -> None:
+        self.channels, self.kafka_ready, self.sender, self.brokers = channels, kafka_ready, sender, brokers
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         kafka = await asyncio.to_thread(self.kafka_ready)  # a metadata request may block for its timeout
         checks = {"channels": self.channels.synced(), "kafka": kafka, "accepting": not self.sender.closing}
+        if self.brokers is not None:
+            checks["brokers"] = self.brokers.synced()
         resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
         resp.media = checks
 
@@ -174,20 +178,24 @@ def create_app(
     sender: KafkaSender | None = None,
     kafka_ready: Callable[[], bool] | None = None,
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
+    brokers: ChannelSource | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
+
+    ``brokers``: Kafka-class Brokers, served on ``/<namespace>/<name>`` (None: channels only).
 
     No poll thread: the event loop polls the producer (``ChannelResource.poller``).
     """
     sender = sender or KafkaSender(producer, timeout=settings.produce_timeout_seconds)
-    resource = ChannelResource(Ingress(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes)))
+    resource = ChannelResource(Ingress(sender, channels, settings, min(settings.max_event_bytes, message_max_bytes),
+                                       brokers=brokers))
     app: AsgiApp = falcon.asgi.App(middleware=[_Shutdown(resource)])  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(falcon.HTTPError, JsonErrors())
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, kafka_ready or KafkaProbe(producer), sender))
+    app.add_route("/readyz", ReadyResource(channels, kafka_ready or KafkaProbe(producer), sender, brokers))
     app.add_route("/metrics", MetricsResource())
     return app
 
@@ -204,10 +212,13 @@ class Runtime:
     channels: ChannelSource
     sender: KafkaSender
     message_max_bytes: int
+    brokers: ChannelSource | None = None
 
     def close(self) -> None:
         self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
         self.channels.stop()
+        if self.brokers is not None:
+            self.brokers.stop()
 
 
 _runtime: Runtime | None = None
@@ -236,17 +247,21 @@ def build_runtime() -> Runtime:
     from confluent_kafka import Producer as KafkaProducer
 
     from kafka_eventing.core import logging as ke_logging
-    from kafka_eventing.core.channel_source import channel_source_from_settings
+    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings, kube_api_client
 
     settings = Settings.from_env()
     ke_logging.configure(settings.log_level, settings.log_format)
     config = producer_config(settings)
     producer = KafkaProducer(config)
-    channels = channel_source_from_settings(settings)
+    api = kube_api_client(settings) if settings.channel_source == "kube" else None
+    channels = channel_source_from_settings(settings, api)
     channels.start()
+    brokers = broker_source(settings, api)
+    if brokers is not None:
+        brokers.start()
     sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds)
     _runtime = Runtime(settings, producer, channels, sender,
-                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)))
+                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)), brokers)
     return _runtime
 
 
@@ -254,7 +269,7 @@ def get_app() -> AsgiApp:
     """Build the receiver from the environment: what gunicorn runs."""
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
-                      message_max_bytes=parts.message_max_bytes)
+                      message_max_bytes=parts.message_max_bytes, brokers=parts.brokers)
 
 
 def shutdown() -> None:
