@@ -23,6 +23,7 @@ import pytest
 import yaml
 from aiohttp import web
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
 from prometheus_client import CollectorRegistry
 
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
@@ -169,8 +170,9 @@ def committed(kafka: KafkaNode, topic: str, group: str, partitions: int = 3) -> 
 
 
 def make_settings(kafka: KafkaNode, name: str, **kw: Any) -> Settings:
+    kw.setdefault("kafka_extra", KAFKA_EXTRA)
     return Settings(bootstrap_servers=kafka.bootstrap_servers, channel_namespace=NS, channel_name=name,
-                    kafka_extra=KAFKA_EXTRA, log_level="WARNING", **kw)
+                    log_level="WARNING", **kw)
 
 
 class InProcess:
@@ -212,7 +214,8 @@ def dispatch(kafka_running: KafkaNode, tmp_path: Path) -> Iterator[Callable[...,
     started: list[InProcess] = []
 
     def make(name: str, channels: Path, **kw: Any) -> InProcess:
-        settings = make_settings(kafka_running, name, max_in_flight=kw.pop("max_in_flight", 64))
+        settings = make_settings(kafka_running, name, max_in_flight=kw.pop("max_in_flight", 64),
+                                 kafka_extra=kw.pop("kafka_extra", KAFKA_EXTRA))
         source = FileChannelSource(channels, settings, poll_interval=0.1)
         dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                        registry=CollectorRegistry(), host="127.0.0.1", port=0,
@@ -278,6 +281,35 @@ def test_new_subscription_starts_at_latest_and_missing_topic_is_reported(
     write_channel(channels, "latest", "no.such.topic", [sub_doc("u1", http.url("/s"))])
     wait_for(lambda: "does not exist" in d.subscriber_status()["u1"].get("message", ""), 30, "not ready")
     assert d.subscriber_status()["u1"]["ready"] == "False"
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_partition_added_to_a_running_group_starts_at_earliest(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path, dispatch: Any, ordered: bool) -> None:
+    # A group that starts at "latest": only the brand-new group may; a partition added later (the controller
+    # grows numPartitions) has no committed offset, and what the receiver wrote to it before the dispatcher
+    # noticed it must be delivered.
+    channels = tmp_path / "channels.yaml"
+    write_channel(channels, "grow", topic, [sub_doc("u1", http.url("/g"))], ordered=ordered)
+    d = dispatch("grow", channels, initial_offset="latest",
+                 kafka_extra=KAFKA_EXTRA + ",topic.metadata.refresh.interval.ms=1000")
+    wait_for(lambda: len(d.get("/status")["subscriptions"]["u1"]["partitions"]) == 3, 30, "three partitions")
+    before = produce(kafka_running, topic, 3, prefix="before")
+    wait_for(lambda: len(http.at("/g")) >= 3, 30, "events before the growth")
+    admin = AdminClient(kafka_running.client_config())
+    for fut in admin.create_partitions([NewPartitions(topic, 5)]).values():
+        fut.result(timeout=30)
+    producer = Producer(kafka_running.client_config())
+    grown = []
+    for part in (3, 4):
+        event = CloudEvent({"id": f"grown-{part}", "source": "/test", "type": "test.event", "specversion": "1.0"},
+                           b"{}")
+        rec = event_to_kafka(event)
+        producer.produce(topic, rec.value, rec.key, partition=part, headers=rec.headers)
+        grown.append(f"grown-{part}")
+    assert producer.flush(30) == 0
+    wait_for(lambda: set(http.ids("/g")) >= set(before) | set(grown), 60, "events of the new partitions delivered")
+    wait_for(lambda: committed(kafka_running, topic, group_of("grow", "u1"), 5)[3:] == [1, 1], 20, "commit")
 
 
 def test_unordered_many_in_flight_commits_low_water_mark(

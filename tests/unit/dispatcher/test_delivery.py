@@ -1,0 +1,107 @@
+"""delivery.Deliverer with a fake sender: retries, dead letters, replies."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Mapping
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kafka_eventing.core.binding import CloudEvent, event_to_kafka
+from kafka_eventing.core.channels import Subscriber
+from kafka_eventing.core.delivery import BackoffPolicy
+from kafka_eventing.dispatcher.delivery import Attempt, Deliverer, Outcome
+from kafka_eventing.dispatcher.metrics import Metrics
+
+from .conftest import LABELS, spec
+
+
+class FakeSender:
+    def __init__(self, script: dict[str, list[Attempt]]) -> None:
+        self.script = script
+        self.calls: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+        self.calls.append((url, dict(headers), body))
+        answers = self.script[url]
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    def to(self, url: str) -> list[tuple[str, dict[str, str], bytes]]:
+        return [c for c in self.calls if c[0] == url]
+
+
+def run(sender: FakeSender, sub: Subscriber) -> tuple[Outcome, list[float]]:
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600, sleep=sleep)  # type: ignore[arg-type]
+    event = CloudEvent({"id": "1", "source": "/s", "type": "t", "specversion": "1.0", "traceparent": "x"}, b"hi")
+    record = event_to_kafka(event, trace={"traceparent": "00-abc-def-01"})
+    outcome = asyncio.run(deliverer.handle(record.headers, record.value, sub, LABELS))
+    return outcome, sleeps
+
+
+def test_retryable_codes_are_retried_then_delivered() -> None:
+    sender = FakeSender({"http://s": [Attempt(503), Attempt(None, error="refused"), Attempt(429), Attempt(202)]})
+    outcome, sleeps = run(sender, Subscriber("u", "http://s", delivery=spec(BackoffPolicy.LINEAR)))
+    assert outcome is Outcome.DELIVERED
+    assert sleeps == pytest.approx([0.1, 0.2, 0.3])
+    _url, headers, body = sender.calls[0]
+    assert headers["ce-id"] == "1" and headers["Prefer"] == "reply" and body == b"hi"
+    assert headers["traceparent"] == "00-abc-def-01"
+
+
+def test_final_4xx_is_not_retried_and_goes_to_the_sink_with_extensions() -> None:
+    sender = FakeSender({"http://s": [Attempt(400, b"nope")], "http://dls": [Attempt(200)]})
+    outcome, sleeps = run(sender, Subscriber("u", "http://s", delivery=spec(sink="http://dls")))
+    assert outcome is Outcome.DEAD_LETTERED
+    assert len(sender.to("http://s")) == 1
+    assert sleeps == []
+    _, headers, _ = sender.to("http://dls")[0]
+    assert headers["ce-knativeerrordest"] == "http://s"
+    assert headers["ce-knativeerrorcode"] == "400"
+    assert base64.b64decode(headers["ce-knativeerrordata"]) == b"nope"
+
+
+def test_exhausted_without_sink_is_dropped() -> None:
+    sender = FakeSender({"http://s": [Attempt(500)]})
+    outcome, sleeps = run(sender, Subscriber("u", "http://s", delivery=spec(retry=2)))
+    assert outcome is Outcome.DROPPED
+    assert len(sender.calls) == 3 and len(sleeps) == 2
+
+
+def test_failing_sink_is_retried_until_it_accepts() -> None:
+    sink = [Attempt(503)] * 7 + [Attempt(400)] * 3 + [Attempt(201)]
+    sender = FakeSender({"http://s": [Attempt(500)], "http://dls": sink})
+    outcome, _ = run(sender, Subscriber("u", "http://s", delivery=spec(retry=0, sink="http://dls")))
+    assert outcome is Outcome.DEAD_LETTERED
+    assert len(sender.to("http://dls")) == 11
+
+
+def test_reply_goes_to_reply_uri_and_a_failed_reply_dead_letters_the_original() -> None:
+    reply = Attempt(200, b"pong", {"ce-id": "r", "ce-source": "/r", "ce-type": "reply", "ce-specversion": "1.0"})
+    ok = FakeSender({"http://s": [reply], "http://reply": [Attempt(202)]})
+    outcome, _ = run(ok, Subscriber("u", "http://s", reply_uri="http://reply"))
+    assert outcome is Outcome.DELIVERED
+    assert ok.to("http://reply")[0][1]["ce-id"] == "r"
+
+    bad = FakeSender({"http://s": [reply], "http://reply": [Attempt(500)], "http://dls": [Attempt(200)]})
+    outcome, _ = run(bad, Subscriber("u", "http://s", reply_uri="http://reply",
+                                     delivery=spec(retry=1, sink="http://dls")))
+    assert outcome is Outcome.DEAD_LETTERED
+    _, headers, body = bad.to("http://dls")[0]
+    assert headers["ce-id"] == "1" and body == b"hi"
+    assert headers["ce-knativeerrordest"] == "http://reply"
+
+
+def test_record_that_is_not_a_cloudevent_is_dropped() -> None:
+    sender = FakeSender({"http://s": [Attempt(200)]})
+    deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600)  # type: ignore[arg-type]
+    outcome = asyncio.run(deliverer.handle([], b"not an event", Subscriber("u", "http://s"), LABELS))
+    assert outcome is Outcome.DROPPED and sender.calls == []
+
+

@@ -1,0 +1,37 @@
+"""retry: DeliverySpec backoff and Retry-After."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from kafka_eventing.core.delivery import BackoffPolicy
+from kafka_eventing.dispatcher.delivery import Attempt
+from kafka_eventing.dispatcher.retry import parse_retry_after, retry_delay
+
+from .conftest import spec
+
+
+def test_backoff_linear_and_exponential() -> None:
+    assert [retry_delay(spec(BackoffPolicy.LINEAR), n, None, 600) for n in (1, 2, 3)] == pytest.approx(
+        [0.1, 0.2, 0.3])
+    assert [retry_delay(spec(), n, None, 600) for n in (1, 2, 3)] == pytest.approx([0.2, 0.4, 0.8])
+
+
+def test_retry_after_is_honoured_up_to_the_maximum() -> None:
+    assert retry_delay(spec(), 1, 5.0, 600) == 5.0
+    assert retry_delay(spec(), 1, 5000.0, 600) == 600
+    assert retry_delay(spec(), 3, 0.1, 600) == pytest.approx(0.8)  # the backoff is longer
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    date = email.utils.formatdate(1_000_030, usegmt=True)
+    assert parse_retry_after(date, now=1_000_000) == pytest.approx(30)
+    assert Attempt(429, headers={"Retry-After": "3"}).retry_after == 3.0
+    assert Attempt(500, headers={"Retry-After": "3"}).retry_after is None
+
+
