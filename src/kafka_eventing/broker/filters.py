@@ -285,3 +285,47 @@ def _compile_cesql(value: object, path: str) -> Filter:
         return Cesql(value, compile_expression(value))
     except CesqlParseError as exc:
         raise FilterError(REASON_CESQL, path, f"{value!r} does not parse: {exc}") from exc
+
+
+# -- Kafka records ------------------------------------------------------------------------------------------
+_STRUCTURED = "application/cloudevents"
+
+
+def record_attributes(headers: Sequence[tuple[str, bytes | str | None]] | None,
+                      value: bytes | None) -> dict[str, object]:
+    """The context attributes of a Kafka record in either content mode (binary: ``ce_*`` headers and
+    ``content-type``; structured: the JSON envelope without its data)."""
+    attributes: dict[str, object] = {}
+    structured = False
+    for name, raw in headers or ():
+        if raw is None:
+            continue
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        low = name.lower()
+        if low.startswith("ce_"):
+            attributes[low[3:]] = text
+        elif low == "content-type":
+            if text.lower().startswith(_STRUCTURED):
+                structured = True
+            else:
+                attributes["datacontenttype"] = text
+    if structured and value:
+        try:
+            envelope = json.loads(value)
+        except ValueError:
+            return attributes
+        if isinstance(envelope, dict):
+            attributes.update((k, v) for k, v in envelope.items()
+                              if k not in ("data", "data_base64") and isinstance(v, str | int | bool))
+    return attributes
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFilter:
+    """A compiled Trigger filter applied to Kafka records (the dispatcher's ``event_filter``); equal when the
+    compiled filters are, so an unchanged Trigger does not restart its consumer."""
+
+    compiled: Filter
+
+    def __call__(self, message: Any) -> bool:
+        return self.compiled.matches(record_attributes(message.headers(), message.value()))

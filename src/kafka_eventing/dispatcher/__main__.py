@@ -18,11 +18,12 @@ from typing import Any
 import uvloop
 
 from kafka_eventing.core import logging as ke_logging
-from kafka_eventing.core.channel_source import channel_source_from_settings
+from kafka_eventing.core.channel_source import ChannelSource, channel_source_from_settings
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
+from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 
 log = logging.getLogger("kafka_eventing.dispatcher")
 
@@ -39,7 +40,12 @@ def _kube_client(settings: Settings) -> Any:
 async def _run(settings: Settings) -> None:
     connection = connection_from_settings(settings)
     writer: StatusWriter
-    if settings.channel_source == "kube":
+    source: ChannelSource
+    if settings.broker_name:
+        # A Broker's Triggers get their status from the controller; status.subscribers is a channel's field.
+        source = KubeTriggerSource(_kube_client(settings), settings.broker_namespace, settings.broker_name)
+        writer = MemoryStatusWriter()
+    elif settings.channel_source == "kube":
         api_client = _kube_client(settings)
         source = channel_source_from_settings(settings, api_client)
         writer = KubeStatusWriter(api_client)

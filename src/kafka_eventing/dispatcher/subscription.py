@@ -106,6 +106,7 @@ class SubscriptionConsumer:
         # takes the gauge over.
         metrics.in_flight.labels(*self.labels).set_function(lambda: self._in_flight)
         self._outcomes = {o: metrics.outcomes.labels(*self.labels, o.value) for o in Outcome}
+        self._filtered = metrics.filtered.labels(*self.labels)
 
     # -- public -------------------------------------------------------------------------------------
     @property
@@ -255,8 +256,11 @@ class SubscriptionConsumer:
         task.add_done_callback(part.tasks.discard)
 
     async def _deliver(self, part: Partition, message: Message) -> None:
-        if self._filter is None or self._filter(message):
+        accept = self._subscriber.event_filter or self._filter
+        if accept is None or accept(message):
             self._outcomes[await self._handle(message)].inc()
+        else:
+            self._filtered.inc()
         if self._parts.get(part.number) is not part:
             return  # revoked meanwhile; the new owner redelivers from the committed offset
         part.in_flight -= 1
