@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("kafka_eventing.controller.__main__", "the KafkaChannel reconciler"),
     "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),
     "local": ("kafka_eventing.localstack.__main__", "start/stop a local Kafka + Kubernetes API server"),
+    "cesql": ("kafka_eventing.cesql.cli", "CloudEvents SQL: evaluate an expression, run conformance (TCK) files"),
 }
 
 
