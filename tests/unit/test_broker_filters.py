@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafka_eventing.broker.filters import (
+    REASON_CESQL,
     REASON_INVALID,
     REASON_MULTIPLE_DIALECTS,
     REASON_UNKNOWN_DIALECT,
@@ -29,6 +30,7 @@ EVENT: dict[str, object] = {
 names = st.sampled_from(["type", "source", "subject", "region", "priority", "urgent", "tier"])
 values = st.sampled_from(["a", "ab", "b", "com.example", "com.example.x", "1", "true"])
 leaf_filters = st.one_of(
+    st.builds(lambda n, v: {"cesql": f"{n} = '{v}'"}, names, values),
     st.builds(lambda n, v: {"exact": {n: v}}, names, values),
     st.builds(lambda n, v: {"prefix": {n: v}}, names, values),
     st.builds(lambda n, v: {"suffix": {n: v}}, names, values),
@@ -87,6 +89,11 @@ def test_no_filter_matches_everything() -> None:
     ({"any": [{"exact": {"region": "us-east"}}, {"suffix": {"type": "deleted"}}]}, False),
     ({"not": {"exact": {"region": "us-east"}}}, True),
     ({"not": {"not": {"exact": {"region": "us-east"}}}}, False),
+    ({"cesql": "type LIKE 'com.example.%' AND priority > 2"}, True),
+    ({"cesql": "urgent AND region = 'us-east'"}, False),
+    ({"cesql": "missing = 'x'"}, False),  # an error (missing attribute) is not a match
+    ({"not": {"cesql": "missing = 'x'"}}, True),
+    ({"any": [{"cesql": "priority = 1"}, {"exact": {"urgent": "true"}}]}, True),
 ])
 def test_dialects(entry: dict[str, Any], expected: bool) -> None:
     assert compile_filter(entry, "f").matches(EVENT) is expected
@@ -119,6 +126,9 @@ def test_filters_are_and_ed_and_win_over_filter() -> None:
     ({"filters": {"exact": {"type": "a"}}}, REASON_INVALID, "spec.filters"),
     ({"filter": {"attributes": {"my-ext": "a"}}}, REASON_INVALID, "spec.filter.attributes.my-ext"),
     ({"filter": {"attributes": ["type"]}}, REASON_INVALID, "spec.filter.attributes"),
+    ({"filters": [{"cesql": "type = "}]}, REASON_CESQL, "spec.filters[0].cesql"),
+    ({"filters": [{"all": [{"cesql": ""}]}]}, REASON_CESQL, "spec.filters[0].all[0].cesql"),
+    ({"filters": [{"cesql": 42}]}, REASON_CESQL, "spec.filters[0].cesql"),
 ])
 def test_invalid_filters_name_reason_and_path(spec: dict[str, Any], reason: str, path: str) -> None:
     with pytest.raises(FilterError) as info:
@@ -194,3 +204,12 @@ def test_trigger_filters_cache_the_error_of_a_bad_spec() -> None:
     cache.forget("t")
     assert cache.get("t", {}).matches(EVENT)
     assert cache.compiles == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(names, values, events)
+def test_cesql_equality_on_strings_agrees_with_exact(name: str, value: str, event: dict[str, object]) -> None:
+    # CESQL compares a string attribute as a string; an absent one is an error, hence no match, as exact.
+    if isinstance(event.get(name, ""), str):
+        exact = compile_filter({"exact": {name: value}}, "f").matches(event)
+        assert compile_filter({"cesql": f"{name} = '{value}'"}, "f").matches(event) is exact

@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kafka_eventing.cesql import CesqlParseError, Expression, compile_expression
+
 Event = Mapping[str, object]
 
 #: Attribute names Knative accepts: lowercase alphanumeric starting with a letter.
@@ -136,7 +138,7 @@ class Not:
 @dataclass(frozen=True, slots=True)
 class Cesql:
     text: str
-    expression: Any  # the cesql engine's compiled expression
+    expression: Expression
 
     def matches(self, event: Event) -> bool:
         return bool(self.expression.matches(event))
@@ -279,8 +281,6 @@ def _string_map(value: object, path: str, *, allow_empty_values: bool) -> tuple[
 def _compile_cesql(value: object, path: str) -> Filter:
     if not isinstance(value, str) or not value.strip():
         raise FilterError(REASON_CESQL, path, "must be a non-empty CloudEvents SQL expression")
-    from kafka_eventing.cesql import CesqlParseError, compile_expression
-
     try:
         return Cesql(value, compile_expression(value))
     except CesqlParseError as exc:
