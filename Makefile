@@ -52,9 +52,10 @@ test-e2e: ## Whole-system tests that need a Docker engine (and kind).
 	$(PYTEST) tests/e2e -q -m "docker or e2e"
 
 .PHONY: lint
-lint: ## ruff, mypy, yamllint.
+lint: ## ruff, mypy, import layers (roles import core, not each other), yamllint.
 	$(PY) -m ruff check src tests bench
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m yamllint -c .yamllint.yaml .
 
 .PHONY: lint-charts

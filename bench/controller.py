@@ -40,7 +40,7 @@ from kubernetes.client.rest import ApiException
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import SECRET_LABEL
 from kafka_eventing.controller.crd import install_crd
-from kafka_eventing.controller.main import api_client
+from kafka_eventing.core.kube import api_client
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane

@@ -23,9 +23,9 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import SECRET_LABEL
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.controller.crd import install_crd
-from kafka_eventing.controller.main import api_client
 from kafka_eventing.controller.reconciler import FINALIZER
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC
+from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane

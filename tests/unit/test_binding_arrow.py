@@ -1,4 +1,4 @@
-"""The columnar binary-mode decoder (core/binding_arrow.py) against the SDK path (``decode_record``), row by row.
+"""The columnar binary-mode decoder (reprocess/binding_arrow.py) against the SDK path (``decode_record``), row by row.
 
 Batches are built the way Spark's Kafka source hands them to ``mapInArrow``; valid binary events, structured
 events and malformed or unusual records are mixed in the same batch.
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
-from kafka_eventing.core.binding_arrow import decode_binary
+from kafka_eventing.reprocess.binding_arrow import decode_binary
 from kafka_eventing.reprocess.events import _arrow_schema, _rows_one_by_one, decode_batch
 
 SOURCE_SCHEMA = pa.schema([

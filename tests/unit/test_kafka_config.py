@@ -6,8 +6,8 @@ from kafka_eventing.core.kafka_config import (
     KafkaConfigError,
     connection_from_secret,
     connection_from_settings,
-    redact,
 )
+from kafka_eventing.core.redaction import redact
 from kafka_eventing.core.settings import Settings
 
 CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from kafka_eventing.core.settings import Settings, SettingsError
+from kafka_eventing.core.kafka_config import Provider
+from kafka_eventing.core.settings import (
+    ChannelSourceKind,
+    InitialOffset,
+    LogFormat,
+    Settings,
+    SettingsError,
+    TopicManagement,
+)
 
 
 def test_defaults_and_env() -> None:
@@ -24,6 +32,37 @@ def test_typos_fail_loudly() -> None:
         Settings.from_env({"KE_DELETE_TOPICS": "maybe"})
     with pytest.raises(SettingsError, match="KE_MAX_EVENT_BYTES"):
         Settings.from_env({"KE_MAX_EVENT_BYTES": "lots"})
+
+
+@pytest.mark.parametrize(("name", "raw", "choices"), [
+    ("KE_CHANNEL_SOURCE", "etcd", "file, kube"),
+    ("KE_TOPIC_MANAGEMENT", "externl", "admin, external"),  # once silently meant "external"
+    ("KE_LOG_FORMAT", "text", "json, console"),
+    ("KE_DISPATCHER_INITIAL_OFFSET", "beginning", "latest, earliest"),
+    ("KE_KAFKA_PROVIDER", "kafka",
+     "apache, strimzi, redpanda, confluent-cloud, azure-event-hubs, aws-msk, aws-msk-iam"),
+])
+def test_enumerations_are_checked_with_the_choices(name: str, raw: str, choices: str) -> None:
+    with pytest.raises(SettingsError, match=f"^{name}='{raw}' is not one of {choices}$"):
+        Settings.from_env({name: raw})
+    field = name.removeprefix("KE_").lower()
+    with pytest.raises(SettingsError, match=f"^{name}="):
+        Settings(**{field: raw})  # constructed directly: the same check
+
+
+def test_enumerations_parse_to_their_members() -> None:
+    s = Settings.from_env({"KE_CHANNEL_SOURCE": "kube", "KE_TOPIC_MANAGEMENT": "External",
+                           "KE_LOG_FORMAT": "console", "KE_DISPATCHER_INITIAL_OFFSET": "earliest",
+                           "KE_KAFKA_PROVIDER": "azure-event-hubs"})
+    assert (s.channel_source, s.topic_management, s.log_format, s.dispatcher_initial_offset, s.kafka_provider) == (
+        ChannelSourceKind.KUBE, TopicManagement.EXTERNAL, LogFormat.CONSOLE, InitialOffset.EARLIEST,
+        Provider.AZURE_EVENT_HUBS)
+    assert Settings(topic_management="external").topic_management is TopicManagement.EXTERNAL  # type: ignore[arg-type]
+
+
+def test_no_unused_extra_field() -> None:
+    with pytest.raises(SettingsError, match="unknown setting KE_EXTRA"):
+        Settings.from_env({"KE_EXTRA": "a=1"})
 
 
 def test_topic_template() -> None:

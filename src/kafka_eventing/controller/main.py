@@ -7,17 +7,13 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.core import logging as ke_logging
+from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,20 +35,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--identity", default=os.environ.get("POD_NAME", ""),
                    help="leader-election identity (default: POD_NAME, else hostname + random)")
     return p
-
-
-def api_client(kubeconfig: Path | None, pool_size: int = 32) -> ApiClient:
-    """An ApiClient from a kubeconfig (or the in-cluster config) with a pool big enough for the watches
-    (five long-lived) plus the workers, so connections are reused rather than discarded."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig is not None:
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

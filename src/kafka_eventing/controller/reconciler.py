@@ -31,10 +31,10 @@ from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, 
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
-from kafka_eventing.core.delivery import DeliverySpecError, parse_duration
+from kafka_eventing.core.durations import DurationError, parse_duration
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError
-from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.settings import Settings, TopicManagement
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +166,10 @@ class Reconciler:
         meta, spec = obj["metadata"], obj.get("spec") or {}
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
         topic = self._topic_name(meta)
-        manage = self.settings.topic_management == "admin" and not external
+        manage = self.settings.topic_management is TopicManagement.ADMIN and not external
         try:
             retention = parse_duration(str(spec.get("retentionDuration") or "PT168H"), "retentionDuration")
-        except DeliverySpecError as exc:
+        except DurationError as exc:
             return Condition.false(cond.TOPIC_READY, "InvalidRetention", str(exc)), Result()
         retention_ms = int(retention / timedelta(milliseconds=1))
         if retention_ms <= 0:
@@ -336,7 +336,7 @@ class Reconciler:
                 if exc.status != HTTP_NOT_FOUND:
                     raise
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
-        if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
+        if self.settings.topic_management is TopicManagement.ADMIN and not external and self.settings.delete_topics:
             topic = self.settings.topic_for(namespace, name)
             try:
                 connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.config_map)

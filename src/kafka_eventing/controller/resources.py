@@ -136,7 +136,7 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         "KE_CHANNEL_NAMESPACE": ref.namespace,
         "KE_CHANNEL_NAME": ref.name,
         "KE_SYSTEM_NAMESPACE": settings.system_namespace,
-        "KE_KAFKA_PROVIDER": settings.kafka_provider,
+        "KE_KAFKA_PROVIDER": str(settings.kafka_provider),
         "KE_TOPIC_TEMPLATE": settings.topic_template,
         "KE_CONSUMER_GROUP_TEMPLATE": settings.consumer_group_template,
         "KE_MAX_IN_FLIGHT": str(settings.max_in_flight),
@@ -144,7 +144,7 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         "KE_QUEUED_MAX_MESSAGES_KBYTES": str(settings.queued_max_messages_kbytes),
         "KE_METRICS_PORT": str(settings.metrics_port),
         "KE_LOG_LEVEL": settings.log_level,
-        "KE_LOG_FORMAT": settings.log_format,
+        "KE_LOG_FORMAT": str(settings.log_format),
     }
     if settings.kafka_extra:
         env["KE_KAFKA_EXTRA"] = settings.kafka_extra

@@ -77,7 +77,7 @@ OPTIONAL_ATTRIBUTES = tuple(_SDK_OPTIONAL_ATTRIBUTES)  # datacontenttype, datasc
 SPECVERSION = SPECVERSION_V1_0  # the only one CloudEvent accepts
 
 # The Kafka binary mode's naming (the SDK's): attribute ``x`` is header ``ce_x``, except ``datacontenttype``,
-# which is ``content-type``. Exported for the columnar decoder (core/binding_arrow.py), which must agree.
+# which is ``content-type``. Exported for the columnar decoder (reprocess/binding_arrow.py), which must agree.
 KAFKA_HEADER_PREFIX = ce_kafka.CE_PREFIX
 HTTP_HEADER_PREFIX = ce_http.CE_PREFIX  # ``ce-x`` in HTTP binary mode
 KAFKA_CONTENT_TYPE_HEADER = CONTENT_TYPE_HEADER

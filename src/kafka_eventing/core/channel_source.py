@@ -286,15 +286,6 @@ def broker_source(settings: Settings, api_client: Any) -> KubeBrokerSource | Non
     return KubeBrokerSource(api_client, settings)
 
 
-def kube_api_client(settings: Settings) -> Any:
-    from kubernetes import client, config
-
-    if settings.kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(settings.kubeconfig))
-    config.load_incluster_config()
-    return client.ApiClient()
-
-
 def channel_source_from_settings(settings: Settings, api_client: Any = None) -> ChannelSource:
     """The source ``settings.channel_source`` names: ``file`` (``channels_file``) or ``kube``.
 
@@ -305,11 +296,12 @@ def channel_source_from_settings(settings: Settings, api_client: Any = None) -> 
         if settings.channels_file is None:
             raise SettingsError("KE_CHANNEL_SOURCE=file needs KE_CHANNELS_FILE")
         return FileChannelSource(settings.channels_file, settings)
-    if settings.channel_source == "kube":
-        if api_client is None:
-            api_client = kube_api_client(settings)
-        return KubeChannelSource(
-            api_client, settings,
-            namespace=settings.channel_namespace or None, name=settings.channel_name or None,
-        )
-    raise SettingsError(f"KE_CHANNEL_SOURCE={settings.channel_source!r} must be 'file' or 'kube'")
+    # ChannelSourceKind.KUBE (Settings refuses any other value)
+    if api_client is None:
+        from kafka_eventing.core.kube import api_client as build_api_client
+
+        api_client = build_api_client(settings.kubeconfig)
+    return KubeChannelSource(
+        api_client, settings,
+        namespace=settings.channel_namespace or None, name=settings.channel_name or None,
+    )

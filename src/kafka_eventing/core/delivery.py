@@ -1,6 +1,6 @@
 """DeliverySpec: retries, backoff, per-attempt timeout, dead-letter sink — parsed once, used everywhere.
 
-Durations are ISO-8601 (``PT0.2S``, ``PT1M``) as in Knative's DeliverySpec, parsed with ``isodate``.
+Durations are ISO-8601 (``PT0.2S``, ``PT1M``) as in Knative's DeliverySpec (``core.durations``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import isodate
+from kafka_eventing.core.durations import DurationError, parse_duration
 
 #: HTTP status codes worth another attempt (Knative's rule); other 4xx are final.
 RETRYABLE_STATUS = frozenset({404, 408, 409, 429})
@@ -24,19 +24,6 @@ class DeliverySpecError(ValueError):
 class BackoffPolicy(enum.StrEnum):
     LINEAR = "linear"
     EXPONENTIAL = "exponential"
-
-
-def parse_duration(value: str, field: str) -> timedelta:
-    """ISO-8601 duration → timedelta; years/months are refused (their length is not fixed)."""
-    try:
-        parsed = isodate.parse_duration(value)
-    except (isodate.ISO8601Error, ValueError, TypeError):
-        raise DeliverySpecError(f"{field}: {value!r} is not an ISO-8601 duration (e.g. PT0.5S, PT2M)") from None
-    if not isinstance(parsed, timedelta):
-        raise DeliverySpecError(f"{field}: {value!r} uses years or months; use days or smaller units")
-    if parsed < timedelta(0):
-        raise DeliverySpecError(f"{field}: {value!r} is negative")
-    return parsed
 
 
 def is_retryable(status: int | None) -> bool:
@@ -64,8 +51,12 @@ class DeliverySpec:
             policy = BackoffPolicy(str(policy_raw).lower())
         except ValueError:
             raise DeliverySpecError(f"backoffPolicy: {policy_raw!r} must be linear or exponential") from None
-        delay = parse_duration(spec["backoffDelay"], "backoffDelay") if spec.get("backoffDelay") else cls.backoff_delay
-        timeout = parse_duration(spec["timeout"], "timeout") if spec.get("timeout") else None
+        try:
+            delay = (parse_duration(spec["backoffDelay"], "backoffDelay") if spec.get("backoffDelay")
+                     else cls.backoff_delay)
+            timeout = parse_duration(spec["timeout"], "timeout") if spec.get("timeout") else None
+        except DurationError as exc:
+            raise DeliverySpecError(str(exc)) from None
         sink = dead_letter_uri
         if sink is None:
             dls = spec.get("deadLetterSink") or {}

@@ -12,11 +12,14 @@ Certificates are handed to librdkafka inline (``ssl.*.pem``), so nothing secret 
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from kafka_eventing.core.redaction import REDACTED, redact
 
 if TYPE_CHECKING:
     from kafka_eventing.core.settings import Settings
@@ -24,25 +27,34 @@ if TYPE_CHECKING:
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
+class Provider(enum.StrEnum):
+    """The Kafka services with a preset (``KE_KAFKA_PROVIDER``, the chart's ``kafka.provider``)."""
+
+    APACHE = "apache"
+    STRIMZI = "strimzi"
+    REDPANDA = "redpanda"
+    CONFLUENT_CLOUD = "confluent-cloud"
+    AZURE_EVENT_HUBS = "azure-event-hubs"
+    AWS_MSK = "aws-msk"
+    AWS_MSK_IAM = "aws-msk-iam"
+
+
 #: Provider presets: defaults a Secret may override. Differences between providers are configuration.
-PROVIDERS: dict[str, dict[str, Any]] = {
-    "apache": {},
-    "strimzi": {},
-    "redpanda": {},
-    "confluent-cloud": {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+PROVIDERS: dict[Provider, dict[str, Any]] = {
+    Provider.APACHE: {},
+    Provider.STRIMZI: {},
+    Provider.REDPANDA: {},
+    Provider.CONFLUENT_CLOUD: {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
                         "librdkafka": {"session.timeout.ms": "45000"}},
     # Event Hubs: the user is the literal "$ConnectionString", port 9093, no idempotent producer,
     # idle connections are cut by the service after 240 s so keep them alive.
-    "azure-event-hubs": {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "user": "$ConnectionString",
+    Provider.AZURE_EVENT_HUBS: {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "user": "$ConnectionString",
                          "idempotence": False,
                          "librdkafka": {"socket.keepalive.enable": "true", "metadata.max.age.ms": "180000",
                                         "connections.max.idle.ms": "180000"}},
-    "aws-msk": {"protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
-    "aws-msk-iam": {"protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "msk_iam": True},
+    Provider.AWS_MSK: {"protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
+    Provider.AWS_MSK_IAM: {"protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "msk_iam": True},
 }
-
-_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauth_cb")
-
 
 class KafkaConfigError(ValueError):
     """The connection Secret or preset cannot make a working config; the message says what to change."""
@@ -50,11 +62,6 @@ class KafkaConfigError(ValueError):
 
 class KafkaConnectionError(RuntimeError):
     """Kafka could not be reached or refused the credentials (message never contains a secret)."""
-
-
-def redact(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log: values of secret-looking keys replaced."""
-    return {k: ("<redacted>" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in config.items()}
 
 
 def _text(data: Mapping[str, str | bytes], key: str) -> str | None:
@@ -142,7 +149,7 @@ def connection_from_secret(
     """Resolve a connection from a Secret's data (either format) on top of a provider preset."""
     if provider not in PROVIDERS:
         raise KafkaConfigError(f"unknown Kafka provider {provider!r}; one of {', '.join(PROVIDERS)}")
-    preset = PROVIDERS[provider]
+    preset = PROVIDERS[Provider(provider)]
 
     legacy = "brokers" in data or "sasltype" in data or "username" in data
     user = _text(data, "user") or _text(data, "username") or preset.get("user")
@@ -245,7 +252,7 @@ def _scrub(text: str, connection: KafkaConnection) -> str:
     for key in ("sasl.password", "ssl.key.pem"):
         secret = connection.config.get(key)
         if secret:
-            text = text.replace(str(secret), "<redacted>")
+            text = text.replace(str(secret), REDACTED)
     return text
 
 

@@ -8,8 +8,9 @@ import sys
 import time
 from typing import Any
 
+from kafka_eventing.core.redaction import REDACTED, is_secret
+
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-_SECRET_WORDS = ("password", "secret", "token", "key.pem", "sasl.password")
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,7 +23,7 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
-                out[key] = "<redacted>" if any(w in key.lower() for w in _SECRET_WORDS) else value
+                out[key] = REDACTED if is_secret(key) else value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)

@@ -6,11 +6,14 @@ through ``Settings.from_env({...})`` with a plain dict, so nothing monkey-patche
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from kafka_eventing.core.kafka_config import Provider
 
 PREFIX = "KE_"
 
@@ -28,14 +31,35 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise SettingsError(f"{name}={raw!r} is not a boolean (use true/false)")
 
 
+class ChannelSourceKind(enum.StrEnum):
+    FILE = "file"  # KafkaChannels from ``channels_file`` (standalone mode)
+    KUBE = "kube"  # KafkaChannels watched on the API server
+
+
+class TopicManagement(enum.StrEnum):
+    ADMIN = "admin"  # the controller creates, grows and deletes topics
+    EXTERNAL = "external"  # topics exist already; the controller only checks them
+
+
+class LogFormat(enum.StrEnum):
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class InitialOffset(enum.StrEnum):
+    """Where a new subscription starts when its group has no committed offset."""
+
+    LATEST = "latest"
+    EARLIEST = "earliest"
+
+
 @dataclass(frozen=True)
 class Settings:
     """All knobs of every role. Field ``foo_bar`` is read from ``KE_FOO_BAR``."""
 
     # -- where things are ---------------------------------------------------------------------------
     system_namespace: str = "knative-eventing"
-    #: "kube" reads KafkaChannels from the API server; "file" reads ``channels_file`` (standalone mode).
-    channel_source: str = "file"
+    channel_source: ChannelSourceKind = ChannelSourceKind.FILE
     channels_file: Path | None = None
     kubeconfig: Path | None = None
 
@@ -43,8 +67,8 @@ class Settings:
     bootstrap_servers: str = "127.0.0.1:9092"
     #: directory holding the connection Secret's keys as files (a mounted Secret) — optional.
     kafka_secret_dir: Path | None = None
-    #: provider preset: apache (default), strimzi, redpanda, confluent-cloud, azure-event-hubs, aws-msk.
-    kafka_provider: str = "apache"
+    #: provider preset (``core.kafka_config.PROVIDERS``).
+    kafka_provider: Provider = Provider.APACHE
     #: extra librdkafka properties, "k1=v1,k2=v2" — for tuning without a new release.
     kafka_extra: str = ""
 
@@ -69,11 +93,10 @@ class Settings:
     retry_after_max_seconds: float = 600.0
     #: local fetch budget per subscription; 1024 keeps 15 subscriptions under 128 MiB RSS (bench-dispatcher).
     queued_max_messages_kbytes: int = 1024
-    #: where a new subscription starts when its group has no committed offset: latest | earliest.
-    dispatcher_initial_offset: str = "latest"
+    dispatcher_initial_offset: InitialOffset = InitialOffset.LATEST
 
     # -- controller ---------------------------------------------------------------------------------
-    topic_management: str = "admin"  # admin | external
+    topic_management: TopicManagement = TopicManagement.ADMIN
     delete_topics: bool = True
     dispatcher_image: str = "kafka-eventing-dispatcher:dev"
     dispatcher_replicas: int = 1
@@ -83,17 +106,23 @@ class Settings:
 
     # -- observability ------------------------------------------------------------------------------
     log_level: str = "INFO"
-    log_format: str = "json"  # json | console
+    log_format: LogFormat = LogFormat.JSON
     metrics_port: int = 9090
 
-    extra: Mapping[str, str] = field(default_factory=dict)
+    def __post_init__(self) -> None:
+        # Enumerations are checked however the object is made (from_env, Settings(...), dataclasses.replace):
+        # an unknown value fails here, naming the variable and the choices, never later as a silent default.
+        for name, hint in _ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, hint):
+                object.__setattr__(self, name, _choice(f"{PREFIX}{name.upper()}", hint, value))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``KE_*`` variables; unknown ``KE_*`` names are an error (typos fail loudly)."""
         env = os.environ if environ is None else environ
         hints = get_type_hints(cls)
-        known = {f.name for f in fields(cls) if f.name != "extra"}
+        known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, raw in env.items():
             if not key.startswith(PREFIX):
@@ -131,8 +160,23 @@ class Settings:
 _TOOLING_VARS = {"cache"}
 
 
+def _choice(key: str, kind: type[enum.StrEnum], raw: object) -> enum.StrEnum:
+    try:
+        return kind(str(raw).strip().lower())
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not one of {', '.join(kind)}") from None
+
+
+_ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
+    f.name: hint for f in fields(Settings)
+    if isinstance(hint := get_type_hints(Settings)[f.name], type) and issubclass(hint, enum.StrEnum)
+}
+
+
 def _coerce(key: str, hint: Any, raw: str) -> Any:
     text = str(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
+        return _choice(key, hint, raw)
     try:
         if hint is bool:
             return _parse_bool(key, raw)

@@ -13,13 +13,13 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
 
 import uvloop
 
 from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core.channel_source import ChannelSource, channel_source_from_settings
 from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
@@ -28,25 +28,17 @@ from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 log = logging.getLogger("kafka_eventing.dispatcher")
 
 
-def _kube_client(settings: Settings) -> Any:
-    from kubernetes import client, config
-
-    if settings.kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(settings.kubeconfig))
-    config.load_incluster_config()
-    return client.ApiClient()
-
-
 async def _run(settings: Settings) -> None:
     connection = connection_from_settings(settings)
     writer: StatusWriter
     source: ChannelSource
     if settings.broker_name:
         # A Broker's Triggers get their status from the controller; status.subscribers is a channel's field.
-        source = KubeTriggerSource(_kube_client(settings), settings.broker_namespace, settings.broker_name)
+        source = KubeTriggerSource(kube_api_client(settings.kubeconfig), settings.broker_namespace,
+                                   settings.broker_name)
         writer = MemoryStatusWriter()
     elif settings.channel_source == "kube":
-        api_client = _kube_client(settings)
+        api_client = kube_api_client(settings.kubeconfig)
         source = channel_source_from_settings(settings, api_client)
         writer = KubeStatusWriter(api_client)
     else:

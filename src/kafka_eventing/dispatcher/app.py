@@ -19,9 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber
+from kafka_eventing.core.http_delivery import HttpSender
 from kafka_eventing.core.kafka_config import KafkaConnection
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.dispatcher.delivery import Deliverer, HttpSender
+from kafka_eventing.dispatcher.delivery import Deliverer
 from kafka_eventing.dispatcher.metrics import metrics_for
 from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard, StatusWriter
 from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer

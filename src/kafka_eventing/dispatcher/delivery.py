@@ -11,10 +11,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
-
-import aiohttp
 
 from kafka_eventing.core.binding import (
     TRACE_HEADERS,
@@ -28,16 +25,11 @@ from kafka_eventing.core.binding import (
 )
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import is_retryable
+from kafka_eventing.core.http_delivery import Attempt, HttpSender, delivery_policy, retry_delay, sink_policy
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
-from kafka_eventing.dispatcher.retry import delivery_policy, parse_retry_after, retry_delay, sink_policy
 
 log = logging.getLogger(__name__)
-
-#: Per-attempt timeout when the DeliverySpec sets none, so that a hung subscriber cannot stall a partition.
-DEFAULT_ATTEMPT_TIMEOUT = 60.0
-#: Replies larger than this are not read (and not forwarded).
-MAX_REPLY_BYTES = 4 * 1024 * 1024
 
 
 #: The hop counter a Broker's events carry (upstream brokers' name and default).
@@ -58,55 +50,6 @@ class Outcome(enum.StrEnum):
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
     DROPPED = "dropped"
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One HTTP attempt: ``status`` None means no response (connection error or timeout)."""
-
-    status: int | None
-    body: bytes = b""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
-
-    @property
-    def retry_after(self) -> float | None:
-        if self.status not in (429, 503):
-            return None
-        return parse_retry_after(self.headers.get("Retry-After") or self.headers.get("retry-after"))
-
-    @property
-    def code(self) -> str:
-        return str(self.status) if self.status is not None else "none"
-
-
-class HttpSender:
-    """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
-
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
-
-    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
-        seconds = timeout or DEFAULT_ATTEMPT_TIMEOUT
-        client_timeout = self._timeouts.get(seconds)
-        if client_timeout is None:
-            client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
-        try:
-            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout) as resp:
-                if resp.content_length == 0:
-                    return Attempt(resp.status, b"", resp.headers)  # the usual answer: nothing to read
-                # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.
-                limit = MAX_REPLY_BYTES if 200 <= resp.status < 300 else 1024
-                data = await resp.content.read(limit)
-                # The response's own (case-insensitive, read-only) headers: no copy per event.
-                return Attempt(resp.status, data, resp.headers)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            return Attempt(None, error=f"{type(exc).__name__}: {exc}")
 
 
 Sleep = Callable[[float], Awaitable[None]]

@@ -247,13 +247,14 @@ def build_runtime() -> Runtime:
     from confluent_kafka import Producer as KafkaProducer
 
     from kafka_eventing.core import logging as ke_logging
-    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings, kube_api_client
+    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings
+    from kafka_eventing.core.kube import api_client as kube_api_client
 
     settings = Settings.from_env()
     ke_logging.configure(settings.log_level, settings.log_format)
     config = producer_config(settings)
     producer = KafkaProducer(config)
-    api = kube_api_client(settings) if settings.channel_source == "kube" else None
+    api = kube_api_client(settings.kubeconfig) if settings.channel_source == "kube" else None
     channels = channel_source_from_settings(settings, api)
     channels.start()
     brokers = broker_source(settings, api)

@@ -1,7 +1,7 @@
 """Kafka records ⇄ event columns, for Spark's ``mapInArrow`` — decoding is the core binding, nothing else.
 
 Each Arrow batch from Spark's Kafka source (key, value, headers, topic, partition, offset, timestamp) is decoded
-by the core binding: binary-mode records (``ce_`` headers) column-wise by ``core.binding_arrow``, every other
+by the core binding: binary-mode records (``ce_`` headers) column-wise by ``reprocess.binding_arrow``, every other
 record row by row through ``core.binding.event_from_kafka``, so records decode exactly as the receiver and
 dispatcher see them (tests/unit/test_binding_arrow.py holds the two paths to the same rows). A record that is not
 a CloudEvent becomes a row with ``error`` set and the raw value in ``data``: counted and reported, never a crashed
@@ -118,7 +118,7 @@ def decode_record(
 def decode_batches(batches: Iterable[pa.RecordBatch], keep_raw: bool = False) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: Spark Kafka source batches → decoded batches (schema ``event_schema(keep_raw)``).
 
-    Binary-mode records decode column-wise (``core.binding_arrow``); whatever that path does not vouch for —
+    Binary-mode records decode column-wise (``reprocess.binding_arrow``); whatever that path does not vouch for —
     structured mode, anything invalid or unusual — goes row by row through ``decode_record``. Row order is kept.
     """
     for batch in batches:
@@ -130,7 +130,7 @@ def decode_batch(batch: pa.RecordBatch, keep_raw: bool = False) -> pa.RecordBatc
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from kafka_eventing.core.binding_arrow import TIME_TYPE, decode_binary
+    from kafka_eventing.reprocess.binding_arrow import TIME_TYPE, decode_binary
 
     schema = _arrow_schema(keep_raw)
     n = batch.num_rows

@@ -75,8 +75,7 @@ async def _deliver(
     target_extension: str | None,
     drop_extensions: Sequence[str],
 ) -> dict[str, Any]:
-    from kafka_eventing.dispatcher.delivery import Attempt, HttpSender
-    from kafka_eventing.dispatcher.retry import delivery_policy
+    from kafka_eventing.core.http_delivery import Attempt, HttpSender, delivery_policy
 
     out: dict[str, Any] = {"id": row.get("id"), "source": row.get("source"), "target": target,
                            "status": FAILED, "code": None, "attempts": 0, "error": None}

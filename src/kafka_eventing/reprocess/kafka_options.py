@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kafka_eventing.core.kafka_config import KafkaConfigError, KafkaConnection
+from kafka_eventing.core.redaction import redact
 
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -32,7 +33,6 @@ _LIBRDKAFKA_ONLY = {
     "socket.keepalive.enable", "log_level", "enable.ssl.certificate.verification", "statistics.interval.ms",
     "queued.max.messages.kbytes", "linger.ms", "compression.type", "api.version.request",
 }
-_SECRET_KEYS = ("kafka.sasl.jaas.config", "kafka.ssl.keystore.key", "kafka.ssl.key.password")
 
 
 class SparkKafkaOptions(Mapping[str, str]):
@@ -51,7 +51,7 @@ class SparkKafkaOptions(Mapping[str, str]):
         return len(self._options)
 
     def redacted(self) -> dict[str, str]:
-        return {k: ("<redacted>" if k in _SECRET_KEYS else v) for k, v in self._options.items()}
+        return redact(self._options)
 
     def __repr__(self) -> str:
         return f"SparkKafkaOptions({self.redacted()!r})"

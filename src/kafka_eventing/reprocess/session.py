@@ -1,7 +1,8 @@
 """One way to build the SparkSession every reprocessing job runs in (local mode, tests and the image alike).
 
-The Kafka connector jars come from ``make setup`` (``$KE_CACHE/spark-kafka-4.0.0/jars``) on a developer machine;
-the image copies them into pyspark's own ``jars/`` folder, where Spark finds them without ``spark.jars``.
+The Kafka connector jars come from ``make setup`` (``$KE_CACHE/spark-kafka-4.0.0/jars``; make exports ``KE_CACHE``)
+on a developer machine; the image copies them into pyspark's own ``jars/`` folder, where Spark finds them without
+``spark.jars``. Nothing here looks for a source checkout: inside an image the package lives in site-packages.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kafka_eventing.localstack.tools import cache_dir
-
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -21,15 +20,17 @@ SPARK_KAFKA_VERSION = "4.0.0"
 
 
 def connector_jars(jars: Sequence[str] | None = None) -> list[str]:
-    """Jars to pass as ``spark.jars``: the given files/folders, else the tool cache's connector, else none."""
+    """Jars to pass as ``spark.jars``: the given files/folders, else ``$KE_CACHE``'s connector, else none."""
     if jars:
         out: list[str] = []
         for item in jars:
             path = Path(item)
             out.extend(sorted(str(p) for p in path.glob("*.jar")) if path.is_dir() else [str(path)])
         return out
-    cached = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
-    return sorted(str(p) for p in cached.glob("*.jar"))
+    cache = os.environ.get("KE_CACHE")
+    if not cache:
+        return []
+    return sorted(str(p) for p in (Path(cache) / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars").glob("*.jar"))
 
 
 def build_session(

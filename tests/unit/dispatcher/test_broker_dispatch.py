@@ -11,7 +11,8 @@ from kafka_eventing.broker.filters import RecordFilter, TriggerFilters, compile_
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
 from kafka_eventing.core.channels import Subscriber
-from kafka_eventing.dispatcher.delivery import TTL_EXTENSION, Attempt, Deliverer, Outcome
+from kafka_eventing.core.http_delivery import Attempt
+from kafka_eventing.dispatcher.delivery import TTL_EXTENSION, Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Metrics
 from kafka_eventing.dispatcher.triggers import broker_channel
 

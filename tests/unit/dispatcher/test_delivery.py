@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import BackoffPolicy
-from kafka_eventing.dispatcher.delivery import Attempt, Deliverer, Outcome
+from kafka_eventing.core.http_delivery import Attempt
+from kafka_eventing.dispatcher.delivery import Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Metrics
 
 from .conftest import LABELS, spec

@@ -7,8 +7,7 @@ import email.utils
 import pytest
 
 from kafka_eventing.core.delivery import BackoffPolicy
-from kafka_eventing.dispatcher.delivery import Attempt
-from kafka_eventing.dispatcher.retry import parse_retry_after, retry_delay
+from kafka_eventing.core.http_delivery import Attempt, parse_retry_after, retry_delay
 
 from .conftest import spec
 

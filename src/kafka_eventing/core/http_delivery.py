@@ -1,4 +1,6 @@
-"""Retry timing: DeliverySpec backoff, ``Retry-After``, and the tenacity policies built from them.
+"""HTTP delivery of one event, shared by the dispatcher and the reprocessing jobs' HTTP sink: one POST as an
+``Attempt`` (``HttpSender``), and the retry timing around it — DeliverySpec backoff, ``Retry-After``, and the
+tenacity policies built from them.
 
 tenacity's ``AsyncRetrying`` sleeps with ``asyncio.sleep``, so a partition waiting for its next attempt never
 blocks the event loop that serves every other partition and subscription.
@@ -8,12 +10,19 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, stop_never
 
 from kafka_eventing.core.delivery import DeliverySpec, is_retryable
+
+#: Per-attempt timeout when the DeliverySpec sets none, so that a hung subscriber cannot stall a partition.
+DEFAULT_ATTEMPT_TIMEOUT = 60.0
+#: Replies larger than this are not read (and not forwarded).
+MAX_REPLY_BYTES = 4 * 1024 * 1024
 
 #: A dead-letter sink that keeps failing is retried forever, but not more often than this.
 SINK_MAX_BACKOFF_SECONDS = 30.0
@@ -119,3 +128,52 @@ def sink_policy(
         reraise=True,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One HTTP attempt: ``status`` None means no response (connection error or timeout)."""
+
+    status: int | None
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def retry_after(self) -> float | None:
+        if self.status not in (429, 503):
+            return None
+        return parse_retry_after(self.headers.get("Retry-After") or self.headers.get("retry-after"))
+
+    @property
+    def code(self) -> str:
+        return str(self.status) if self.status is not None else "none"
+
+
+class HttpSender:
+    """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+        seconds = timeout or DEFAULT_ATTEMPT_TIMEOUT
+        client_timeout = self._timeouts.get(seconds)
+        if client_timeout is None:
+            client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
+        try:
+            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout) as resp:
+                if resp.content_length == 0:
+                    return Attempt(resp.status, b"", resp.headers)  # the usual answer: nothing to read
+                # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.
+                limit = MAX_REPLY_BYTES if 200 <= resp.status < 300 else 1024
+                data = await resp.content.read(limit)
+                # The response's own (case-insensitive, read-only) headers: no copy per event.
+                return Attempt(resp.status, data, resp.headers)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            return Attempt(None, error=f"{type(exc).__name__}: {exc}")
