@@ -37,7 +37,7 @@ local-down: ## Stop what local-up started.
 
 ##@ Test
 .PHONY: test
-test: setup lint test-unit test-integration lint-charts ## Everything CI runs: lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup verify lint test-unit test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-charts.
@@ -53,7 +53,7 @@ test-e2e: ## Whole-system tests that need a Docker engine (and kind).
 
 .PHONY: lint
 lint: ## ruff, mypy, import layers (roles import core, not each other), yamllint.
-	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff check src tests bench hack
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m yamllint -c .yamllint.yaml .
@@ -63,6 +63,16 @@ lint-charts: ## helm lint, ct lint, helm-docs drift, schema validation of every 
 	@if [ -d charts ]; then hack/lint-charts.sh; else echo "no charts yet"; fi
 
 ##@ Build
+.PHONY: generate
+generate: ## Write every generated copy from its one source: CRDs, provider presets (values-*.yaml, overlays, ApplicationSets, docs), base images, chart README.
+	$(PY) hack/generate.py --helm-docs $(BIN)/helm-docs
+
+.PHONY: verify
+verify: generate ## Fail when `make generate` changes anything (a copy edited by hand, or a source changed without it).
+	@new=$$(git ls-files --others --exclude-standard -- charts kustomize gitops docs); \
+	if ! git diff --exit-code --stat || [ -n "$$new" ]; then \
+	  echo "$$new"; echo "generated files differ from their sources: run \`make generate\` and commit the result" >&2; exit 1; fi
+
 .PHONY: manifests
 manifests: ## Render dist/install-<provider>.yaml from the Kustomize overlays.
 	hack/manifests.sh

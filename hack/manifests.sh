@@ -8,17 +8,19 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${KE_CACHE:-$ROOT/.cache}/bin
 KUSTOMIZE=${KUSTOMIZE:-$BIN/kustomize}
 OUT=${OUT:-$ROOT/dist}
-CANONICAL_CRD=$ROOT/src/kafka_eventing/controller/crds/kafkachannels.yaml
+CRDS=$ROOT/src/kafka_eventing/controller/crds
 
 [[ -x $KUSTOMIZE ]] || { echo "kustomize not found at $KUSTOMIZE (run: make setup)" >&2; exit 1; }
 
-# The Kustomize base and the chart carry copies of the canonical CRD (neither tool may read outside its tree);
-# a stale copy would ship an old schema, so refuse to render one.
-for copy in "$ROOT/kustomize/base/crds/kafkachannels.yaml" "$ROOT/charts/kafka-eventing/files/crds/kafkachannels.yaml"; do
-  if ! cmp -s "$CANONICAL_CRD" "$copy"; then
-    echo "stale CRD copy: $copy differs from $CANONICAL_CRD (cp the canonical file over it)" >&2
-    exit 1
-  fi
+# The Kustomize base and the chart carry copies of the CRDs (neither tool may read outside its tree), written by
+# `make generate`; a stale copy would ship an old schema, so refuse to render one.
+for crd in "$CRDS"/*.yaml; do
+  for copy in "$ROOT/kustomize/base/crds/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
+    if ! cmp -s "$crd" "$copy"; then
+      echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2
+      exit 1
+    fi
+  done
 done
 
 mkdir -p "$OUT"

@@ -27,13 +27,14 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
+from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret, load_providers
 from kafka_eventing.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kafka-eventing"
 KUSTOMIZE = ROOT / "kustomize"
-CANONICAL_CRD = ROOT / "src" / "kafka_eventing" / "controller" / "crds" / "kafkachannels.yaml"
+CRDS = ROOT / "src" / "kafka_eventing" / "controller" / "crds"
+CANONICAL_CRD = CRDS / "kafkachannels.yaml"
 BIN = Path(os.environ.get("KE_CACHE", ROOT / ".cache")) / "bin"
 RELEASE = "kafka-eventing"
 NAMESPACE = "knative-eventing"
@@ -42,17 +43,10 @@ SCHEMA_DIR = f"v{K8S_VERSION}-local-strict"  # kubernetes-validate's bundled sch
 OPTIONAL_APIS = ("monitoring.coreos.com/v1", "keda.sh/v1alpha1")
 #: Kinds whose schema is not available offline (Prometheus Operator CRD); checked structurally below instead.
 NO_OFFLINE_SCHEMA = {"ServiceMonitor"}
-SETTINGS_ENV = {"KE_" + f.name.upper() for f in dataclasses.fields(Settings) if f.name != "extra"}
+SETTINGS_ENV = {"KE_" + f.name.upper() for f in dataclasses.fields(Settings)}
 
-#: Helm preset → the Kustomize overlay that must install the same objects.
-PRESETS = {
-    "values-strimzi.yaml": "strimzi",
-    "values-redpanda.yaml": "redpanda",
-    "values-confluent-cloud.yaml": "confluent-cloud",
-    "values-azure-event-hubs.yaml": "azure-event-hubs",
-    "values-aws-msk-scram.yaml": "aws-msk-scram",
-    "values-aws-msk-iam.yaml": "aws-msk-iam",
-}
+#: Helm preset → the Kustomize overlay that must install the same objects (both generated from providers.yaml).
+PRESETS = {f"values-{name}.yaml": name for name in load_providers()["presets"]}
 CI_VALUES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 SCENARIOS = [f"ci/{n}" for n in CI_VALUES] + list(PRESETS)
 
@@ -181,13 +175,14 @@ def container_env(docs: Iterable[dict[str, Any]], deployment: str) -> dict[str, 
 # CRD copies
 
 
-@pytest.mark.parametrize("copy_path", [
-    CHART / "files" / "crds" / "kafkachannels.yaml",
-    KUSTOMIZE / "base" / "crds" / "kafkachannels.yaml",
-], ids=["chart", "kustomize"])
-def test_crd_copies_equal_the_canonical_file(copy_path: Path) -> None:
-    assert CANONICAL_CRD.is_file(), "the controller's canonical CRD is missing"
-    assert copy_path.read_bytes() == CANONICAL_CRD.read_bytes(), f"cp {CANONICAL_CRD} {copy_path}"
+@pytest.mark.parametrize("copies", [CHART / "files" / "crds", KUSTOMIZE / "base" / "crds"], ids=["chart", "kustomize"])
+def test_crd_copies_equal_the_canonical_files(copies: Path) -> None:
+    canonical = sorted(CRDS.glob("*.yaml"))
+    assert CANONICAL_CRD in canonical, "the controller's canonical CRD is missing"
+    assert sorted(p.name for p in copies.glob("*.yaml") if p.name != "kustomization.yaml") == [
+        p.name for p in canonical], "run `make generate`"
+    for crd in canonical:
+        assert (copies / crd.name).read_bytes() == crd.read_bytes(), "run `make generate`"
 
 
 def test_chart_crd_toggles() -> None:
@@ -401,10 +396,11 @@ def test_preset_secret_keys_are_needed_and_sufficient(name: str) -> None:
     keys = kafka["connection"]["requiredSecretKeys"]
     assert keys, f"{name} lists no Secret keys"
     config = preset_connection(name, keys)
-    # Sufficient: the listed keys give the protocol, mechanism and idempotence the preset declares.
+    # Sufficient: the listed keys give the protocol and mechanism the preset declares, and the idempotence of
+    # the provider (Event Hubs has no idempotent producer).
     assert config["security.protocol"] == kafka["connection"]["protocol"]
     assert config.get("sasl.mechanism", "") == kafka["connection"]["saslMechanism"]
-    assert config["idempotence"] is kafka["idempotence"]
+    assert config["idempotence"] is (kafka["provider"] != "azure-event-hubs")
     if kafka["provider"] == "azure-event-hubs":
         assert config["sasl.username"] == "$ConnectionString"
     # Needed: without any one of them the connection fails or comes out different.
@@ -424,7 +420,7 @@ def test_preset_wiring(name: str) -> None:
     assert config["KE_KAFKA_PROVIDER"] == values["kafka"]["provider"]
     assert config["KE_TOPIC_MANAGEMENT"] == values["kafka"]["topicManagement"]
     assert config["KE_BOOTSTRAP_SERVERS"] == values["kafka"]["bootstrapServers"]
-    assert f"enable.idempotence={str(values['kafka']['idempotence']).lower()}" in config["KE_KAFKA_EXTRA"]
+    assert "enable.idempotence" not in config["KE_KAFKA_EXTRA"], "the provider preset decides idempotence"
     assert not of_kind(docs, "Secret"), "presets reference an existing Secret, never create one"
     volumes = one(docs, "Deployment", "kafka-eventing-receiver")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "kafka-secret", "secret": {"secretName": "kafka-connection"}} in volumes
@@ -434,6 +430,36 @@ def test_preset_wiring(name: str) -> None:
     if values["kafka"]["connection"]["saslMechanism"] == "OAUTHBEARER":
         for sa in of_kind(docs, "ServiceAccount"):
             assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+
+
+@pytest.mark.parametrize(("sets", "idempotent"), [
+    (("kafka.provider=azure-event-hubs",), False),  # the preset: Event Hubs has no idempotent producer
+    (("kafka.provider=strimzi",), True),
+    (("kafka.provider=azure-event-hubs", "kafka.idempotence=true"), True),  # an explicit choice wins
+    (("kafka.provider=strimzi", "kafka.idempotence=false"), False),
+])
+def test_idempotence_follows_the_provider_unless_set(sets: tuple[str, ...], idempotent: bool) -> None:
+    """``--set kafka.provider=azure-event-hubs`` alone must not give an idempotent producer: the chart writes
+    ``enable.idempotence`` only when the user sets ``kafka.idempotence`` (extra settings beat the preset)."""
+    config = one(helm(sets=sets), "ConfigMap", "kafka-eventing-config")["data"]
+    assert ("enable.idempotence" in config["KE_KAFKA_EXTRA"]) is ("kafka.idempotence=" in " ".join(sets))
+    settings = Settings.from_env(dict(config))
+    resolved = connection_from_secret({"password": "p", "user": "u", "protocol": "SASL_SSL"},
+                                      provider=settings.kafka_provider, bootstrap_servers=settings.bootstrap_servers,
+                                      extra=settings.kafka_extra_config())
+    assert resolved.idempotence is idempotent
+    assert resolved.producer_config()["enable.idempotence"] is idempotent
+
+
+def test_kustomize_base_sets_the_images_once_at_the_chart_app_version() -> None:
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    base = yaml.safe_load((KUSTOMIZE / "base" / "kustomization.yaml").read_text())
+    assert {i["name"]: i["newTag"] for i in base["images"]} == {
+        f"kafka-eventing-{role}": version for role in ("receiver", "controller", "dispatcher")}
+    for overlay in PRESETS.values():
+        images = {c["image"] for d in of_kind(kustomize(overlay), "Deployment")
+                  for c in d["spec"]["template"]["spec"]["containers"]}
+        assert images and all(i.endswith(f":{version}") for i in images), images
 
 
 def test_dev_secret_checks_required_keys() -> None:
@@ -825,8 +851,9 @@ def test_overlays_are_thin(overlay: str) -> None:
     root = KUSTOMIZE / "overlays" / overlay
     k = yaml.safe_load((root / "kustomization.yaml").read_text())
     assert k["resources"] == ["../../base"]
-    assert "vars" not in k and "patches" not in k
-    assert len(k["images"]) == 3
+    assert "vars" not in k and "images" not in k, "images are set once, in the base"
+    # The one patch an overlay may carry: the pods' cloud identity on the ServiceAccounts (MSK IAM).
+    assert all(p["target"] == {"kind": "ServiceAccount", "name": p["target"]["name"]} for p in k.get("patches") or ())
     (gen,) = k["configMapGenerator"]
     assert gen == {"name": "kafka-eventing-config", "behavior": "merge", "envs": ["params.env"]}
     params = [ln for ln in (root / "params.env").read_text().splitlines() if ln and not ln.startswith("#")]

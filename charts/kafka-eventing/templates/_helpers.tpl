@@ -98,7 +98,10 @@ KE_KAFKA_EXTRA: extraConfig plus enable.idempotence, as "k=v,k=v" sorted by key 
 */}}
 {{- define "kafka-eventing.kafkaExtra" -}}
 {{- $extra := deepCopy .Values.kafka.extraConfig }}
+{{- /* Only an explicit choice: unset, the provider preset decides (Event Hubs has no idempotent producer). */}}
+{{- if not (kindIs "invalid" .Values.kafka.idempotence) }}
 {{- $_ := set $extra "enable.idempotence" (ternary "true" "false" .Values.kafka.idempotence) }}
+{{- end }}
 {{- $items := list }}
 {{- range $k := keys $extra | sortAlpha }}
 {{- $v := toString (get $extra $k) }}

@@ -12,14 +12,23 @@ Certificates are handed to librdkafka inline (``ssl.*.pem``), so nothing secret 
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
 from kafka_eventing.core.redaction import REDACTED, redact
+
+
+def load_providers() -> dict[str, Any]:
+    """``providers.yaml``: client defaults per provider (``providers``) and the install presets (``presets``)."""
+    import yaml
+
+    data: dict[str, Any] = yaml.safe_load(files("kafka_eventing.core").joinpath("providers.yaml").read_text())
+    return data
+
 
 if TYPE_CHECKING:
     from kafka_eventing.core.settings import Settings
@@ -27,34 +36,10 @@ if TYPE_CHECKING:
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
-class Provider(enum.StrEnum):
-    """The Kafka services with a preset (``KE_KAFKA_PROVIDER``, the chart's ``kafka.provider``)."""
+#: Provider presets (``providers.yaml``, the one home of provider facts): defaults a Secret may override.
+#: Differences between providers are configuration, not code paths (MSK IAM's token callback aside).
+PROVIDERS: dict[str, dict[str, Any]] = load_providers()["providers"]
 
-    APACHE = "apache"
-    STRIMZI = "strimzi"
-    REDPANDA = "redpanda"
-    CONFLUENT_CLOUD = "confluent-cloud"
-    AZURE_EVENT_HUBS = "azure-event-hubs"
-    AWS_MSK = "aws-msk"
-    AWS_MSK_IAM = "aws-msk-iam"
-
-
-#: Provider presets: defaults a Secret may override. Differences between providers are configuration.
-PROVIDERS: dict[Provider, dict[str, Any]] = {
-    Provider.APACHE: {},
-    Provider.STRIMZI: {},
-    Provider.REDPANDA: {},
-    Provider.CONFLUENT_CLOUD: {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
-                        "librdkafka": {"session.timeout.ms": "45000"}},
-    # Event Hubs: the user is the literal "$ConnectionString", port 9093, no idempotent producer,
-    # idle connections are cut by the service after 240 s so keep them alive.
-    Provider.AZURE_EVENT_HUBS: {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "user": "$ConnectionString",
-                         "idempotence": False,
-                         "librdkafka": {"socket.keepalive.enable": "true", "metadata.max.age.ms": "180000",
-                                        "connections.max.idle.ms": "180000"}},
-    Provider.AWS_MSK: {"protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
-    Provider.AWS_MSK_IAM: {"protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER", "msk_iam": True},
-}
 
 class KafkaConfigError(ValueError):
     """The connection Secret or preset cannot make a working config; the message says what to change."""
@@ -149,7 +134,7 @@ def connection_from_secret(
     """Resolve a connection from a Secret's data (either format) on top of a provider preset."""
     if provider not in PROVIDERS:
         raise KafkaConfigError(f"unknown Kafka provider {provider!r}; one of {', '.join(PROVIDERS)}")
-    preset = PROVIDERS[Provider(provider)]
+    preset = PROVIDERS[provider]
 
     legacy = "brokers" in data or "sasltype" in data or "username" in data
     user = _text(data, "user") or _text(data, "username") or preset.get("user")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from kafka_eventing.core.kafka_config import Provider
+from kafka_eventing.core.kafka_config import PROVIDERS
 
 PREFIX = "KE_"
 
@@ -67,8 +67,8 @@ class Settings:
     bootstrap_servers: str = "127.0.0.1:9092"
     #: directory holding the connection Secret's keys as files (a mounted Secret) — optional.
     kafka_secret_dir: Path | None = None
-    #: provider preset (``core.kafka_config.PROVIDERS``).
-    kafka_provider: Provider = Provider.APACHE
+    #: provider preset: a name in ``core/providers.yaml`` (checked on construction).
+    kafka_provider: str = "apache"
     #: extra librdkafka properties, "k1=v1,k2=v2" — for tuning without a new release.
     kafka_extra: str = ""
 
@@ -116,6 +116,8 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, hint):
                 object.__setattr__(self, name, _choice(f"{PREFIX}{name.upper()}", hint, value))
+        if self.kafka_provider not in PROVIDERS:
+            raise SettingsError(f"KE_KAFKA_PROVIDER={self.kafka_provider!r} is not one of {', '.join(PROVIDERS)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
