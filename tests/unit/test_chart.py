@@ -175,14 +175,36 @@ def container_env(docs: Iterable[dict[str, Any]], deployment: str) -> dict[str, 
 # CRD copies
 
 
-@pytest.mark.parametrize("copies", [CHART / "files" / "crds", KUSTOMIZE / "base" / "crds"], ids=["chart", "kustomize"])
-def test_crd_copies_equal_the_canonical_files(copies: Path) -> None:
-    canonical = sorted(CRDS.glob("*.yaml"))
+BROKER_CRD_FILES = ("brokers.yaml", "triggers.yaml")  # Knative's own types: opt-in copies
+
+
+@pytest.mark.parametrize(("copies", "optional"), [
+    (CHART / "files" / "crds", True), (KUSTOMIZE / "base" / "crds", False),
+], ids=["chart", "kustomize"])
+def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> None:
+    canonical = sorted(p for p in CRDS.glob("*.yaml") if optional or p.name not in BROKER_CRD_FILES)
     assert CANONICAL_CRD in canonical, "the controller's canonical CRD is missing"
     assert sorted(p.name for p in copies.glob("*.yaml") if p.name != "kustomization.yaml") == [
         p.name for p in canonical], "run `make generate`"
     for crd in canonical:
         assert (copies / crd.name).read_bytes() == crd.read_bytes(), "run `make generate`"
+    component = KUSTOMIZE / "components" / "broker-crds"
+    for name in BROKER_CRD_FILES:
+        assert (component / name).read_bytes() == (CRDS / name).read_bytes(), "run `make generate`"
+
+
+def test_broker_crds_are_opt_in() -> None:
+    kinds = {c["spec"]["names"]["kind"] for c in of_kind(helm(), "CustomResourceDefinition")}
+    assert kinds == {"KafkaChannel"}
+    with_brokers = of_kind(helm(sets=("crds.brokers=true",)), "CustomResourceDefinition")
+    assert {c["spec"]["names"]["kind"] for c in with_brokers} == {"KafkaChannel", "Broker", "Trigger"}
+    for crd in with_brokers:
+        if crd["spec"]["group"] == "eventing.knative.dev":
+            canonical = yaml.safe_load((CRDS / f"{crd['spec']['names']['plural']}.yaml").read_text())
+            assert crd["spec"] == canonical["spec"]
+    assert not of_kind(helm(sets=("crds.brokers=true", "crds.install=false")), "CustomResourceDefinition")
+    config = one(helm(sets=("broker.defaultTopicPartitions=6",)), "ConfigMap", "kafka-broker-config")
+    assert config["data"] == {"default.topic.partitions": "6", "default.topic.replication.factor": "1"}
 
 
 def test_chart_crd_toggles() -> None:
@@ -277,10 +299,19 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert {("keda.sh", r, v) for r in ("scaledobjects", "triggerauthentications")
             for v in ("get", "create", "patch", "delete")} == {k for k in local if k[0] == "keda.sh"}
     assert rules_of(docs, "ClusterRole", "kafka-eventing-receiver") == {
-        ("messaging.knative.dev", "kafkachannels", v) for v in ("get", "list", "watch")}
+        (g, r, v) for g, r in (("messaging.knative.dev", "kafkachannels"), ("eventing.knative.dev", "brokers"))
+        for v in ("get", "list", "watch")}
     dispatcher = rules_of(docs, "ClusterRole", "kafka-eventing-dispatcher")
     assert ("messaging.knative.dev", "kafkachannels/status", "patch") in dispatcher
     assert ("messaging.knative.dev", "kafkachannels", "update") not in dispatcher
+    # Brokers: the controller owns their status and finalizer and reads Trigger/Broker config; a Broker's
+    # dispatcher only reads its Broker and Triggers.
+    for sub in ("brokers/status", "brokers/finalizers", "triggers/status"):
+        assert ("eventing.knative.dev", sub, "patch") in controller
+    assert {("eventing.knative.dev", r, "watch") for r in ("brokers", "triggers")} <= controller
+    assert {v for g, r, v in controller if r == "configmaps"} == {"get"}
+    assert {(r, v) for g, r, v in dispatcher if g == "eventing.knative.dev"} == {
+        (r, v) for r in ("brokers", "triggers") for v in ("get", "list", "watch")}
     # Cluster-wide Secret reads only when asked for, and then only read verbs.
     wide = rules_of(helm(sets=("controller.rbac.clusterWideSecretRead=true",)), "ClusterRole",
                     "kafka-eventing-controller")
