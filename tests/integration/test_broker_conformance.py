@@ -11,6 +11,7 @@ out (dropped and counted); failed deliveries are retried then dead-lettered with
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -107,11 +108,12 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
     http.behaviours.update({"/replier": reply_with(PONG), "/loop": loop_reply,
                             "/failing": lambda _r, _a: (500, {}, b"broken", 0.0)})
 
-    def trigger(name: str, path: str, filters: list[dict[str, Any]] | None = None, **spec: Any) -> None:
+    def trigger(name: str, path: str, filters: list[dict[str, Any]] | None = None,
+                annotations: dict[str, str] | None = None, **spec: Any) -> None:
         body: dict[str, Any] = {"broker": BROKER, "subscriber": {"uri": http.url(path)}, **spec}
         if filters is not None:
             body["filters"] = filters
-        brokers.trigger(name, body)
+        brokers.trigger(name, body, annotations)
 
     trigger("all", "/all")
     trigger("orders", "/orders", [{"prefix": {"type": "com.example.order."}}])
@@ -122,7 +124,11 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
     trigger("loop", "/loop", [{"exact": {"type": "com.example.loop"}}])
     trigger("failing", "/failing", [{"exact": {"type": "com.example.fail"}}],
             delivery={"retry": 1, "backoffDelay": "PT0.05S", "deadLetterSink": {"uri": http.url("/dls")}})
-    names = ("all", "orders", "eu-orders", "none", "replier", "pongs", "loop", "failing")
+    # Ordered: one event at a time per partition, so the slower early events still arrive first.
+    http.behaviours["/ordered"] = lambda r, _a: (200, {}, b"", 0.05 if int(r.headers["ce-seq"]) % 3 == 0 else 0.0)
+    trigger("ordered", "/ordered", [{"exact": {"type": "com.example.seq"}}],
+            {kb.ANNOTATION_DELIVERY_ORDER: "ordered"})
+    names = ("all", "orders", "eu-orders", "none", "replier", "pongs", "loop", "failing", "ordered")
     for name in names:
         brokers.wait(kb.TRIGGERS, name, "Ready", "True")
 
@@ -145,6 +151,13 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
     send("ping-1", "com.example.ping")
     send("loop-start", "com.example.loop", **{TTL_EXTENSION: "3"})
     send("f-1", "com.example.fail")
+    # One batch: all twelve reach Kafka (and the dispatcher) together, so only ordering can space them out.
+    sequence = [f"seq-{i}" for i in range(12)]
+    batch = [{"specversion": "1.0", "id": event_id, "source": "/itest", "type": "com.example.seq",
+              "partitionkey": "one-key", "seq": str(i), "data": {"i": i}} for i, event_id in enumerate(sequence)]
+    answer = httpx.post(receiver.url + ingress, content=json.dumps(batch).encode(), timeout=20,
+                        headers={"content-type": "application/cloudevents-batch+json"})
+    assert answer.status_code == 202, answer.text
 
     wait_for(lambda: {"o-1", "o-2", "u-1", "ping-1", "pong-1", "loop-start", "f-1"} <= set(http.ids("/all")), 60,
              "every event, the reply included, at the Trigger without a filter")
@@ -152,6 +165,12 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
     wait_for(lambda: set(http.ids("/eu")) == {"o-1"}, 30, "the CESQL Trigger's one event")
     wait_for(lambda: http.ids("/pongs") == ["pong-1"], 30, "the reply routed back through the Broker")
     wait_for(lambda: http.ids("/dls") == ["f-1"], 30, "the failing delivery dead-lettered")
+    wait_for(lambda: len(http.ids("/ordered")) == len(sequence), 30, "the ordered Trigger's events")
+    assert http.ids("/ordered") == sequence  # one partition key: one partition, delivered in order
+    # ... one at a time: an event goes out only once the one before it was answered (a 50 ms answer for every
+    # third), which unordered delivery, all in flight at once, would not wait for.
+    arrivals = [r.at for r in http.at("/ordered")]
+    assert all(arrivals[i + 1] - arrivals[i] >= 0.045 for i in range(0, len(sequence) - 1, 3))
 
     # Attributes, extensions and data byte-identical.
     o1 = next(r for r in http.at("/orders") if r.headers["ce-id"] == "o-1")
@@ -189,4 +208,4 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
              "the non-matching Trigger's group committed to the end of the topic")
     # Each event at least once at every matching Trigger; exactly these events, no other.
     assert set(http.ids("/all")) == {"o-1", "o-2", "u-1", "ping-1", "pong-1", "loop-start", "loop-3", "loop-2",
-                                     "f-1"}
+                                     "f-1", *sequence}
