@@ -285,7 +285,7 @@ def test_trigger_dependency_and_dead_letter_sink(brokers: Brokers) -> None:
     brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
     brokers.patch(kb.TRIGGERS, "t", {"spec": {"delivery": {"deadLetterSink": {
         "ref": {"apiVersion": "v1", "kind": "Service", "name": "own-dls"}}}}})
-    brokers.wait(kb.TRIGGERS, "t", "DeadLetterSinkResolved", "False", "DestinationNotFound")
+    brokers.wait(kb.TRIGGERS, "t", "DeadLetterSinkResolved", "False", "DeadLetterSinkUnresolved")
     brokers.service("own-dls")
     brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
     assert brokers.get(kb.TRIGGERS, "t")["status"]["deadLetterSinkUri"] == (

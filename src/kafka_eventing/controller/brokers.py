@@ -164,15 +164,11 @@ class BrokerReconciler:
             status["address"] = None
             conditions.append(Condition.false(cond.ADDRESSABLE, "NotReady",
                                               "the address is published once the topic and data plane are ready"))
-        dls = (spec.get("delivery") or {}).get("deadLetterSink")
-        status["deadLetterSinkUri"] = None
-        if dls:
-            try:
-                status["deadLetterSinkUri"] = resolve_destination(self.core, self.custom, dls, namespace,
-                                                                  "dead-letter sink")
-                conditions.append(Condition.true(cond.DEAD_LETTER_SINK_RESOLVED))
-            except Unresolved as exc:
-                conditions.append(Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, exc.reason, str(exc)))
+        sink = self.base.dead_letter_sink(namespace, spec)
+        status["deadLetterSinkUri"] = sink[1] if sink else None
+        if sink is not None:
+            conditions.append(sink[0])
+            if not sink[0].is_true:
                 result = Result(requeue_after=self.recheck_seconds)
         conditions.append(cond.ready_condition(conditions, BROKER_DEPENDENTS))
         self.base.patch_status(obj, status, conditions, BROKER_API)
@@ -369,17 +365,14 @@ class BrokerReconciler:
         conditions.append(dependency)
         if not dependency.is_true:
             result = recheck
-        sink = (spec.get("delivery") or {}).get("deadLetterSink")
-        status["deadLetterSinkUri"] = None
-        if sink:
-            try:
-                status["deadLetterSinkUri"] = resolve_destination(self.core, self.custom, sink, namespace,
-                                                                  "dead-letter sink")
-                conditions.append(Condition.true(cond.DEAD_LETTER_SINK_RESOLVED))
-            except Unresolved as exc:
-                conditions.append(Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, exc.reason, str(exc)))
+        sink = self.base.dead_letter_sink(namespace, spec)
+        status["deadLetterSinkUri"] = sink[1] if sink else None
+        if sink is not None:
+            conditions.append(sink[0])
+            if not sink[0].is_true:
                 result = recheck
         elif broker is not None and (broker.get("status") or {}).get("deadLetterSinkUri"):
+            # The Broker's sink is every Trigger's default (upstream: Trigger delivery, else Broker delivery).
             status["deadLetterSinkUri"] = broker["status"]["deadLetterSinkUri"]
         if not conditions[0].is_true:
             result = recheck

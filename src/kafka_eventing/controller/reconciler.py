@@ -147,7 +147,7 @@ class Reconciler:
             cond.RECEIVER_DEPLOYMENT_READY, "ReceiverDeploymentUnavailable",
             f"receiver Deployment {self.settings.system_namespace}/{self.settings.receiver_deployment_name}: {why}"))
 
-        dls = self._dead_letter_sink(ref, spec)
+        dls = self.dead_letter_sink(ref.namespace, spec)
         if dls is not None:
             dls_cond, dls_uri = dls
             conditions.append(dls_cond)
@@ -257,12 +257,13 @@ class Reconciler:
                                        api_error(exc)))
         return out
 
-    def _dead_letter_sink(self, ref: res.ChannelRef, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
+    def dead_letter_sink(self, namespace: str, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
+        """``spec.delivery.deadLetterSink`` resolved (the condition and the URI), None when there is none."""
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
         if not sink:
             return None
         try:
-            uri = resolve_destination(self.core, self.custom, sink, ref.namespace, "dead-letter sink")
+            uri = resolve_destination(self.core, self.custom, sink, namespace, "dead-letter sink")
         except Unresolved as exc:
             reason = "DeadLetterSinkNotAddressable" if exc.reason == "DestinationNotAddressable" \
                 else "DeadLetterSinkUnresolved"
