@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
 
-from kafka_eventing.controller.brokers import BROKER_FINALIZER, broker_dispatcher_name
+from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
@@ -113,10 +114,11 @@ def brokers(env: Env) -> Iterator[Brokers]:  # noqa: F811 - the fixture imported
         for ctl in env.controllers:
             ctl.stop()
         env.controllers.clear()
-        # Brokers keep their finalizer once the controller is gone: strip it so the namespace can go.
-        for item in env.custom.list_namespaced_custom_object(kb.GROUP, kb.VERSION, b.ns, kb.BROKERS)["items"]:
-            with contextlib.suppress(ApiException):
-                b.patch(kb.BROKERS, item["metadata"]["name"], {"metadata": {"finalizers": []}})
+        # Brokers and Triggers keep their finalizer once the controller is gone: strip it so the namespace can go.
+        for plural in (kb.BROKERS, kb.TRIGGERS):
+            for item in env.custom.list_namespaced_custom_object(kb.GROUP, kb.VERSION, b.ns, plural)["items"]:
+                with contextlib.suppress(ApiException):
+                    b.patch(plural, item["metadata"]["name"], {"metadata": {"finalizers": []}})
 
 
 def start(environment: Env, **settings: Any) -> None:
@@ -290,3 +292,32 @@ def test_trigger_dependency_and_dead_letter_sink(brokers: Brokers) -> None:
     brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
     assert brokers.get(kb.TRIGGERS, "t")["status"]["deadLetterSinkUri"] == (
         f"http://own-dls.{e.namespace}.svc.cluster.local")
+
+
+def test_deleting_a_trigger_deletes_its_consumer_group(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    assert TRIGGER_FINALIZER in brokers.get(kb.TRIGGERS, "t")["metadata"]["finalizers"]
+    # What a dispatcher leaves behind: the group's committed offsets.
+    topic, group = kb.broker_topic(e.namespace, "b"), kb.trigger_group(e.namespace, "t")
+    consumer = Consumer({**e.kafka.client_config(), "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    finally:
+        consumer.close()
+
+    def group_exists() -> bool:
+        try:
+            e.admin.describe_consumer_groups([group])[group].result(timeout=10)
+        except KafkaException:
+            return False
+        listed = e.admin.list_consumer_groups().result(timeout=10)
+        return group in {g.group_id for g in listed.valid}
+
+    assert group_exists()
+    brokers.delete(kb.TRIGGERS, "t")
+    eventually(lambda: brokers.gone(kb.TRIGGERS, "t"), what="trigger deleted")
+    assert not group_exists()

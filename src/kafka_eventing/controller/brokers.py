@@ -54,6 +54,8 @@ HTTP_NOT_FOUND = 404
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
 BROKER_FINALIZER = "kafka.eventing.knative.dev/broker"
+#: A deleted Trigger's consumer group (and its offsets) goes too: a new Trigger of the same name starts at latest.
+TRIGGER_FINALIZER = "kafka.eventing.knative.dev/trigger"
 #: Names the Broker ("<namespace>/<name>") a dispatcher Deployment or Service belongs to.
 ANNOTATION_BROKER = "kafka.eventing.knative.dev/broker"
 BROKER_DISPATCHER_SUFFIX = "-kb-dispatcher"
@@ -341,12 +343,15 @@ class BrokerReconciler:
             self.filters.forget((namespace, name))
             return Result()
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        if meta.get("deletionTimestamp"):
-            return Result()
         broker_name = kb.trigger_broker(obj)
         broker = self.brokers.brokers.get(namespace, broker_name) if broker_name else None
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            return self._finalize_trigger(obj, broker) if TRIGGER_FINALIZER in finalizers else Result()
         if broker is not None and not kb.is_kafka_broker(broker):
             return Result()  # another Broker class's Trigger
+        if TRIGGER_FINALIZER not in finalizers:
+            obj = self.base.set_finalizers(obj, [*finalizers, TRIGGER_FINALIZER], TRIGGER_API)
         conditions: list[Condition] = []
         status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
         result = Result()
@@ -379,6 +384,31 @@ class BrokerReconciler:
         conditions.append(cond.ready_condition(conditions, TRIGGER_DEPENDENTS))
         self.base.patch_status(obj, status, conditions, TRIGGER_API)
         return result
+
+    def _finalize_trigger(self, obj: Mapping[str, Any], broker: Mapping[str, Any] | None) -> Result:
+        meta = obj["metadata"]
+        group = kb.trigger_group(meta["namespace"], meta["name"])
+        connection: ResolvedConnection | None = None
+        if broker is not None:
+            try:
+                connection = self.broker_config(broker).connection
+            except BrokerConfigError:
+                connection = None
+        if connection is None:
+            connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+        try:
+            # Members still in the group (the dispatcher retiring its consumer) make this retry with backoff.
+            self._admin(connection).delete_group(group)
+        except TopicError as exc:
+            return Result(error=str(exc))
+        self.filters.forget((meta["namespace"], meta["name"]))
+        try:
+            self.base.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != TRIGGER_FINALIZER],
+                                     TRIGGER_API)
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        return Result()
 
     def _broker_ready(self, namespace: str, name: str, broker: Mapping[str, Any] | None) -> Condition:
         if not name:
