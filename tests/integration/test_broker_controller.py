@@ -321,3 +321,51 @@ def test_deleting_a_trigger_deletes_its_consumer_group(brokers: Brokers) -> None
     brokers.delete(kb.TRIGGERS, "t")
     eventually(lambda: brokers.gone(kb.TRIGGERS, "t"), what="trigger deleted")
     assert not group_exists()
+
+
+KSVC_CRD = {
+    # The smallest stand-in for Knative Serving's Service CRD: the controller reads only status.address.url.
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "services.serving.knative.dev"},
+    "spec": {"group": "serving.knative.dev", "scope": "Namespaced",
+             "names": {"kind": "Service", "plural": "services", "singular": "service", "listKind": "ServiceList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def test_knative_service_subscriber_resolves_once_its_crd_is_served(brokers: Brokers) -> None:
+    e = brokers.env
+    ext = client.ApiextensionsV1Api(e.api)
+    start(e)
+    brokers.ready_broker("b")
+    ref = {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "hello"}
+    brokers.trigger("to-ksvc", {"broker": "b", "subscriber": {"ref": ref}})
+    missing = brokers.wait(kb.TRIGGERS, "to-ksvc", "SubscriberResolved", "False", "DestinationNotFound")
+    assert "hello" in missing["message"]
+    with contextlib.suppress(ApiException):  # 409: another test of the session installed it
+        ext.create_custom_resource_definition(KSVC_CRD)
+    try:
+        _resolve_ksvc(brokers)
+    finally:
+        with contextlib.suppress(ApiException):  # later tests see an API server without Knative Serving
+            ext.delete_custom_resource_definition("services.serving.knative.dev")
+
+
+def _resolve_ksvc(brokers: Brokers) -> None:
+    e = brokers.env
+    ext = client.ApiextensionsV1Api(e.api)
+    eventually(lambda: any(c.type == "Established" and c.status == "True" for c in
+                           ext.read_custom_resource_definition("services.serving.knative.dev").status.conditions
+                           or ()), what="Knative Service CRD established")
+    e.custom.create_namespaced_custom_object("serving.knative.dev", "v1", e.namespace, "services", {
+        "apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": "hello"}})
+    brokers.wait(kb.TRIGGERS, "to-ksvc", "SubscriberResolved", "False", "DestinationNotAddressable")
+    e.custom.patch_namespaced_custom_object_status(
+        "serving.knative.dev", "v1", e.namespace, "services", "hello",
+        {"status": {"address": {"url": f"http://hello.{e.namespace}.svc.cluster.local"}}},
+        _content_type=MERGE)
+    brokers.wait(kb.TRIGGERS, "to-ksvc", "Ready", "True")
+    assert brokers.get(kb.TRIGGERS, "to-ksvc")["status"]["subscriberUri"] == (
+        f"http://hello.{e.namespace}.svc.cluster.local")
