@@ -56,10 +56,11 @@ def ingress_url(receiver_host: str, namespace: str, name: str) -> str:
     return f"http://{receiver_host}/{namespace}/{name}"
 
 
-def broker_ingress(obj: Mapping[str, Any]) -> Channel | None:
+def broker_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channel | None:
     """A Kafka-class Broker as the receiver sees it: where its events go, and whether they may go there yet.
 
     Ready once the controller reports TopicReady (not Ready: that includes the receiver's own availability).
+    ``reconciled=False`` (a standalone YAML, no controller): ready unless its status says otherwise.
     Brokers of other classes are None: another implementation serves them.
     """
     if not is_kafka_broker(obj):
@@ -69,7 +70,9 @@ def broker_ingress(obj: Mapping[str, Any]) -> Channel | None:
     topic_ready = next((c for c in (obj.get("status") or {}).get("conditions") or ()
                         if c.get("type") == "TopicReady"), None)
     ready = topic_ready is not None and str(topic_ready.get("status")) == "True"
-    if topic_ready is None:
+    if topic_ready is None and not reconciled:
+        ready, reason = True, ""
+    elif topic_ready is None:
         reason = "not reconciled yet: the controller has not reported TopicReady"
     else:
         reason = "" if ready else str(topic_ready.get("message") or topic_ready.get("reason") or "topic not ready")

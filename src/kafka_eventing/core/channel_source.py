@@ -141,7 +141,7 @@ class FileChannelSource(_Cache):
             return
         self._stamp = stamp
         try:
-            channels = load_channels_file(self.path, self.settings)
+            channels = self._load()
         except (ChannelSpecError, OSError, AttributeError, TypeError, ValueError) as exc:
             # AttributeError/TypeError: YAML that parses but is not a mapping of documents.
             log.error("channels file rejected, keeping the last good set",
@@ -149,6 +149,30 @@ class FileChannelSource(_Cache):
             return
         log.info("channels loaded", extra={"path": str(self.path), "channels": len(channels)})
         self._publish(channels)
+
+    def _load(self) -> Snapshot:
+        return load_channels_file(self.path, self.settings)
+
+
+def documents(path: Path) -> list[Mapping[str, Any]]:
+    """Every object of a YAML file (multi-document, ``kind: List`` items flattened)."""
+    import yaml
+
+    with path.open() as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    return [item for d in docs for item in (d.get("items", []) if d.get("kind") == "List" else [d])]
+
+
+class FileBrokerSource(FileChannelSource):
+    """Kafka-class Brokers from the same YAML file as the channels (standalone mode: no controller, so a Broker
+    without status is ready and its topic is made by whoever wrote the file)."""
+
+    def _load(self) -> Snapshot:
+        out: Snapshot = {}
+        for doc in documents(self.path):
+            if doc.get("kind") == "Broker" and (broker := kb.broker_ingress(doc, reconciled=False)) is not None:
+                out[broker.key] = broker
+        return out
 
 
 class KubeChannelSource(_Cache):
@@ -268,13 +292,13 @@ class KubeBrokerSource(KubeChannelSource):
         return kb.broker_ingress(obj)
 
 
-def broker_source(settings: Settings, api_client: Any) -> KubeBrokerSource | None:
+def broker_source(settings: Settings, api_client: Any) -> ChannelSource | None:
     """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     if settings.channel_source != "kube":
-        return None
+        return FileBrokerSource(settings.channels_file, settings) if settings.channels_file else None
     try:
         found = client.CustomObjectsApi(api_client).get_api_resources(kb.GROUP, kb.VERSION)
     except ApiException as exc:

@@ -23,7 +23,7 @@ from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
-from kafka_eventing.dispatcher.triggers import KubeTriggerSource
+from kafka_eventing.dispatcher.triggers import FileTriggerSource, KubeTriggerSource
 
 log = logging.getLogger("kafka_eventing.dispatcher")
 
@@ -34,8 +34,14 @@ async def _run(settings: Settings) -> None:
     source: ChannelSource
     if settings.broker_name:
         # A Broker's Triggers get their status from the controller; status.subscribers is a channel's field.
-        source = KubeTriggerSource(kube_api_client(settings.kubeconfig), settings.broker_namespace,
-                                   settings.broker_name)
+        if settings.channel_source == "kube":
+            source = KubeTriggerSource(kube_api_client(settings.kubeconfig), settings.broker_namespace,
+                                       settings.broker_name)
+        elif settings.channels_file is not None:
+            source = FileTriggerSource(settings.channels_file, settings, settings.broker_namespace,
+                                       settings.broker_name)
+        else:
+            raise SettingsError("a Broker's dispatcher in file mode needs KE_CHANNELS_FILE")
         writer = MemoryStatusWriter()
     elif settings.channel_source == "kube":
         api_client = kube_api_client(settings.kubeconfig)

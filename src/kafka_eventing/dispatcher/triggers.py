@@ -14,25 +14,29 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kafka_eventing.broker.filters import FilterError, RecordFilter, TriggerFilters
 from kafka_eventing.core import brokers as kb
-from kafka_eventing.core.channel_source import Snapshot, _Cache
+from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.informer import Informer
+from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
-                       reply_uri: str | None) -> Subscriber | None:
-    """The Subscriber of a Trigger, or None while it cannot be dispatched (no subscriber URI, bad filter)."""
+                       reply_uri: str | None, *, standalone: bool = False) -> Subscriber | None:
+    """The Subscriber of a Trigger, or None while it cannot be dispatched (no subscriber URI, bad filter).
+
+    ``standalone`` (a YAML file, no controller to resolve refs): ``spec.subscriber.uri`` is the URI."""
     meta, spec = trigger.get("metadata") or {}, trigger.get("spec") or {}
     status = trigger.get("status") or {}
     name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
-    uri = status.get("subscriberUri")
+    uri = status.get("subscriberUri") or ((spec.get("subscriber") or {}).get("uri") if standalone else None)
     if not uri:
         return None
     try:
@@ -51,8 +55,8 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
 
 
 def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]], filters: TriggerFilters,
-                   reply_uri: str | None = None) -> Channel | None:
-    base = kb.broker_ingress(broker)
+                   reply_uri: str | None = None, *, standalone: bool = False) -> Channel | None:
+    base = kb.broker_ingress(broker, reconciled=not standalone)
     if base is None:
         return None
     name = base.name
@@ -61,7 +65,7 @@ def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]],
     for trigger in sorted(triggers, key=lambda t: str((t.get("metadata") or {}).get("name"))):
         if kb.trigger_broker(trigger) != name or (trigger.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        sub = trigger_subscriber(trigger, broker, filters, reply)
+        sub = trigger_subscriber(trigger, broker, filters, reply, standalone=standalone)
         if sub is not None:
             subscribers.append(sub)
     return Channel(namespace=base.namespace, name=name, topic=base.topic, ready=base.ready, reason=base.reason,
@@ -113,3 +117,23 @@ class KubeTriggerSource(_Cache):
             if channel is not None:
                 snapshot[channel.key] = channel
         self._publish(snapshot)
+
+
+class FileTriggerSource(FileChannelSource):
+    """One Broker and its Triggers from a YAML file (standalone mode, as ``kafka-eventing run --broker`` writes)."""
+
+    def __init__(self, path: Path, settings: Settings, namespace: str, name: str,
+                 poll_interval: float = 1.0) -> None:
+        super().__init__(path, settings, poll_interval)
+        self.namespace, self.name = namespace, name
+        self.filters = TriggerFilters()
+
+    def _load(self) -> Snapshot:
+        docs = documents(self.path)
+        broker = next((d for d in docs if d.get("kind") == "Broker"
+                       and (d.get("metadata") or {}).get("name") == self.name
+                       and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace), None)
+        triggers = [d for d in docs if d.get("kind") == "Trigger"
+                    and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace]
+        channel = None if broker is None else broker_channel(broker, triggers, self.filters, standalone=True)
+        return {} if channel is None else {channel.key: channel}

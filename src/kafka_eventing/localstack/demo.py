@@ -81,7 +81,8 @@ class DemoSubscriber:
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for a serve_forever loop: one never started would hang
+            self.server.shutdown()
         self.server.server_close()
 
     def got(self, ids: list[str]) -> bool:
@@ -191,6 +192,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed for the round trip")
     parser.add_argument("--exit-after-demo", action="store_true", help="exit after the round trip (0 = delivered)")
     parser.add_argument("--workdir", type=Path, default=cache_dir() / "run", help="state and logs (wiped first)")
+    parser.add_argument("--broker", action="store_true",
+                        help="the Kafka Broker instead: one Broker, three Triggers with different filters, fan-out")
     args = parser.parse_args(argv)
 
     workdir: Path = args.workdir
@@ -201,6 +204,8 @@ def main(argv: list[str]) -> int:
     children = Children()
     try:
         with _signals():
+            if args.broker:
+                return _run_broker(args, workdir, node, children)
             return _run(args, workdir, node, subscriber, children)
     except _Interrupted:
         say("\nstopping (interrupted)...")
@@ -275,3 +280,129 @@ def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: D
     while True:
         children.check()
         time.sleep(0.5)
+
+
+# -- `kafka-eventing run --broker` ---------------------------------------------------------------------------
+BROKER = "demo"
+#: (Trigger, what its filter says, the filter): three dialects, three different selections of the same events.
+DEMO_TRIGGERS = (
+    ("all-orders", "prefix type=com.example.order.", [{"prefix": {"type": "com.example.order."}}]),
+    ("eu-orders", "cesql: type LIKE 'com.example.order.%' AND region = 'eu'",
+     [{"cesql": "type LIKE 'com.example.order.%' AND region = 'eu'"}]),
+    ("not-orders", "not prefix type=com.example.order.", [{"not": {"prefix": {"type": "com.example.order."}}}]),
+)
+DEMO_EVENTS = (
+    ("com.example.order.created", "eu"), ("com.example.order.created", "us"), ("com.example.user.created", "eu"),
+    ("com.example.order.shipped", "eu"), ("com.example.user.deleted", "us"),
+)
+
+
+def broker_yaml(ingress: str, subscribers: dict[str, str]) -> str:
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+        "metadata": {"name": BROKER, "namespace": NAMESPACE,
+                     "annotations": {"eventing.knative.dev/broker.class": "Kafka"}},
+        # Standalone: no controller resolves the address, so it is written here (replies go to it).
+        "status": {"address": {"url": ingress}},
+    }]
+    for name, _, filters in DEMO_TRIGGERS:
+        docs.append({"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+                     "metadata": {"name": name, "namespace": NAMESPACE},
+                     "spec": {"broker": BROKER, "filters": filters, "subscriber": {"uri": subscribers[name]}}})
+    return "# Written by `kafka-eventing run --broker`: the Broker and Triggers the demo serves.\n" + \
+        yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def send_broker_event(port: int, event_id: str, event_type: str, region: str) -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/{NAMESPACE}/{BROKER}", data=json.dumps({"id": event_id}).encode(), method="POST",
+        headers={"ce-specversion": "1.0", "ce-id": event_id, "ce-type": event_type, "ce-region": region,
+                 "ce-source": "/kafka-eventing/demo", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 - http://127.0.0.1 only
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _run_broker(args: argparse.Namespace, workdir: Path, node: KafkaNode, children: Children) -> int:
+    from kafka_eventing.core.brokers import broker_topic
+
+    say(f"starting a local Kafka node (logs: {node.log_path})...")
+    node.start()
+    topic = broker_topic(NAMESPACE, BROKER)
+    create_topic(node.bootstrap_servers, topic)
+    say(f"kafka ready at {node.bootstrap_servers}; Broker topic {topic} ({PARTITIONS} partitions) created")
+    subscribers = {name: DemoSubscriber() for name, _, _ in DEMO_TRIGGERS}
+    try:
+        for sub in subscribers.values():
+            sub.start()
+        ingress = f"http://127.0.0.1:{args.port}/{NAMESPACE}/{BROKER}"
+        config = workdir / "broker.yaml"
+        config.write_text(broker_yaml(ingress, {n: f"http://127.0.0.1:{s.port}/" for n, s in subscribers.items()}))
+        say(f"broker file: {config} (Broker {NAMESPACE}/{BROKER}, {len(DEMO_TRIGGERS)} Triggers)")
+        for name, what, _ in DEMO_TRIGGERS:
+            say(f"  Trigger {name:<11} {what}")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+               "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(config),
+               "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
+               "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
+        if os.environ.get("KE_CACHE"):
+            env["KE_CACHE"] = os.environ["KE_CACHE"]
+        children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
+                                    "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
+                       env, workdir / "receiver.log")
+        dispatcher_port = _proc.free_port()
+        children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                       {**env, "KE_BROKER_NAMESPACE": NAMESPACE, "KE_BROKER_NAME": BROKER,
+                        "KE_METRICS_PORT": str(dispatcher_port)},
+                       workdir / "dispatcher.log")
+        wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
+        # Each Trigger's consumer group starts at the latest offset: send once every group has joined.
+        wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
+        say(f"receiver on {ingress}; dispatcher status at http://127.0.0.1:{dispatcher_port}/status")
+
+        stamp = int(time.time())
+        sent = []
+        for number, (event_type, region) in enumerate(DEMO_EVENTS, 1):
+            event_id = f"ev-{number}-{stamp}"
+            code = send_broker_event(args.port, event_id, event_type, region)
+            say(f"[sender] POST /{NAMESPACE}/{BROKER} {event_id} type={event_type} region={region} -> {code}")
+            if code != 202:
+                raise RuntimeError(f"the receiver answered {code}; see {workdir / 'receiver.log'}")
+            sent.append((event_id, event_type, region))
+        expected = {name: [eid for eid, t, r in sent if _demo_match(name, t, r)] for name, _, _ in DEMO_TRIGGERS}
+        deadline = time.monotonic() + args.deadline
+        while not all(subscribers[n].got(ids) for n, ids in expected.items()):
+            children.check()
+            if time.monotonic() > deadline:
+                say("NOT DELIVERED in time: " + ", ".join(
+                    f"{n}: {sorted(set(ids) - set(subscribers[n].received))}" for n, ids in expected.items()))
+                return 1
+            time.sleep(0.05)
+        time.sleep(0.5)  # a wrong extra delivery would arrive by now
+        say("\nwhich subscriber got what:")
+        wrong = False
+        for name, what, _ in DEMO_TRIGGERS:
+            got = sorted(set(subscribers[name].received))
+            wrong = wrong or got != sorted(expected[name])
+            say(f"  {name:<11} ({what}): {', '.join(got) or '-'}")
+        if wrong:
+            say("a subscriber got an event its filter does not select")
+            return 1
+        say(f"\nfan-out complete: {len(sent)} events in, each delivered to every Trigger whose filter matches")
+        if args.exit_after_demo:
+            return 0
+        say("\nrunning; press Ctrl-C to stop")
+        while True:
+            children.check()
+            time.sleep(0.5)
+    finally:
+        for sub in subscribers.values():
+            sub.stop()
+
+
+def _demo_match(trigger: str, event_type: str, region: str) -> bool:
+    """What each demo Trigger's filter selects, said independently of the filter engine (checks the output)."""
+    order = event_type.startswith("com.example.order.")
+    return {"all-orders": order, "eu-orders": order and region == "eu", "not-orders": not order}[trigger]
