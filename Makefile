@@ -37,11 +37,19 @@ local-down: ## Stop what local-up started.
 
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, integration (real Kafka, apiserver, Spark), chart checks.
+test: setup verify lint test-unit test-cesql test-integration lint-charts ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), chart checks.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed); the chart render tests run in lint-charts.
 	$(PYTEST) tests/unit -q --ignore=tests/unit/test_chart.py
+
+# The CloudEvents SQL conformance suite (cloudevents/spec cesql/cesql_tck) lives beside the repository.
+CESQL_TCK ?= $(ROOT)/../shared/reference/cesql-tck
+
+.PHONY: test-cesql
+test-cesql: ## CloudEvents SQL conformance: every case of every TCK file in ../shared/reference/cesql-tck.
+	@test -d "$(CESQL_TCK)" || { echo "test-cesql: no CESQL TCK at $(CESQL_TCK) (../shared/reference/cesql-tck beside the repository; or set CESQL_TCK=dir)" >&2; exit 1; }
+	$(PY) -m kafka_eventing cesql tck $(CESQL_TCK)
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
@@ -93,7 +101,7 @@ bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .ca
 	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
-bench: bench-receiver bench-dispatcher bench-controller bench-spark ## All benchmarks.
+bench: bench-receiver bench-dispatcher bench-controller bench-spark bench-cesql ## All benchmarks.
 
 .PHONY: bench-receiver
 bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.
@@ -110,3 +118,7 @@ bench-controller: setup ## 500 KafkaChannels to Ready on the real apiserver + Ka
 .PHONY: bench-spark
 bench-spark: setup ## Archive/replay throughput at local[1] and local[2] vs a single-process baseline.
 	$(PY) bench/spark.py
+
+.PHONY: bench-cesql
+bench-cesql: setup ## CESQL per-event evaluation vs a hand-written Python lambda, side by side; compile time.
+	$(PY) bench/cesql.py

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import enum
 import re
 from collections.abc import Sequence
 from typing import NoReturn, TypeVar
@@ -30,7 +31,7 @@ WHITESPACE = (
 )
 
 
-class Fail(Exception):  # noqa: N818 - a control-flow signal carrying the error, not an error type of its own
+class Fail(Exception):
     """Stops an evaluation at its first error."""
 
     __slots__ = ("error",)
@@ -199,10 +200,17 @@ def no_function(name: str, arity: int, errs: Errors) -> bool:
 # -- LIKE ----------------------------------------------------------------------------------------------------
 
 
-def like_parts(pattern: str) -> list[str]:
-    """The pattern as literal runs and the wildcards '%' and '_' (a backslash escapes '%' and '_'; before any other
-    character it is itself)."""
-    parts: list[str] = []
+class Wildcard(enum.Enum):
+    """A LIKE wildcard, by the regular expression it stands for."""
+
+    ANY = ".*"  # %
+    ONE = "."  # _
+
+
+def like_parts(pattern: str) -> list[str | Wildcard]:
+    """The pattern as literal runs and wildcards ('%', '_'); a backslash escapes '%' and '_', before any other
+    character it is itself."""
+    parts: list[str | Wildcard] = []
     literal: list[str] = []
     i = 0
     while i < len(pattern):
@@ -215,7 +223,7 @@ def like_parts(pattern: str) -> list[str]:
             if literal:
                 parts.append("".join(literal))
                 literal = []
-            parts.append(char)
+            parts.append(Wildcard.ANY if char == "%" else Wildcard.ONE)
         else:
             literal.append(char)
         i += 1
@@ -224,9 +232,8 @@ def like_parts(pattern: str) -> list[str]:
     return parts
 
 
-def like_regex(parts: list[str]) -> re.Pattern[str]:
-    wildcard = {"%": ".*", "_": "."}
-    return re.compile("".join(wildcard.get(part) or re.escape(part) for part in parts), re.DOTALL)
+def like_regex(parts: list[str | Wildcard]) -> re.Pattern[str]:
+    return re.compile("".join(p.value if isinstance(p, Wildcard) else re.escape(p) for p in parts), re.DOTALL)
 
 
 # -- built-in functions (spec §3.5) --------------------------------------------------------------------------

@@ -7,11 +7,12 @@ class check. Constant sub-expressions are folded. The result is a Python functio
 
 * ``matches(event)``: the filter's question, "is the value Boolean true with no error". Any error stops the
   evaluation (the spec's fail-fast mode, §4.1); nothing is allocated on the way.
-* ``evaluate(event)``: value and errors. It first runs the same fail-fast code; only when that meets an error does
-  it run a second variant in which the outermost operator reports its own errors and still returns the value the
-  spec defines for them (``ABS(-2147483648)`` is ``2147483647`` with a math error). An error in any
-  sub-expression makes the whole expression take the zero value of its type (spec §3.2, §3.3), which is what the
-  conformance suite expects (``true AND (1 != 1/0)`` is ``false`` with a math error).
+* ``evaluate(event)``: value and errors. It runs the same fail-fast code. An error in a sub-expression makes the
+  whole expression take the zero value of its type with that error (spec §3.2, §3.3), which is what the
+  conformance suite expects (``true AND (1 != 1/0)`` is ``false`` with a math error). An error of the outermost
+  operator itself gives the value the spec defines for it (``ABS(-2147483648)`` is ``2147483647`` with a math
+  error): for that, when the fail-fast code stopped, a second variant runs in which the outermost operator
+  reports its own errors and carries on. It is generated only for operators that can have errors.
 
 Attribute reads are ``event[name]``: a missing one raises ``KeyError``, which the caller turns into a
 MissingAttributeError.
@@ -20,6 +21,7 @@ MissingAttributeError.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -43,7 +45,7 @@ ZERO: dict[Type, Value] = {Type.BOOLEAN: False, Type.INTEGER: 0, Type.STRING: ""
 
 # The helpers generated code calls, by the names it uses.
 _HELPERS: dict[str, object] = {
-    "_Fail": rt.Fail, "_value": rt.value, "_cast": rt.cast, "_as_str": rt.as_str, "_as_int": rt.as_int,
+    "_value": rt.value, "_cast": rt.cast, "_as_str": rt.as_str, "_as_int": rt.as_int,
     "_as_bool": rt.as_bool, "_int_of_str": rt.int_of_str, "_bool_of_str": rt.bool_of_str,
     "_implicit_bool_of_int": rt.implicit_bool_of_int, "_overflow": rt.overflow, "_divide": rt.divide,
     "_modulo": rt.modulo, "_equals": rt.equals, "_in_equals": rt.in_equals, "_member": rt.member,
@@ -102,10 +104,6 @@ class _Generator:
         code = self.emit(node, "_R" if self.tolerant else "None")
         return _Code(self.value_of(code), code.type) if code.type is Type.ANY else code
 
-    def emit(self, node: ast.Node, errs: str = "None") -> _Code:
-        """``node`` compiled; its own errors go to the list named ``errs`` ("None": raise)."""
-        return self._emit(node, errs)
-
     # -- casts -----------------------------------------------------------------------------------------------
 
     def value_of(self, code: _Code) -> str:
@@ -118,7 +116,7 @@ class _Generator:
     def cast(self, code: _Code, target: Type, errs: str) -> _Code:
         """``code`` implicitly cast to ``target`` by the operator that owns ``errs``."""
         if target is Type.ANY:
-            return _Code(self.value_of(code), code.type if code.type is not Type.ANY else Type.ANY)
+            return _Code(self.value_of(code), code.type)
         if code.type is target:
             return code
         if code.is_const:
@@ -152,7 +150,8 @@ class _Generator:
 
     # -- nodes -----------------------------------------------------------------------------------------------
 
-    def _emit(self, node: ast.Node, errs: str) -> _Code:
+    def emit(self, node: ast.Node, errs: str = "None") -> _Code:
+        """``node`` compiled; its own errors go to the list named ``errs`` ("None": raise)."""
         match node:
             case ast.BoolLit(val) | ast.IntLit(val) | ast.StrLit(val):
                 return _literal(val)
@@ -193,12 +192,14 @@ class _Generator:
         if op in ast.EQUALITY_OPS:
             python_op = "==" if op == "=" else "!="
             lcode, rcode = self.emit(left), self.emit(right)
-            if rcode.type is Type.ANY:
-                # The right operand's type, which decides the cast (spec §3.7), is known per event only.
-                call = f"_equals({self.value_of(lcode)}, {self.value_of(rcode)}, {errs})"
-                return _Code(call if op == "=" else f"(not {call})", Type.BOOLEAN)
-            lsrc = self.cast(lcode, rcode.type, errs).src
-            return _Code(f"({lsrc} {python_op} {rcode.src})", Type.BOOLEAN)
+            if rcode.is_const:
+                # The common `attribute = 'literal'`: the left operand cast inline to the literal's type.
+                lsrc = self.cast(lcode, rcode.type, errs).src
+                return _Code(f"({lsrc} {python_op} {rcode.src})", Type.BOOLEAN)
+            # Otherwise both operands are evaluated first, then the left is cast to the right's type (spec §3.7),
+            # which for an attribute is known per event only.
+            call = f"_equals({self.value_of(lcode)}, {self.value_of(rcode)}, {errs})"
+            return _Code(call if op == "=" else f"(not {call})", Type.BOOLEAN)
         lsrc, rsrc = self.operand(left, Type.INTEGER, errs), self.operand(right, Type.INTEGER, errs)
         if op in ("/", "%"):
             return _Code(f"{'_divide' if op == '/' else '_modulo'}({lsrc}, {rsrc}, {errs})", Type.INTEGER)
@@ -207,21 +208,24 @@ class _Generator:
                      Type.INTEGER)
 
     def _like(self, src: str, pattern: str, negated: bool) -> _Code:
+        # The common shapes become string methods; the rest a regular expression.
         parts = rt.like_parts(pattern)
-        literals = [part for part in parts if part not in ("%", "_")]
-        if "_" in parts or len(literals) > 1 or parts.count("%") > 2:
+        literals = [part for part in parts if isinstance(part, str)]
+        wildcards = len(parts) - len(literals)
+        any_, one = rt.Wildcard.ANY, rt.Wildcard.ONE
+        if one in parts or len(literals) > 1 or wildcards > 2:
             test = f"({self._const_name(rt.like_regex(parts).fullmatch)}({src}) is not None)"
         elif not parts:
             test = f"({src} == '')"
-        elif parts == literals:
+        elif not wildcards:
             test = f"({src} == {literals[0]!r})"
         elif not literals:  # only '%': anything matches, but the operand is still evaluated
             test = f"({src}).__class__ is str"
-        elif parts == [literals[0], "%"]:
+        elif parts == [literals[0], any_]:
             test = f"{src}.startswith({literals[0]!r})"
-        elif parts == ["%", literals[0]]:
+        elif parts == [any_, literals[0]]:
             test = f"{src}.endswith({literals[0]!r})"
-        elif parts == ["%", literals[0], "%"]:
+        elif parts == [any_, literals[0], any_]:
             test = f"({literals[0]!r} in {src})"
         else:
             test = f"({self._const_name(rt.like_regex(parts).fullmatch)}({src}) is not None)"
@@ -282,7 +286,8 @@ def fold(node: ast.Node, namespace: dict[str, object]) -> ast.Node:
         val = eval(src, namespace, {})  # noqa: S307 - our own generated code; names are validated identifiers
     except rt.Fail:
         return node
-    return {bool: ast.BoolLit, int: ast.IntLit, str: ast.StrLit}[val.__class__](val)
+    literal: ast.Node = {bool: ast.BoolLit, int: ast.IntLit, str: ast.StrLit}[val.__class__](val)
+    return literal
 
 
 class Result(NamedTuple):
@@ -292,63 +297,94 @@ class Result(NamedTuple):
     errors: tuple[CesqlError, ...]
 
 
-def _missing_attribute(exc: KeyError) -> CesqlError:
-    name = exc.args[0] if exc.args else "?"
-    return CesqlError(ErrorKind.MISSING_ATTRIBUTE, f"the event has no attribute {name!r}")
+_TRUE, _FALSE = Result(True, ()), Result(False, ())
+
+
+def _too_complex(why: str) -> CesqlParseError:
+    # The parser's depth limit keeps ordinary expressions well below this; a defence against what slips past it.
+    return CesqlParseError(f"the expression is too complex to compile ({why}); split it or use IN for long lists")
+
+
+def _error_of(exc: Exception) -> CesqlError:
+    """The error an evaluation stopped with: its own, a missing attribute (``event[name]`` raised KeyError), or
+    whatever else the event mapping raised, as a generic error."""
+    if isinstance(exc, rt.Fail):
+        return exc.error
+    if isinstance(exc, KeyError):
+        name = exc.args[0] if exc.args else "?"
+        return CesqlError(ErrorKind.MISSING_ATTRIBUTE, f"the event has no attribute {name!r}")
+    return CesqlError(ErrorKind.GENERIC, f"reading the event failed: {exc!r}")
 
 
 class Expression:
-    """A compiled CESQL expression. Build with ``compile_expression``; use from any number of threads."""
+    """A compiled CESQL expression. Build with ``compile_expression``; use from any number of threads.
 
-    __slots__ = ("_fallback", "_strict", "_zero", "matches", "source", "text", "tree", "type")
+    ``matches`` and ``evaluate`` are the generated functions themselves (attributes, not methods), so a call costs
+    no extra Python frame.
+    """
+
+    __slots__ = ("_fallback", "_zero", "evaluate", "matches", "source", "text", "tree", "type")
 
     #: True only when the expression's value is Boolean true and no error occurred (the filter's rule, spec §1.2).
     matches: Callable[[Event], bool]
+    #: The value and the errors of this expression on an event (attribute name → value). Never raises.
+    evaluate: Callable[[Event], Result]
 
     def __init__(self, text: str, tree: ast.Node) -> None:
         self.text = text
         self.tree = tree
-        namespace: dict[str, object] = dict(_HELPERS)
-        folded = fold(tree, namespace)
-        strict = _Generator(namespace, tolerant=False).root(folded)
-        tolerant = _Generator(namespace, tolerant=True).root(folded)
+        namespace: dict[str, object] = {**_HELPERS, "_TRUE": _TRUE, "_FALSE": _FALSE, "_Result": Result,
+                                        "_new_result": tuple.__new__, "_with_errors": self._evaluate_with_errors}
+        try:
+            folded = fold(tree, namespace)
+            strict = _Generator(namespace, tolerant=False).root(folded)
+            tolerant = _Generator(namespace, tolerant=True).root(folded)
+        except RecursionError:
+            raise _too_complex("nesting") from None
         self.type = strict.type
         self._zero = ZERO[strict.type]
+        # The filter's verdict, and the Result of an error-free evaluation: a Boolean one is one of two shared
+        # Results (nothing allocated); other values get a new one (tuple.__new__ skips Result's Python __new__).
         if strict.type is Type.BOOLEAN:
-            verdict = strict.src
+            verdict, result = strict.src, "_TRUE if v else _FALSE"
         elif strict.type is Type.ANY:
             verdict = f"({strict.src}) is True"
+            result = "_TRUE if v is True else _FALSE if v is False else _new_result(_Result, (v, ()))"
         else:
-            verdict = "False"
+            verdict, result = "False", "_new_result(_Result, (v, ()))"
+        # The variant in which the outermost operator reports its own errors is needed only where it has some
+        # (a cast, a division, a function); otherwise the first error decides, and the exception carries it.
+        fallback = re.search(r"\b_R\b", tolerant.src) is not None
         self.source = (
-            f"def _strict(e):\n    return {strict.src}\n\n"
-            f"def _tolerant(e, _R):\n    return {tolerant.src}\n\n"
-            f"def _matches(e):\n    try:\n        return {verdict}\n    except Exception:\n        return False\n"
+            f"def _matches(e):\n    try:\n        return {verdict}\n    except Exception:\n        return False\n\n"
+            f"def _evaluate(e):\n    try:\n        v = {strict.src}\n    except Exception as x:\n"
+            f"        return _with_errors(e, x)\n    return {result}\n"
+            + (f"\ndef _tolerant(e, _R):\n    return {tolerant.src}\n" if fallback else "")
         )
         try:
             exec(compile(self.source, "<cesql>", "exec"), namespace)  # noqa: S102 - code generated from the tree
         except (SyntaxError, RecursionError, MemoryError) as exc:
-            raise CesqlParseError(f"the expression is too complex to compile ({exc})") from None
-        self._strict: Callable[[Event], Value] = namespace["_strict"]  # type: ignore[assignment]
-        self._fallback: Callable[[Event, list[CesqlError]], Value] = namespace["_tolerant"]  # type: ignore[assignment]
+            raise _too_complex(str(exc) or type(exc).__name__) from None
+        self._fallback: Callable[[Event, list[CesqlError]], Value] | None = \
+            namespace["_tolerant"] if fallback else None  # type: ignore[assignment]
         self.matches = namespace["_matches"]  # type: ignore[assignment]
+        self.evaluate = namespace["_evaluate"]  # type: ignore[assignment]
 
-    def evaluate(self, event: Event) -> Result:
-        """The value and the errors of this expression on ``event`` (attribute name → value). Never raises."""
-        try:
-            return Result(self._strict(event), ())
-        except Exception:  # noqa: S110 - any error: evaluate again, collecting the errors
-            pass
+    def _evaluate_with_errors(self, event: Event, first: Exception) -> Result:
+        """``evaluate`` after the fail-fast code stopped with ``first``."""
         errors: list[CesqlError] = []
-        try:
-            return Result(self._fallback(event, errors), tuple(errors))
-        except rt.Fail as exc:
-            errors.append(exc.error)
-        except KeyError as exc:
-            errors.append(_missing_attribute(exc))
-        except Exception as exc:
-            errors.append(CesqlError(ErrorKind.GENERIC, f"reading the event failed: {exc!r}"))
+        if self._fallback is not None:
+            try:
+                return Result(self._fallback(event, errors), tuple(errors))
+            except Exception as exc:  # the same error again, from a sub-expression
+                first = exc
+        errors.append(_error_of(first))
         return Result(self._zero, tuple(errors))
+
+    def __reduce__(self) -> tuple[Callable[[str], Expression], tuple[str]]:
+        # Pickled as its text and compiled again where it lands (e.g. a Spark executor): generated code does not
+        # travel.
+        return compile_expression, (self.text,)
 
     def __repr__(self) -> str:
         return f"Expression({self.text!r})"

@@ -32,6 +32,13 @@ class CesqlError(Exception):
     def __str__(self) -> str:
         return f"{self.kind.value}: {self.message}"
 
+    def __eq__(self, other: object) -> bool:
+        # By value, so that two evaluations' results compare equal when they found the same errors.
+        return isinstance(other, CesqlError) and (self.kind, self.message) == (other.kind, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.message))
+
     def __repr__(self) -> str:
         return f"CesqlError({self.kind.name}, {self.message!r})"
 

@@ -18,7 +18,7 @@ class Type(enum.Enum):
     ANY = "Any"
 
 
-B, I, S, A = Type.BOOLEAN, Type.INTEGER, Type.STRING, Type.ANY
+BOOL, INT, STR, ANY = Type.BOOLEAN, Type.INTEGER, Type.STRING, Type.ANY
 
 #: Emits the Python source of a call from its arguments' sources (already cast to the parameter types) and the
 #: name of the error list the function reports to ("None" to raise).
@@ -59,22 +59,22 @@ def _concat_ws(args: Sequence[str], _errs: str) -> str:
 
 
 BUILTINS: tuple[Function, ...] = (
-    Function("LENGTH", (S,), I, lambda a, _: f"len({a[0]})"),
-    Function("CONCAT", (), S, _concat, variadic=S),
-    Function("CONCAT_WS", (S,), S, _concat_ws, variadic=S),
-    Function("LOWER", (S,), S, lambda a, _: f"{a[0]}.lower()"),
-    Function("UPPER", (S,), S, lambda a, _: f"{a[0]}.upper()"),
-    Function("TRIM", (S,), S, lambda a, _: f"{a[0]}.strip(_WHITESPACE)"),
-    Function("LEFT", (S, I), S, _call("_left")),
-    Function("RIGHT", (S, I), S, _call("_right")),
-    Function("SUBSTRING", (S, I), S, _call("_substring")),
-    Function("SUBSTRING", (S, I, I), S, _call("_substring_length")),
-    Function("ABS", (I,), I, _call("_abs")),
-    Function("INT", (A,), I, _call("_int_fn")),
-    Function("BOOL", (A,), B, _call("_bool_fn")),
-    Function("STRING", (A,), S, _call("_string_of", fallible=False)),
-    Function("IS_BOOL", (A,), B, _call("_is_bool", fallible=False)),
-    Function("IS_INT", (A,), B, _call("_is_int", fallible=False)),
+    Function("LENGTH", (STR,), INT, lambda a, _: f"len({a[0]})"),
+    Function("CONCAT", (), STR, _concat, variadic=STR),
+    Function("CONCAT_WS", (STR,), STR, _concat_ws, variadic=STR),
+    Function("LOWER", (STR,), STR, lambda a, _: f"{a[0]}.lower()"),
+    Function("UPPER", (STR,), STR, lambda a, _: f"{a[0]}.upper()"),
+    Function("TRIM", (STR,), STR, lambda a, _: f"{a[0]}.strip(_WHITESPACE)"),
+    Function("LEFT", (STR, INT), STR, _call("_left")),
+    Function("RIGHT", (STR, INT), STR, _call("_right")),
+    Function("SUBSTRING", (STR, INT), STR, _call("_substring")),
+    Function("SUBSTRING", (STR, INT, INT), STR, _call("_substring_length")),
+    Function("ABS", (INT,), INT, _call("_abs")),
+    Function("INT", (ANY,), INT, _call("_int_fn")),
+    Function("BOOL", (ANY,), BOOL, _call("_bool_fn")),
+    Function("STRING", (ANY,), STR, _call("_string_of", fallible=False)),
+    Function("IS_BOOL", (ANY,), BOOL, _call("_is_bool", fallible=False)),
+    Function("IS_INT", (ANY,), BOOL, _call("_is_int", fallible=False)),
 )
 
 

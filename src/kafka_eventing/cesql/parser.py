@@ -133,11 +133,11 @@ def _describe(expected: set[str] | frozenset[str]) -> str:
 def parse(text: str) -> ast.Node:
     """Parse a CESQL expression into its syntax tree; raises ``CesqlParseError``."""
     try:
-        tree = _parser().parse(text)
+        tree: ast.Node = _parser().parse(text)  # type: ignore[assignment] # the transformer builds ast nodes
     except CesqlParseError:
         raise
     except lark.exceptions.UnexpectedCharacters as exc:
-        raise CesqlParseError(f"unexpected character {text[exc.pos_in_stream]!r}", exc.line, exc.column) from None
+        raise CesqlParseError(f"unexpected character {exc.char!r}", exc.line, exc.column) from None
     except lark.exceptions.UnexpectedEOF as exc:
         raise _at_end(text, f"unexpected end of expression; expected {_describe(set(exc.expected))}") from None
     except lark.exceptions.UnexpectedToken as exc:
