@@ -155,15 +155,50 @@ def wait_http(url: str, children: Children, timeout: float, what: str) -> None:
 
 def send_event(port: int, event_id: str, number: int) -> int:
     body = json.dumps({"message": f"hello from kafka-eventing #{number}"}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/{NAMESPACE}/{CHANNEL}", data=body, method="POST",
-        headers={"ce-specversion": "1.0", "ce-id": event_id, "ce-type": "dev.example.demo",
-                 "ce-source": "/kafka-eventing/demo", "content-type": "application/json"})
+    return post_event(f"http://127.0.0.1:{port}/{NAMESPACE}/{CHANNEL}", body,
+                      {"ce-id": event_id, "ce-type": "dev.example.demo"})
+
+
+def post_event(url: str, body: bytes, attributes: dict[str, str]) -> int:
+    """POST one binary-mode CloudEvent; the HTTP status."""
+    request = urllib.request.Request(url, data=body, method="POST", headers={  # noqa: S310 - http://127.0.0.1
+        "ce-specversion": "1.0", "ce-source": "/kafka-eventing/demo", "content-type": "application/json",
+        **attributes})
     try:
         with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 - http://127.0.0.1 only
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+
+
+def start_roles(port: int, workdir: Path, node: KafkaNode, children: Children, config: Path, *,
+                dispatcher_env: dict[str, str]) -> int:
+    """The receiver and one dispatcher as child processes on ``config`` (file mode); waits for the receiver and
+    returns the dispatcher's probe port."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+           "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(config),
+           "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
+           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
+    if os.environ.get("KE_CACHE"):
+        env["KE_CACHE"] = os.environ["KE_CACHE"]
+    children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
+                                "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                   env, workdir / "receiver.log")
+    dispatcher_port = _proc.free_port()
+    children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                   {**env, **dispatcher_env, "KE_METRICS_PORT": str(dispatcher_port)}, workdir / "dispatcher.log")
+    wait_http(f"http://127.0.0.1:{port}/readyz", children, 60, "receiver")
+    return dispatcher_port
+
+
+def stay_up(args: argparse.Namespace, children: Children) -> int:
+    """After the demo: exit (``--exit-after-demo``) or keep serving until Ctrl-C (or a child dies)."""
+    if args.exit_after_demo:
+        return 0
+    say("\nrunning; press Ctrl-C to stop")
+    while True:
+        children.check()
+        time.sleep(0.5)
 
 
 class _Interrupted(Exception):
@@ -235,21 +270,8 @@ def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: D
     channels.write_text(channels_yaml(sub_uri))
     say(f"channels file: {channels} (KafkaChannel {NAMESPACE}/{CHANNEL}, subscriber {sub_uri})")
 
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
-           "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(channels),
-           "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
-           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
-    if os.environ.get("KE_CACHE"):
-        env["KE_CACHE"] = os.environ["KE_CACHE"]
-    children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
-                                "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
-                   env, workdir / "receiver.log")
-    dispatcher_port = _proc.free_port()
-    children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
-                   {**env, "KE_CHANNEL_NAMESPACE": NAMESPACE, "KE_CHANNEL_NAME": CHANNEL,
-                    "KE_METRICS_PORT": str(dispatcher_port)},
-                   workdir / "dispatcher.log")
-    wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
+    dispatcher_port = start_roles(args.port, workdir, node, children, channels,
+                                  dispatcher_env={"KE_CHANNEL_NAMESPACE": NAMESPACE, "KE_CHANNEL_NAME": CHANNEL})
     say(f"receiver listening on http://127.0.0.1:{args.port} (logs: {workdir / 'receiver.log'})")
     # The subscription starts at the latest offset: send only once its consumer group has joined.
     wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
@@ -274,12 +296,7 @@ def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: D
         f"  curl -i -X POST http://127.0.0.1:{args.port}/{NAMESPACE}/{CHANNEL} \\\n"
         "    -H 'ce-specversion: 1.0' -H 'ce-id: my-1' -H 'ce-type: dev.example.demo' \\\n"
         "    -H 'ce-source: /curl' -H 'content-type: application/json' -d '{\"hello\": \"world\"}'")
-    if args.exit_after_demo:
-        return 0
-    say("\nrunning; press Ctrl-C to stop")
-    while True:
-        children.check()
-        time.sleep(0.5)
+    return stay_up(args, children)
 
 
 # -- `kafka-eventing run --broker` ---------------------------------------------------------------------------
@@ -314,15 +331,8 @@ def broker_yaml(ingress: str, subscribers: dict[str, str]) -> str:
 
 
 def send_broker_event(port: int, event_id: str, event_type: str, region: str) -> int:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/{NAMESPACE}/{BROKER}", data=json.dumps({"id": event_id}).encode(), method="POST",
-        headers={"ce-specversion": "1.0", "ce-id": event_id, "ce-type": event_type, "ce-region": region,
-                 "ce-source": "/kafka-eventing/demo", "content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 - http://127.0.0.1 only
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+    return post_event(f"http://127.0.0.1:{port}/{NAMESPACE}/{BROKER}", json.dumps({"id": event_id}).encode(),
+                      {"ce-id": event_id, "ce-type": event_type, "ce-region": region})
 
 
 def _run_broker(args: argparse.Namespace, workdir: Path, node: KafkaNode, children: Children) -> int:
@@ -343,21 +353,8 @@ def _run_broker(args: argparse.Namespace, workdir: Path, node: KafkaNode, childr
         say(f"broker file: {config} (Broker {NAMESPACE}/{BROKER}, {len(DEMO_TRIGGERS)} Triggers)")
         for name, what, _ in DEMO_TRIGGERS:
             say(f"  Trigger {name:<11} {what}")
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
-               "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(config),
-               "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
-               "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
-        if os.environ.get("KE_CACHE"):
-            env["KE_CACHE"] = os.environ["KE_CACHE"]
-        children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
-                                    "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
-                       env, workdir / "receiver.log")
-        dispatcher_port = _proc.free_port()
-        children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
-                       {**env, "KE_BROKER_NAMESPACE": NAMESPACE, "KE_BROKER_NAME": BROKER,
-                        "KE_METRICS_PORT": str(dispatcher_port)},
-                       workdir / "dispatcher.log")
-        wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
+        dispatcher_port = start_roles(args.port, workdir, node, children, config,
+                                      dispatcher_env={"KE_BROKER_NAMESPACE": NAMESPACE, "KE_BROKER_NAME": BROKER})
         # Each Trigger's consumer group starts at the latest offset: send once every group has joined.
         wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
         say(f"receiver on {ingress}; dispatcher status at http://127.0.0.1:{dispatcher_port}/status")
@@ -391,12 +388,7 @@ def _run_broker(args: argparse.Namespace, workdir: Path, node: KafkaNode, childr
             say("a subscriber got an event its filter does not select")
             return 1
         say(f"\nfan-out complete: {len(sent)} events in, each delivered to every Trigger whose filter matches")
-        if args.exit_after_demo:
-            return 0
-        say("\nrunning; press Ctrl-C to stop")
-        while True:
-            children.check()
-            time.sleep(0.5)
+        return stay_up(args, children)
     finally:
         for sub in subscribers.values():
             sub.stop()
