@@ -1,7 +1,8 @@
 """`make generate`: every copy of a fact written from its one home (`make verify` runs this, then fails on a diff).
 
 - CRDs: src/kafka_eventing/controller/crds/*.yaml (what the controller installs) → the chart's files/crds/ and
-  kustomize/base/crds/ (neither tool may read outside its own tree), with the base's kustomization listing them.
+  kustomize/base/crds/ (neither tool may read outside its own tree), with the base's kustomization listing them;
+  the optional Broker/Trigger CRDs (eventing.knative.dev) go to the opt-in component kustomize/components/broker-crds/.
 - Provider facts: src/kafka_eventing/core/providers.yaml → the chart's values-<preset>.yaml, the Kustomize overlays
   kustomize/overlays/<preset>/, the element lists of the Argo CD ApplicationSets, the provider enum of the chart's
   values.schema.json and the Secret-keys table in docs/install.md.
@@ -62,11 +63,21 @@ def dump(data: Any) -> str:
 # -- CRDs ------------------------------------------------------------------------------------------------------
 
 
+def optional_crd(source: Path) -> bool:
+    """Knative's own types (Broker, Trigger): installed only where Knative Eventing is not."""
+    return bool(yaml.safe_load(source.read_text())["spec"]["group"] == "eventing.knative.dev")
+
+
 def crds() -> None:
-    sources = sorted(CRDS.glob("*.yaml"))
-    for target_dir in (CHART / "files" / "crds", KUSTOMIZE / "base" / "crds"):
+    every = sorted(CRDS.glob("*.yaml"))
+    base = [s for s in every if not optional_crd(s)]
+    optional = [s for s in every if optional_crd(s)]
+    broker_crds = KUSTOMIZE / "components" / "broker-crds"
+    for target_dir, sources in ((CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base),
+                                (broker_crds, optional)):
+        target_dir.mkdir(parents=True, exist_ok=True)
         for stale in target_dir.glob("*.yaml"):
-            if stale.name != "kustomization.yaml" and not (CRDS / stale.name).exists():
+            if stale.name != "kustomization.yaml" and stale not in [target_dir / s.name for s in sources]:
                 stale.unlink()
                 print(f"removed {stale.relative_to(ROOT)}")
         for source in sources:
@@ -77,8 +88,14 @@ def crds() -> None:
     lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
              "# The CRDs are copies of those files (kustomize cannot load files outside this tree).",
              "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", "resources:",
-             *(f"  - {s.name}" for s in sources)]
+             *(f"  - {s.name}" for s in base)]
     write(KUSTOMIZE / "base" / "crds" / "kustomization.yaml", "\n".join(lines) + "\n")
+    lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
+             "# Opt-in: Knative-compatible Broker and Trigger CRDs for clusters without Knative Eventing. Leave it out",
+             "# where Knative Eventing is installed: its own CRDs define these types.",
+             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
+             *(f"  - {s.name}" for s in optional)]
+    write(broker_crds / "kustomization.yaml", "\n".join(lines) + "\n")
 
 
 # -- provider presets ------------------------------------------------------------------------------------------

@@ -14,17 +14,40 @@ from .render import (
     KUSTOMIZE,
     helm,
     of_kind,
+    one,
 )
 
 
-@pytest.mark.parametrize("copies", [CHART / "files" / "crds", KUSTOMIZE / "base" / "crds"], ids=["chart", "kustomize"])
-def test_crd_copies_equal_the_canonical_files(copies: Path) -> None:
-    canonical = sorted(CRDS.glob("*.yaml"))
+BROKER_CRD_FILES = ("brokers.yaml", "triggers.yaml")  # Knative's own types: opt-in copies
+
+
+@pytest.mark.parametrize(("copies", "optional"), [
+    (CHART / "files" / "crds", True), (KUSTOMIZE / "base" / "crds", False),
+], ids=["chart", "kustomize"])
+def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> None:
+    canonical = sorted(p for p in CRDS.glob("*.yaml") if optional or p.name not in BROKER_CRD_FILES)
     assert CANONICAL_CRD in canonical, "the controller's canonical CRD is missing"
     assert sorted(p.name for p in copies.glob("*.yaml") if p.name != "kustomization.yaml") == [
         p.name for p in canonical], "run `make generate`"
     for crd in canonical:
         assert (copies / crd.name).read_bytes() == crd.read_bytes(), "run `make generate`"
+    component = KUSTOMIZE / "components" / "broker-crds"
+    for name in BROKER_CRD_FILES:
+        assert (component / name).read_bytes() == (CRDS / name).read_bytes(), "run `make generate`"
+
+
+def test_broker_crds_are_opt_in() -> None:
+    kinds = {c["spec"]["names"]["kind"] for c in of_kind(helm(), "CustomResourceDefinition")}
+    assert kinds == {"KafkaChannel"}
+    with_brokers = of_kind(helm(sets=("crds.brokers=true",)), "CustomResourceDefinition")
+    assert {c["spec"]["names"]["kind"] for c in with_brokers} == {"KafkaChannel", "Broker", "Trigger"}
+    for crd in with_brokers:
+        if crd["spec"]["group"] == "eventing.knative.dev":
+            canonical = yaml.safe_load((CRDS / f"{crd['spec']['names']['plural']}.yaml").read_text())
+            assert crd["spec"] == canonical["spec"]
+    assert not of_kind(helm(sets=("crds.brokers=true", "crds.install=false")), "CustomResourceDefinition")
+    config = one(helm(sets=("broker.defaultTopicPartitions=6",)), "ConfigMap", "kafka-broker-config")
+    assert config["data"] == {"default.topic.partitions": "6", "default.topic.replication.factor": "1"}
 
 
 def test_chart_crd_toggles() -> None:

@@ -78,10 +78,19 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert {("keda.sh", r, v) for r in ("scaledobjects", "triggerauthentications")
             for v in ("get", "create", "patch", "delete")} == {k for k in local if k[0] == "keda.sh"}
     assert rules_of(docs, "ClusterRole", "kafka-eventing-receiver") == {
-        ("messaging.knative.dev", "kafkachannels", v) for v in ("get", "list", "watch")}
+        (g, r, v) for g, r in (("messaging.knative.dev", "kafkachannels"), ("eventing.knative.dev", "brokers"))
+        for v in ("get", "list", "watch")}
     dispatcher = rules_of(docs, "ClusterRole", "kafka-eventing-dispatcher")
     assert ("messaging.knative.dev", "kafkachannels/status", "patch") in dispatcher
     assert ("messaging.knative.dev", "kafkachannels", "update") not in dispatcher
+    # Brokers: the controller owns their status and finalizer and reads Trigger/Broker config; a Broker's
+    # dispatcher only reads its Broker and Triggers.
+    for sub in ("brokers/status", "brokers/finalizers", "triggers/status"):
+        assert ("eventing.knative.dev", sub, "patch") in controller
+    assert {("eventing.knative.dev", r, "watch") for r in ("brokers", "triggers")} <= controller
+    assert {v for g, r, v in controller if r == "configmaps"} == {"get"}
+    assert {(r, v) for g, r, v in dispatcher if g == "eventing.knative.dev"} == {
+        (r, v) for r in ("brokers", "triggers") for v in ("get", "list", "watch")}
     # Cluster-wide Secret reads only when asked for, and then only read verbs.
     wide = rules_of(helm(sets=("controller.rbac.clusterWideSecretRead=true",)), "ClusterRole",
                     "kafka-eventing-controller")

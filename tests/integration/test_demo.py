@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +29,23 @@ def test_run_exit_after_demo_delivers_the_events() -> None:
     assert "round trip complete" in out
     assert f"curl -i -X POST http://127.0.0.1:{port}/default/demo" in out
     assert "all stopped" in out
+
+
+def test_run_broker_fans_out_by_filter(tmp_path: Path) -> None:
+    """`run --broker`: one Broker, three Triggers of three dialects; each subscriber gets exactly its events."""
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "kafka_eventing", "run", "--broker", "--exit-after-demo", "--port", str(port),
+         "--workdir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    sent = dict(re.findall(r"\[sender\] POST /default/demo (\S+) type=(\S+) region=\S+ -> 202", out))
+    assert len(sent) == 5
+    got = {name: set(ids.split(", ")) for name, ids in re.findall(r"^  (\S+) +\(.*\): (.*)$", out, re.M)}
+    orders = {i for i, t in sent.items() if t.startswith("com.example.order.")}
+    assert got["all-orders"] == orders
+    assert got["not-orders"] == set(sent) - orders
+    assert got["eu-orders"] < orders and got["eu-orders"]
+    assert "fan-out complete" in out and "all stopped" in out

@@ -52,10 +52,10 @@ class Condition:
         return self.status == "True"
 
 
-def ready_condition(conditions: Iterable[Condition]) -> Condition:
+def ready_condition(conditions: Iterable[Condition], dependents: Sequence[str] = DEPENDENTS) -> Condition:
     """Ready is True when every dependent is True; otherwise it carries the first failing one's reason."""
     by_type = {c.type: c for c in conditions}
-    wanted = [*DEPENDENTS]
+    wanted = [*dependents]
     if DEAD_LETTER_SINK_RESOLVED in by_type:
         wanted.append(DEAD_LETTER_SINK_RESOLVED)
     failing = [by_type.get(kind, Condition.unknown(kind, "NotReconciled", f"{kind} not reconciled yet"))

@@ -25,17 +25,21 @@ from prometheus_client.registry import Collector
 
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import LostLeadership
+from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
 from kafka_eventing.controller.workqueue import WorkQueue
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]
+#: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger", namespace, name) of the others.
+Key = tuple[str, ...]
+BROKER, TRIGGER = "Broker", "Trigger"
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -59,6 +63,9 @@ class ControllerOptions:
     kafka_timeout: float = 10.0
     base_backoff: float = 0.5
     max_backoff: float = 300.0
+    #: reconcile Kafka-class Brokers and their Triggers; None: when the API server serves their CRDs at start.
+    brokers: bool | None = None
+    broker_config_map: str = kb.DEFAULT_BROKER_CONFIG
 
 
 class ChannelReadiness(Collector):
@@ -122,7 +129,8 @@ class Controller:
                                     field_selector=f"metadata.name={opts.config_map}")
         self.secrets = Informer("secrets", core.list_namespaced_secret, self._on_secret,
                                 watch_timeout_seconds=wt, namespace=system)
-        self.informers = (self.channels, self.deployments, self.services, self.config_maps, self.secrets)
+        self.informers: tuple[Informer, ...] = (self.channels, self.deployments, self.services, self.config_maps,
+                                                self.secrets)
         self.metrics.registry.register(ChannelReadiness(self.channels))
         self.elector = LeaderElector(api_client, system, opts.lease_name, self.identity,
                                      lease_duration=opts.lease_duration, renew_deadline=opts.renew_deadline,
@@ -134,6 +142,20 @@ class Controller:
             admins=admins or AdminPool(timeout=opts.kafka_timeout), config_map=opts.config_map,
             may_write=lambda: self.elector.is_leader, topic_recheck_seconds=opts.topic_recheck_seconds,
             keda_discovery_seconds=opts.keda_discovery_seconds)
+        self.broker_reconciler: BrokerReconciler | None = None
+        self.brokers: Informer | None = None
+        self.triggers: Informer | None = None
+        if opts.brokers or (opts.brokers is None and _serves_brokers(custom)):
+            self.brokers = Informer("brokers", custom.list_cluster_custom_object, self._on_broker,
+                                    watch_timeout_seconds=wt, group=kb.GROUP, version=kb.VERSION, plural=kb.BROKERS)
+            self.triggers = Informer("triggers", custom.list_cluster_custom_object, self._on_trigger,
+                                     watch_timeout_seconds=wt, group=kb.GROUP, version=kb.VERSION,
+                                     plural=kb.TRIGGERS)
+            self.informers = (*self.informers, self.brokers, self.triggers)
+            self.broker_reconciler = BrokerReconciler(
+                self.reconciler, BrokerStores(self.brokers, self.triggers),
+                recheck_seconds=opts.topic_recheck_seconds, broker_config_map=opts.broker_config_map,
+                kafka_timeout=opts.kafka_timeout)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -146,10 +168,15 @@ class Controller:
 
     def _on_owned(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        owner = (meta.get("annotations") or {}).get(res.ANNOTATION_CHANNEL)
+        annotations = meta.get("annotations") or {}
+        owner = annotations.get(res.ANNOTATION_CHANNEL)
+        broker = annotations.get(ANNOTATION_BROKER)
         if owner and "/" in owner:
             namespace, _, name = owner.partition("/")
             self.queue.add((namespace, name))
+        elif broker and "/" in broker:
+            namespace, _, name = broker.partition("/")
+            self.queue.add((BROKER, namespace, name))
         elif meta.get("name") == self.settings.receiver_deployment_name and self.channels.synced():
             self._enqueue_all()  # the shared receiver's availability is part of every channel's status
 
@@ -165,12 +192,28 @@ class Controller:
         if (meta.get("labels") or {}).get(SECRET_LABEL) == "true" or meta.get("name") == named:
             self._on_config_map(kind, obj)
 
+    def _on_broker(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        self.queue.add((BROKER, namespace, name))
+        # A Broker's readiness and delivery defaults are part of its Triggers' status.
+        for trigger in self.triggers.items() if self.triggers is not None else ():
+            tmeta = trigger.get("metadata") or {}
+            if tmeta.get("namespace") == namespace and kb.trigger_broker(trigger) == name:
+                self.queue.add((TRIGGER, namespace, str(tmeta.get("name"))))
+
+    def _on_trigger(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((TRIGGER, str(meta.get("namespace")), str(meta.get("name"))))
+
     def _on_leader(self) -> None:
         self._enqueue_all()
 
     def _enqueue_all(self) -> None:
         for obj in self.channels.items():
             self._on_channel("RESYNC", obj)
+        for obj in self.brokers.items() if self.brokers is not None else ():
+            self._on_broker("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,7 +280,7 @@ class Controller:
     def _process(self, key: Key) -> None:
         start = time.monotonic()
         try:
-            result = self.reconciler.reconcile(*key)
+            result = self._reconcile(key)
         except LostLeadership:
             self.queue.add(key)  # the next leader (maybe us again) picks it up
             self.metrics.reconciles.labels("lost_leadership").inc()
@@ -256,6 +299,15 @@ class Controller:
         self.queue.forget(key)
         if result.requeue_after:
             self.queue.add_after(key, result.requeue_after)
+
+    def _reconcile(self, key: Key) -> Result:
+        if len(key) == 2:
+            return self.reconciler.reconcile(*key)
+        assert self.broker_reconciler is not None
+        kind, namespace, name = key
+        if kind == BROKER:
+            return self.broker_reconciler.reconcile_broker(namespace, name)
+        return self.broker_reconciler.reconcile_trigger(namespace, name)
 
     # -- HTTP: liveness and metrics -----------------------------------------------------------------
     def _serve_http(self, port: int) -> None:
@@ -287,6 +339,19 @@ class Controller:
         self._http = ThreadingHTTPServer((self.options.health_address, port), Handler)
         self.health_port = self._http.server_address[1]
         threading.Thread(target=self._http.serve_forever, name="health", daemon=True).start()
+
+
+def _serves_brokers(custom: client.CustomObjectsApi) -> bool:
+    """Whether the API server serves eventing.knative.dev/v1 Brokers and Triggers (Knative's or ours)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        found = custom.get_api_resources(kb.GROUP, kb.VERSION, _request_timeout=(5, 15))
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return {kb.BROKERS, kb.TRIGGERS} <= {r.name for r in found.resources or ()}
 
 
 def _expected(exc: BaseException) -> bool:

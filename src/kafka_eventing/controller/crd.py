@@ -1,4 +1,5 @@
-"""The KafkaChannel CRD shipped with the package, and a helper to install it (tests, benchmarks, local stack)."""
+"""The CRDs shipped with the package (KafkaChannel; Broker and Trigger for clusters without Knative Eventing),
+and a helper to install them (tests, benchmarks, local stack)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,36 @@ from typing import Any
 import yaml
 
 CRD_NAME = "kafkachannels.messaging.knative.dev"
+#: The files of crds/ by what they define.
+CHANNEL_CRD = "kafkachannels.yaml"
+BROKER_CRDS = ("brokers.yaml", "triggers.yaml")
 
 
-def crd_manifest() -> dict[str, Any]:
-    text = resources.files("kafka_eventing.controller").joinpath("crds/kafkachannels.yaml").read_text()
+def crd_manifest(file: str = CHANNEL_CRD) -> dict[str, Any]:
+    text = resources.files("kafka_eventing.controller").joinpath(f"crds/{file}").read_text()
     return dict(yaml.safe_load(text))
 
 
-def install_crd(api_client: Any, timeout: float = 60.0) -> None:
+def install_crd(api_client: Any, timeout: float = 60.0, file: str = CHANNEL_CRD) -> None:
     """Create (or replace) the CRD and wait until it is Established and served."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     api = client.ApiextensionsV1Api(api_client)
-    body = crd_manifest()
+    body = crd_manifest(file)
+    name = str(body["metadata"]["name"])
     try:
         api.create_custom_resource_definition(body)
     except ApiException as exc:
         if exc.status != 409:  # already installed: replace it with this version
             raise
-        live = api.read_custom_resource_definition(CRD_NAME)
+        live = api.read_custom_resource_definition(name)
         body["metadata"]["resourceVersion"] = live.metadata.resource_version
-        api.replace_custom_resource_definition(CRD_NAME, body)
+        api.replace_custom_resource_definition(name, body)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        crd = api.read_custom_resource_definition(CRD_NAME)
+        crd = api.read_custom_resource_definition(name)
         if any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or ())):
             return
         time.sleep(0.2)
-    raise TimeoutError(f"CRD {CRD_NAME} not Established within {timeout:.0f}s")
+    raise TimeoutError(f"CRD {name} not Established within {timeout:.0f}s")

@@ -28,6 +28,7 @@ from kafka_eventing.controller.api import (
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
+from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
 from kafka_eventing.core.durations import DurationError, parse_duration
@@ -146,7 +147,7 @@ class Reconciler:
             cond.RECEIVER_DEPLOYMENT_READY, "ReceiverDeploymentUnavailable",
             f"receiver Deployment {self.settings.system_namespace}/{self.settings.receiver_deployment_name}: {why}"))
 
-        dls = self._dead_letter_sink(ref, spec)
+        dls = self.dead_letter_sink(ref.namespace, spec)
         if dls is not None:
             dls_cond, dls_uri = dls
             conditions.append(dls_cond)
@@ -155,7 +156,7 @@ class Reconciler:
             status["deadLetterSinkUri"] = None
 
         conditions.append(cond.ready_condition(conditions))
-        self._patch_status(obj, status, conditions)
+        self.patch_status(obj, status, conditions)
         if write_errors and result.error is None:
             # A refused API write (quota, admission, a transient 5xx) is retried with backoff like Kafka errors.
             return Result(error="; ".join(write_errors))
@@ -257,38 +258,18 @@ class Reconciler:
                                        api_error(exc)))
         return out
 
-    def _dead_letter_sink(self, ref: res.ChannelRef, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
+    def dead_letter_sink(self, namespace: str, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
+        """``spec.delivery.deadLetterSink`` resolved (the condition and the URI), None when there is none."""
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
         if not sink:
             return None
-        uri, target = sink.get("uri"), sink.get("ref")
-        if not target:
-            return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), str(uri)
-        kind, name = target.get("kind"), target.get("name")
-        namespace = target.get("namespace") or ref.namespace
-        api_version = str(target.get("apiVersion") or "v1")
         try:
-            if kind == "Service" and api_version == "v1":
-                self.core.read_namespaced_service(name, namespace, _request_timeout=(5, 15))
-                base = f"http://{name}.{namespace}.svc.cluster.local"
-            else:
-                # Any Addressable (a Knative Service, Broker, ...): its status.address.url.
-                group, _, version = api_version.rpartition("/")
-                plural = f"{str(kind).lower()}s"
-                obj = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                               _request_timeout=(5, 15))
-                found = ((obj.get("status") or {}).get("address") or {}).get("url")
-                if not found:
-                    return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "DeadLetterSinkNotAddressable",
-                                           f"{kind} {namespace}/{name} has no status.address.url yet"), None
-                base = str(found)
-        except ApiException as exc:
-            why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status} {exc.reason})"
-            return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, "DeadLetterSinkUnresolved",
-                                   f"dead-letter sink {kind} {namespace}/{name} {why}"), None
-        if uri:
-            base = base.rstrip("/") + "/" + str(uri).lstrip("/")
-        return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), base
+            uri = resolve_destination(self.core, self.custom, sink, namespace, "dead-letter sink")
+        except Unresolved as exc:
+            reason = "DeadLetterSinkNotAddressable" if exc.reason == "DestinationNotAddressable" \
+                else "DeadLetterSinkUnresolved"
+            return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, reason, str(exc)), None
+        return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), uri
 
     # -- writes -------------------------------------------------------------------------------------
     def _apply_service(self, desired: dict[str, Any]) -> Mapping[str, Any]:
@@ -307,15 +288,22 @@ class Reconciler:
         return live
 
     def _add_finalizer(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.set_finalizers(obj, [*(obj["metadata"].get("finalizers") or ()), FINALIZER])
+
+    def set_finalizers(self, obj: Mapping[str, Any], finalizers: list[str],
+                       api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> Mapping[str, Any]:
+        """``api``: (group, version, plural) of ``obj`` — the Broker reconciler writes through these too."""
+        self.writer.check()
         meta = obj["metadata"]
-        finalizers = [*(meta.get("finalizers") or ()), FINALIZER]
         # resourceVersion makes this a compare-and-swap: a concurrent change to the list gives a 409, not a loss.
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
         return dict(self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch,
+            *api[:2], meta["namespace"], api[2], meta["name"], patch,
             _content_type=MERGE_PATCH, _request_timeout=(5, 30)))
 
-    def _patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition]) -> None:
+    def patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition],
+                     api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> None:
+        """Merge-patch the status fields the controller owns, only when something changed."""
         meta = obj["metadata"]
         old: Mapping[str, Any] = obj.get("status") or {}
         status = {**status, "conditions": cond.merge(old.get("conditions"), conditions)}
@@ -323,7 +311,7 @@ class Reconciler:
             return  # nothing changed (None matches an absent field)
         self.writer.check()
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": status},
+            *api[:2], meta["namespace"], api[2], meta["name"], {"status": status},
             _content_type=MERGE_PATCH, _request_timeout=(5, 30))
 
     # -- deletion -----------------------------------------------------------------------------------
@@ -358,13 +346,8 @@ class Reconciler:
                 self.topic_ops["delete"] = self.topic_ops.get("delete", 0) + 1
             except (TopicError, KafkaConfigError) as exc:
                 return Result(error=f"deleting topic {topic}: {exc}")
-        finalizers = [f for f in meta.get("finalizers") or () if f != FINALIZER]
-        self.writer.check()
         try:
-            self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name,
-                {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
-                _content_type=MERGE_PATCH, _request_timeout=(5, 30))
+            self.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != FINALIZER])
         except ApiException as exc:
             if exc.status != HTTP_NOT_FOUND:
                 raise

@@ -59,9 +59,8 @@ def channel_url(namespace: str, name: str) -> str:
     return f"http://{channel_service_name(name)}.{namespace}.svc.cluster.local"
 
 
-def dispatcher_name(namespace: str, name: str) -> str:
-    """``<name>-<namespace>-dispatcher``; a hash replaces the tail when that is too long or not DNS-1035."""
-    suffix = "-dispatcher"
+def dispatcher_name(namespace: str, name: str, suffix: str = "-dispatcher") -> str:
+    """``<name>-<namespace><suffix>``; a hash replaces the tail when that is too long or not DNS-1035."""
     plain = f"{name}-{namespace}{suffix}"
     if is_dns1035(plain):
         return plain
@@ -162,10 +161,24 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Whose dispatcher a Deployment is: its name, the annotation naming the owner, and env of its own.
+
+    A channel's by default; a Broker's dispatcher is the same Deployment under another name and annotation.
+    """
+
+    name: str
+    annotation: str = ANNOTATION_CHANNEL
+    env: tuple[tuple[str, str], ...] = ()
+
+
 def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: DispatcherConfig,
-                          num_partitions: int, *, keda_scaled: bool = False) -> dict[str, Any]:
+                          num_partitions: int, *, keda_scaled: bool = False,
+                          owner: Owner | None = None) -> dict[str, Any]:
     """With ``keda_scaled`` the spec has no ``replicas``: a merge patch then leaves KEDA's count alone."""
-    name = dispatcher_name(ref.namespace, ref.name)
+    owner = owner or Owner(dispatcher_name(ref.namespace, ref.name))
+    name = owner.name
     pod_labels = labels("dispatcher", name)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
@@ -177,7 +190,7 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
         "name": "dispatcher",
         "image": settings.dispatcher_image,
         "imagePullPolicy": pod.get("imagePullPolicy", "IfNotPresent"),
-        "env": dispatcher_env(ref, settings, config),
+        "env": _override(dispatcher_env(ref, settings, config), owner.env),
         "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
         # Liveness only: a dispatcher stuck behind an unreachable Kafka must not be restarted in a loop.
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
@@ -197,7 +210,7 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
         "selector": {"matchLabels": {LABEL_NAME: DISPATCHER_APP, LABEL_DISPATCHER: name}},
         "template": {
             "metadata": {"labels": pod_labels, "annotations": {ANNOTATION_CONFIG_CHECKSUM: config.checksum,
-                                                               ANNOTATION_CHANNEL: ref.key}},
+                                                               owner.annotation: ref.key}},
             "spec": {
                 "automountServiceAccountToken": True,  # the dispatcher watches its channel and patches status
                 "serviceAccountName": DISPATCHER_SERVICE_ACCOUNT,
@@ -216,13 +229,14 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
         # Consumers beyond the partition count would sit idle in the group.
         spec["replicas"] = max(1, min(settings.dispatcher_replicas, num_partitions))
     metadata = {"name": name, "namespace": settings.system_namespace, "labels": pod_labels,
-                "annotations": {ANNOTATION_CHANNEL: ref.key,
+                "annotations": {owner.annotation: ref.key,
                                 ANNOTATION_SCALER: SCALER_KEDA if keda_scaled else SCALER_CONTROLLER}}
     return stamp({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}, spec)
 
 
-def dispatcher_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
-    name = dispatcher_name(ref.namespace, ref.name)
+def dispatcher_service(ref: ChannelRef, settings: Settings, owner: Owner | None = None) -> dict[str, Any]:
+    owner = owner or Owner(dispatcher_name(ref.namespace, ref.name))
+    name = owner.name
     spec = {
         # Headless: Prometheus scrapes each pod through the endpoints, and a cluster IP per channel would
         # exhaust a small service range (a /24 holds 254) for nothing.
@@ -232,8 +246,14 @@ def dispatcher_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
         "ports": [{"name": "metrics", "port": settings.metrics_port, "targetPort": "metrics", "protocol": "TCP"}],
     }
     metadata = {"name": name, "namespace": settings.system_namespace, "labels": labels("dispatcher", name),
-                "annotations": {ANNOTATION_CHANNEL: ref.key}}
+                "annotations": {owner.annotation: ref.key}}
     return stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
+
+
+def _override(env: list[dict[str, Any]], extra: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+    wanted = dict(extra)
+    out = [{"name": e["name"], "value": wanted.pop(e["name"])} if e["name"] in wanted else e for e in env]
+    return out + [{"name": k, "value": v} for k, v in wanted.items()]
 
 
 def needs_update(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:

@@ -238,6 +238,18 @@ class KafkaTopicAdmin:
         except TopicNotFound:
             return  # already gone: deleting is done
 
+    def delete_group(self, group: str) -> None:
+        """Delete a consumer group and its committed offsets; an unknown group counts as deleted. A group that
+        still has members (its consumer is leaving) raises a retriable ``TopicError``."""
+        futures = self._admin.delete_consumer_groups([group], request_timeout=self.timeout)
+        try:
+            futures[group].result(timeout=self.timeout + 2)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return
+            raise TopicError("ConsumerGroupNotDeleted", f"cannot delete consumer group {group!r}: {exc}") from exc
+
 
 @dataclass(frozen=True)
 class TopicOutcome:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import (
     GROUP,
     PLURAL,
@@ -140,7 +141,7 @@ class FileChannelSource(_Cache):
             return
         self._stamp = stamp
         try:
-            channels = load_channels_file(self.path, self.settings)
+            channels = self._load()
         except (ChannelSpecError, OSError, AttributeError, TypeError, ValueError) as exc:
             # AttributeError/TypeError: YAML that parses but is not a mapping of documents.
             log.error("channels file rejected, keeping the last good set",
@@ -148,6 +149,30 @@ class FileChannelSource(_Cache):
             return
         log.info("channels loaded", extra={"path": str(self.path), "channels": len(channels)})
         self._publish(channels)
+
+    def _load(self) -> Snapshot:
+        return load_channels_file(self.path, self.settings)
+
+
+def documents(path: Path) -> list[Mapping[str, Any]]:
+    """Every object of a YAML file (multi-document, ``kind: List`` items flattened)."""
+    import yaml
+
+    with path.open() as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    return [item for d in docs for item in (d.get("items", []) if d.get("kind") == "List" else [d])]
+
+
+class FileBrokerSource(FileChannelSource):
+    """Kafka-class Brokers from the same YAML file as the channels (standalone mode: no controller, so a Broker
+    without status is ready and its topic is made by whoever wrote the file)."""
+
+    def _load(self) -> Snapshot:
+        out: Snapshot = {}
+        for doc in documents(self.path):
+            if doc.get("kind") == "Broker" and (broker := kb.broker_ingress(doc, reconciled=False)) is not None:
+                out[broker.key] = broker
+        return out
 
 
 class KubeChannelSource(_Cache):
@@ -158,6 +183,9 @@ class KubeChannelSource(_Cache):
     its cache into the channel snapshot: rebuilt whole after every (re)list, so subscribers never see a
     half-listed set, and patched per watch event. A channel whose spec is invalid is kept out.
     """
+
+    #: (group, version, plural) watched; ``_channel`` turns each object into what the data plane uses.
+    resource = (GROUP, VERSION, PLURAL)
 
     def __init__(
         self,
@@ -189,7 +217,8 @@ class KubeChannelSource(_Cache):
         from kafka_eventing.core.informer import Informer
 
         if self.informer is None:  # built at start, not in __init__, so the API object can still be swapped
-            kwargs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+            group, version, plural = self.resource
+            kwargs: dict[str, Any] = {"group": group, "version": version, "plural": plural}
             if self.name:
                 kwargs["field_selector"] = f"metadata.name={self.name}"
             if self.namespace:
@@ -198,7 +227,7 @@ class KubeChannelSource(_Cache):
             else:
                 func = self.api.list_cluster_custom_object
             self.informer = Informer(
-                "kafkachannels", func, self._on_event, on_list=self._on_list,
+                plural, func, self._on_event, on_list=self._on_list,
                 watch_timeout_seconds=self.watch_timeout_seconds, max_backoff_seconds=self.max_backoff_seconds,
                 **kwargs)
         self.informer.start()
@@ -232,7 +261,7 @@ class KubeChannelSource(_Cache):
             channel = self._channel(obj)
             if channel is not None:
                 channels[channel.key] = channel
-        log.info("KafkaChannels listed", extra={"channels": len(channels)})
+        log.info("listed", extra={"resource": self.resource[2], "objects": len(channels)})
         self._publish(channels)
 
     def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -252,6 +281,33 @@ class KubeChannelSource(_Cache):
         else:
             channels[key] = channel
         self._publish(channels)
+
+
+class KubeBrokerSource(KubeChannelSource):
+    """Kafka-class Brokers as ingress targets (``core.brokers.broker_ingress``), watched like KafkaChannels."""
+
+    resource = (kb.GROUP, kb.VERSION, kb.BROKERS)
+
+    def _channel(self, obj: Mapping[str, Any]) -> Channel | None:
+        return kb.broker_ingress(obj)
+
+
+def broker_source(settings: Settings, api_client: Any) -> ChannelSource | None:
+    """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    if settings.channel_source != "kube":
+        return FileBrokerSource(settings.channels_file, settings) if settings.channels_file else None
+    try:
+        found = client.CustomObjectsApi(api_client).get_api_resources(kb.GROUP, kb.VERSION)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if kb.BROKERS not in {r.name for r in found.resources or ()}:
+        return None
+    return KubeBrokerSource(api_client, settings)
 
 
 def channel_source_from_settings(settings: Settings, api_client: Any = None) -> ChannelSource:

@@ -6,7 +6,7 @@ Standalone mode uses a YAML file holding the very same KafkaChannel documents on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,11 @@ class Subscriber:
     delivery: DeliverySpec = field(default_factory=DeliverySpec)
     ordered: bool = True
     rate_limit: float | None = None  # events per second; None = unlimited
+    #: A Broker Trigger's compiled filter over the Kafka record (None: every event); a rejected record is
+    #: committed without delivery.
+    event_filter: Callable[[Any], bool] | None = None
+    #: Broker delivery: events carry a hop TTL (``knativebrokerttl``); one at 0 is dropped, a reply gets one less.
+    hop_ttl: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ import uvloop
 
 from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core import tracing
-from kafka_eventing.core.channel_source import channel_source_from_settings
+from kafka_eventing.core.channel_source import ChannelSource, channel_source_from_settings
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
+from kafka_eventing.dispatcher.triggers import FileTriggerSource, KubeTriggerSource
 
 log = logging.getLogger("kafka_eventing.dispatcher")
 
@@ -31,7 +32,19 @@ log = logging.getLogger("kafka_eventing.dispatcher")
 async def _run(settings: Settings) -> None:
     connection = connection_from_settings(settings)
     writer: StatusWriter
-    if settings.channel_source == "kube":
+    source: ChannelSource
+    if settings.broker_name:
+        # A Broker's Triggers get their status from the controller; status.subscribers is a channel's field.
+        if settings.channel_source == "kube":
+            source = KubeTriggerSource(kube_api_client(settings.kubeconfig), settings.broker_namespace,
+                                       settings.broker_name)
+        elif settings.channels_file is not None:
+            source = FileTriggerSource(settings.channels_file, settings, settings.broker_namespace,
+                                       settings.broker_name)
+        else:
+            raise SettingsError("a Broker's dispatcher in file mode needs KE_CHANNELS_FILE")
+        writer = MemoryStatusWriter()
+    elif settings.channel_source == "kube":
         api_client = kube_api_client(settings.kubeconfig)
         source = channel_source_from_settings(settings, api_client)
         writer = KubeStatusWriter(api_client)

@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber
 from kafka_eventing.core.http_delivery import HttpSender
@@ -95,14 +96,20 @@ class Dispatcher:
         tracer: Tracer | None = None,
         max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
-        if not settings.channel_name or not settings.channel_namespace:
-            raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME")
+        self.broker = bool(settings.broker_name)
+        if self.broker and not settings.broker_namespace:
+            raise ValueError("a Broker's dispatcher needs KE_BROKER_NAMESPACE and KE_BROKER_NAME")
+        if not self.broker and (not settings.channel_name or not settings.channel_namespace):
+            raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME "
+                             "(or KE_BROKER_NAMESPACE and KE_BROKER_NAME)")
         if initial_offset not in INITIAL_OFFSETS:
             raise ValueError(f"initial offset {initial_offset!r} must be one of {', '.join(INITIAL_OFFSETS)}")
         self.settings = settings
         self.connection = connection
         self.source = channel_source
-        self.key: ChannelKey = (settings.channel_namespace, settings.channel_name)
+        # A Broker is served as a channel whose subscribers are its Triggers (dispatcher/triggers.py).
+        self.key: ChannelKey = ((settings.broker_namespace, settings.broker_name) if self.broker
+                                else (settings.channel_namespace, settings.channel_name))
         self.registry = registry
         self.metrics = metrics_for(registry)
         self.initial_offset = initial_offset
@@ -215,7 +222,8 @@ class Dispatcher:
 
     def _launch(self, channel: Channel, sub: Subscriber) -> None:
         assert self._deliverer is not None
-        group = self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid)
+        group = (kb.trigger_group(channel.namespace, sub.uid) if self.broker
+                 else self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid))
         config = consumer_settings(self.settings, self.connection, group, self.initial_offset,
                                    channel.num_partitions)
         kwargs: dict[str, Any] = {} if self._factory is None else {"consumer_factory": self._factory}
@@ -274,7 +282,7 @@ class Dispatcher:
             return False, "channel source not synced"
         channel = self._channel()
         if channel is None:
-            return False, f"KafkaChannel {'/'.join(self.key)} not found"
+            return False, f"{'Broker' if self.broker else 'KafkaChannel'} {'/'.join(self.key)} not found"
         waiting = [uid for uid, r in self._subs.items() if not r.consumer.joined]
         if waiting:
             return False, f"consumer groups not joined yet: {', '.join(sorted(waiting))}"

@@ -42,6 +42,20 @@ from kafka_eventing.dispatcher.metrics import Labels, Metrics
 log = logging.getLogger(__name__)
 
 
+#: The hop counter a Broker's events carry (upstream brokers' name and default).
+TTL_EXTENSION = "knativebrokerttl"
+DEFAULT_TTL = 255
+
+
+def hop_ttl(http_headers: Mapping[str, str]) -> int:
+    """The event's remaining hops; absent or unreadable counts as a fresh event."""
+    raw = http_headers.get(f"ce-{TTL_EXTENSION}")
+    try:
+        return int(raw) if raw is not None else DEFAULT_TTL
+    except ValueError:
+        return DEFAULT_TTL
+
+
 class Outcome(enum.StrEnum):
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
@@ -111,13 +125,20 @@ class Deliverer:
             self.metrics.dropped.labels(*labels, "not_a_cloudevent").inc()
             return Outcome.DROPPED
         trace = {name: out_headers[name] for name in TRACE_HEADERS if name in out_headers}
+        ttl: int | None = None
+        if subscriber.hop_ttl:
+            ttl = hop_ttl(out_headers)
+            if ttl <= 0:
+                # A reply loop through the Broker: stop it here, visibly.
+                self.metrics.dropped.labels(*labels, "ttl_expired").inc()
+                return Outcome.DROPPED
         out_headers["Prefer"] = "reply"
 
         attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels,
                                            count=count)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
-            reply_failed = await self._reply(attempt, subscriber, labels, trace)
+            reply_failed = await self._reply(attempt, subscriber, labels, trace, ttl)
             if reply_failed is None:
                 return Outcome.DELIVERED
             dest, attempt = subscriber.reply_uri or "", reply_failed
@@ -164,6 +185,7 @@ class Deliverer:
 
     async def _reply(
         self, attempt: Attempt, subscriber: Subscriber, labels: Labels, trace: Mapping[str, str],
+        ttl: int | None = None,
     ) -> Attempt | None:
         """Forward a reply event; return the failed attempt if it could not be delivered."""
         if not subscriber.reply_uri:
@@ -180,6 +202,8 @@ class Deliverer:
             reply = event_from_http(attempt.headers, attempt.body)
         except BindingError:
             return None  # a plain response body is not a reply
+        if ttl is not None:
+            reply = with_extensions(reply, **{TTL_EXTENSION: str(ttl - 1)})
         headers, body = event_to_http(reply)
         headers.update(trace)
         result = await self._with_retries(subscriber.reply_uri, headers, body, subscriber, labels)

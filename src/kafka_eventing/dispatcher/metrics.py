@@ -40,6 +40,9 @@ class Metrics:
         self.dropped = Counter(
             "eventing_kafka_dropped", "Events given up without delivery (final failure and no sink, or not a "
             "CloudEvent).", (*SUB, "reason"), registry=registry)
+        self.filtered = Counter(
+            "eventing_kafka_filtered_out", "Events a Trigger's filter rejected (committed without delivery).", SUB,
+            registry=registry)
         self.replies = Counter("eventing_kafka_replies", "Replies forwarded to replyUri.", SUB, registry=registry)
         self.outcomes = Counter(
             "eventing_kafka_dispatch_outcomes", "Events finished, by outcome (delivered, dead_lettered, dropped).",

@@ -123,6 +123,7 @@ class SubscriptionConsumer:
         # takes the gauge over.
         metrics.in_flight.labels(*self.labels).set_function(lambda: self._in_flight)
         self._outcomes = {o: metrics.outcomes.labels(*self.labels, o.value) for o in Outcome}
+        self._filtered = metrics.filtered.labels(*self.labels)
 
     # -- public -------------------------------------------------------------------------------------
     @property
@@ -298,12 +299,15 @@ class SubscriptionConsumer:
 
     async def _deliver(self, part: Partition, message: Message) -> None:
         offset = cast(int, message.offset())
-        if self._filter is None or self._filter(message):
+        accept = self._subscriber.event_filter or self._filter
+        if accept is None or accept(message):
             count = part.attempts.get(offset)
             if count is None:
                 count = part.attempts[offset] = AttemptCount()
             self._outcomes[await self._handle(message, count)].inc()
             part.attempts.pop(offset, None)
+        else:
+            self._filtered.inc()
         if self._parts.get(part.number) is not part:
             return  # revoked meanwhile; the new owner redelivers from the committed offset
         part.in_flight -= 1

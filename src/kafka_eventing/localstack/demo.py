@@ -100,7 +100,8 @@ class DemoSubscriber:
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for a serve_forever loop: one never started would hang
+            self.server.shutdown()
         self.server.server_close()
 
     def got(self, ids: list[str]) -> bool:
@@ -173,15 +174,51 @@ def wait_http(url: str, children: Children, timeout: float, what: str) -> None:
 
 def send_event(port: int, event_id: str, number: int) -> int:
     body = json.dumps({"message": f"hello from kafka-eventing #{number}"}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/{NAMESPACE}/{CHANNEL}", data=body, method="POST",
-        headers={"ce-specversion": "1.0", "ce-id": event_id, "ce-type": "dev.example.demo",
-                 "ce-source": "/kafka-eventing/demo", "content-type": "application/json"})
+    return post_event(f"http://127.0.0.1:{port}/{NAMESPACE}/{CHANNEL}", body,
+                      {"ce-id": event_id, "ce-type": "dev.example.demo"})
+
+
+def post_event(url: str, body: bytes, attributes: dict[str, str]) -> int:
+    """POST one binary-mode CloudEvent; the HTTP status."""
+    request = urllib.request.Request(url, data=body, method="POST", headers={  # noqa: S310 - http://127.0.0.1
+        "ce-specversion": "1.0", "ce-source": "/kafka-eventing/demo", "content-type": "application/json",
+        **attributes})
     try:
         with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 - http://127.0.0.1 only
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+
+
+def start_roles(port: int, workdir: Path, node: KafkaNode, children: Children, config: Path, *,
+                dispatcher_env: dict[str, str]) -> int:
+    """The receiver and one dispatcher as child processes on ``config`` (file mode); waits for the receiver and
+    returns the dispatcher's probe port."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+           "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(config),
+           "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
+           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
+    if os.environ.get("KE_CACHE"):
+        env["KE_CACHE"] = os.environ["KE_CACHE"]
+    children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
+                                "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                   env, workdir / "receiver.log")
+    dispatcher_port = _proc.free_port()
+    children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                   {**env, **dispatcher_env, "KE_METRICS_PORT": str(dispatcher_port)}, workdir / "dispatcher.log")
+    with progress("the receiver"):
+        wait_http(f"http://127.0.0.1:{port}/readyz", children, 60, "receiver")
+    return dispatcher_port
+
+
+def stay_up(args: argparse.Namespace, children: Children) -> int:
+    """After the demo: exit (``--exit-after-demo``) or keep serving until Ctrl-C (or a child dies)."""
+    if args.exit_after_demo:
+        return 0
+    say("\nrunning; press Ctrl-C to stop")
+    while True:
+        children.check()
+        time.sleep(0.5)
 
 
 class _Interrupted(Exception):
@@ -210,6 +247,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed for the round trip")
     parser.add_argument("--exit-after-demo", action="store_true", help="exit after the round trip (0 = delivered)")
     parser.add_argument("--workdir", type=Path, default=cache_dir() / "run", help="state and logs (wiped first)")
+    parser.add_argument("--broker", action="store_true",
+                        help="the Kafka Broker instead: one Broker, three Triggers with different filters, fan-out")
     args = parser.parse_args(argv)
 
     workdir: Path = args.workdir
@@ -220,6 +259,8 @@ def main(argv: list[str]) -> int:
     children = Children()
     try:
         with _signals():
+            if args.broker:
+                return _run_broker(args, workdir, node, children)
             return _run(args, workdir, node, subscriber, children)
     except _Interrupted:
         say("\nstopping (interrupted)...")
@@ -250,22 +291,8 @@ def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: D
     channels.write_text(channels_yaml(sub_uri))
     say(f"channels file: {channels} (KafkaChannel {NAMESPACE}/{CHANNEL}, subscriber {sub_uri})")
 
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
-           "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(channels),
-           "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
-           "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus")}
-    if os.environ.get("KE_CACHE"):
-        env["KE_CACHE"] = os.environ["KE_CACHE"]
-    children.start("receiver", [sys.executable, "-m", "kafka_eventing.receiver",
-                                "--bind", f"127.0.0.1:{args.port}", "--workers", "1"],
-                   env, workdir / "receiver.log")
-    dispatcher_port = _proc.free_port()
-    children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
-                   {**env, "KE_CHANNEL_NAMESPACE": NAMESPACE, "KE_CHANNEL_NAME": CHANNEL,
-                    "KE_METRICS_PORT": str(dispatcher_port)},
-                   workdir / "dispatcher.log")
-    with progress("the receiver"):
-        wait_http(f"http://127.0.0.1:{args.port}/readyz", children, 60, "receiver")
+    dispatcher_port = start_roles(args.port, workdir, node, children, channels,
+                                  dispatcher_env={"KE_CHANNEL_NAMESPACE": NAMESPACE, "KE_CHANNEL_NAME": CHANNEL})
     say(f"receiver listening on http://127.0.0.1:{args.port} (logs: {workdir / 'receiver.log'})")
     # The subscription starts at the latest offset: send only once its consumer group has joined.
     with progress("the dispatcher"):
@@ -291,9 +318,106 @@ def _run(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: D
         f"  curl -i -X POST http://127.0.0.1:{args.port}/{NAMESPACE}/{CHANNEL} \\\n"
         "    -H 'ce-specversion: 1.0' -H 'ce-id: my-1' -H 'ce-type: dev.example.demo' \\\n"
         "    -H 'ce-source: /curl' -H 'content-type: application/json' -d '{\"hello\": \"world\"}'")
-    if args.exit_after_demo:
-        return 0
-    say("\nrunning; press Ctrl-C to stop")
-    while True:
-        children.check()
-        time.sleep(0.5)
+    return stay_up(args, children)
+
+
+# -- `kafka-eventing run --broker` ---------------------------------------------------------------------------
+BROKER = "demo"
+#: (Trigger, what its filter says, the filter): three dialects, three different selections of the same events.
+DEMO_TRIGGERS = (
+    ("all-orders", "prefix type=com.example.order.", [{"prefix": {"type": "com.example.order."}}]),
+    ("eu-orders", "cesql: type LIKE 'com.example.order.%' AND region = 'eu'",
+     [{"cesql": "type LIKE 'com.example.order.%' AND region = 'eu'"}]),
+    ("not-orders", "not prefix type=com.example.order.", [{"not": {"prefix": {"type": "com.example.order."}}}]),
+)
+DEMO_EVENTS = (
+    ("com.example.order.created", "eu"), ("com.example.order.created", "us"), ("com.example.user.created", "eu"),
+    ("com.example.order.shipped", "eu"), ("com.example.user.deleted", "us"),
+)
+
+
+def broker_yaml(ingress: str, subscribers: dict[str, str]) -> str:
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+        "metadata": {"name": BROKER, "namespace": NAMESPACE,
+                     "annotations": {"eventing.knative.dev/broker.class": "Kafka"}},
+        # Standalone: no controller resolves the address, so it is written here (replies go to it).
+        "status": {"address": {"url": ingress}},
+    }]
+    for name, _, filters in DEMO_TRIGGERS:
+        docs.append({"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+                     "metadata": {"name": name, "namespace": NAMESPACE},
+                     "spec": {"broker": BROKER, "filters": filters, "subscriber": {"uri": subscribers[name]}}})
+    return "# Written by `kafka-eventing run --broker`: the Broker and Triggers the demo serves.\n" + \
+        yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def send_broker_event(port: int, event_id: str, event_type: str, region: str) -> int:
+    return post_event(f"http://127.0.0.1:{port}/{NAMESPACE}/{BROKER}", json.dumps({"id": event_id}).encode(),
+                      {"ce-id": event_id, "ce-type": event_type, "ce-region": region})
+
+
+def _run_broker(args: argparse.Namespace, workdir: Path, node: KafkaNode, children: Children) -> int:
+    from kafka_eventing.core.brokers import broker_topic
+
+    say(f"starting a local Kafka node (logs: {node.log_path})...")
+    node.start()
+    topic = broker_topic(NAMESPACE, BROKER)
+    create_topic(node.bootstrap_servers, topic)
+    say(f"kafka ready at {node.bootstrap_servers}; Broker topic {topic} ({PARTITIONS} partitions) created")
+    subscribers = {name: DemoSubscriber() for name, _, _ in DEMO_TRIGGERS}
+    try:
+        for sub in subscribers.values():
+            sub.start()
+        ingress = f"http://127.0.0.1:{args.port}/{NAMESPACE}/{BROKER}"
+        config = workdir / "broker.yaml"
+        config.write_text(broker_yaml(ingress, {n: f"http://127.0.0.1:{s.port}/" for n, s in subscribers.items()}))
+        say(f"broker file: {config} (Broker {NAMESPACE}/{BROKER}, {len(DEMO_TRIGGERS)} Triggers)")
+        for name, what, _ in DEMO_TRIGGERS:
+            say(f"  Trigger {name:<11} {what}")
+        dispatcher_port = start_roles(args.port, workdir, node, children, config,
+                                      dispatcher_env={"KE_BROKER_NAMESPACE": NAMESPACE, "KE_BROKER_NAME": BROKER})
+        # Each Trigger's consumer group starts at the latest offset: send once every group has joined.
+        with progress("the dispatcher"):
+            wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
+        say(f"receiver on {ingress}; dispatcher status at http://127.0.0.1:{dispatcher_port}/status")
+
+        stamp = int(time.time())
+        sent = []
+        for number, (event_type, region) in enumerate(DEMO_EVENTS, 1):
+            event_id = f"ev-{number}-{stamp}"
+            code = send_broker_event(args.port, event_id, event_type, region)
+            say(f"[sender] POST /{NAMESPACE}/{BROKER} {event_id} type={event_type} region={region} -> {code}")
+            if code != 202:
+                raise RuntimeError(f"the receiver answered {code}; see {workdir / 'receiver.log'}")
+            sent.append((event_id, event_type, region))
+        expected = {name: [eid for eid, t, r in sent if _demo_match(name, t, r)] for name, _, _ in DEMO_TRIGGERS}
+        deadline = time.monotonic() + args.deadline
+        while not all(subscribers[n].got(ids) for n, ids in expected.items()):
+            children.check()
+            if time.monotonic() > deadline:
+                say("NOT DELIVERED in time: " + ", ".join(
+                    f"{n}: {sorted(set(ids) - set(subscribers[n].received))}" for n, ids in expected.items()))
+                return 1
+            time.sleep(0.05)
+        time.sleep(0.5)  # a wrong extra delivery would arrive by now
+        say("\nwhich subscriber got what:")
+        wrong = False
+        for name, what, _ in DEMO_TRIGGERS:
+            got = sorted(set(subscribers[name].received))
+            wrong = wrong or got != sorted(expected[name])
+            say(f"  {name:<11} ({what}): {', '.join(got) or '-'}")
+        if wrong:
+            say("a subscriber got an event its filter does not select")
+            return 1
+        say(f"\nfan-out complete: {len(sent)} events in, each delivered to every Trigger whose filter matches")
+        return stay_up(args, children)
+    finally:
+        for sub in subscribers.values():
+            sub.stop()
+
+
+def _demo_match(trigger: str, event_type: str, region: str) -> bool:
+    """What each demo Trigger's filter selects, said independently of the filter engine (checks the output)."""
+    order = event_type.startswith("com.example.order.")
+    return {"all-orders": order, "eu-orders": order and region == "eu", "not-orders": not order}[trigger]

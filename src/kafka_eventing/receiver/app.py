@@ -86,14 +86,15 @@ class ChannelResource:
                       namespace: str | None = None, name: str | None = None) -> None:
         poller = self.poller()  # first: it also sets the loop's tally that the answer is counted in
         key = self.ingress.key(req, namespace, name)
-        self.ingress.respond(resp, await self._handle(req, key, poller), key)
+        self.ingress.respond(resp, await self._handle(req, key, poller, namespace is not None), key)
 
-    async def _handle(self, req: falcon.asgi.Request, key: ChannelKey | None, poller: LoopPoller) -> Answer:
+    async def _handle(self, req: falcon.asgi.Request, key: ChannelKey | None, poller: LoopPoller,
+                      by_path: bool) -> Answer:
         # One coroutine for the whole request: the body read and the wait are inlined, because each awaited
         # helper coroutine cost ~0.2 µs per request (profile of a uvicorn worker under bench/receiver.py's
         # saturation load, docs/receiver.md).
         ingress = self.ingress
-        channel = ingress.lookup(key)
+        channel = ingress.lookup(key, by_path)
         if isinstance(channel, Answer):
             return channel
         length = req.content_length
@@ -148,11 +149,13 @@ class ReadyResource:
     """Can this pod answer? Kafka is deliberately not asked: a broker blip would take every receiver pod out of
     the Service at once, and clients would get connection errors instead of a 503 + Retry-After per request."""
 
-    def __init__(self, channels: ChannelSource, sender: KafkaSender) -> None:
-        self.channels, self.sender = channels, sender
+    def __init__(self, channels: ChannelSource, sender: KafkaSender, brokers: ChannelSource | None = None) -> None:
+        self.channels, self.sender, self.brokers = channels, sender, brokers
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         checks = {"channels": self.channels.synced(), "accepting": not self.sender.closing}
+        if self.brokers is not None:
+            checks["brokers"] = self.brokers.synced()
         resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
         resp.media = checks
 
@@ -182,8 +185,11 @@ def create_app(
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
     verifier: TokenVerifier | None = None,
     tracer: Tracer | None = None,
+    brokers: ChannelSource | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
+
+    ``brokers``: Kafka-class Brokers, served on ``/<namespace>/<name>`` (None: channels only).
 
     No poll thread: the event loop polls the producer (``ChannelResource.poller``). With a ``tracer``, the
     traced resource and ingress (``receiver.tracing``) serve the channels; without, the plain ones.
@@ -192,11 +198,11 @@ def create_app(
     max_body = min(settings.max_event_bytes, message_max_bytes)
     resource: ChannelResource
     if tracer is None:
-        resource = ChannelResource(Ingress(sender, channels, settings, max_body))
+        resource = ChannelResource(Ingress(sender, channels, settings, max_body, brokers=brokers))
     else:
         from kafka_eventing.receiver.tracing import TracedChannelResource, TracedIngress
 
-        resource = TracedChannelResource(TracedIngress(sender, channels, settings, max_body), tracer)
+        resource = TracedChannelResource(TracedIngress(sender, channels, settings, max_body, brokers=brokers), tracer)
     middleware: list[object] = [_Shutdown(resource)]
     if verifier is not None:  # only then: without authentication a request meets no middleware at all
         middleware.append(AuthMiddleware(verifier, resource.ingress, resource))
@@ -206,7 +212,7 @@ def create_app(
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, sender))
+    app.add_route("/readyz", ReadyResource(channels, sender, brokers))
     app.add_route("/metrics", MetricsResource())
     return app
 
@@ -224,12 +230,15 @@ class Runtime:
     sender: KafkaSender
     message_max_bytes: int
     tracing: Tracing | None = None
+    brokers: ChannelSource | None = None
 
     def close(self) -> None:
         self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
         self.channels.stop()
         if self.tracing is not None:
             self.tracing.shutdown()
+        if self.brokers is not None:
+            self.brokers.stop()
 
 
 _runtime: Runtime | None = None
@@ -259,18 +268,23 @@ def build_runtime() -> Runtime:
 
     from kafka_eventing.core import logging as ke_logging
     from kafka_eventing.core import tracing
-    from kafka_eventing.core.channel_source import channel_source_from_settings
+    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings
+    from kafka_eventing.core.kube import api_client as kube_api_client
 
     settings = Settings.from_env()
     ke_logging.configure(settings.log_level, settings.log_format)
     config = producer_config(settings)
     producer = KafkaProducer(config)
-    channels = channel_source_from_settings(settings)
+    api = kube_api_client(settings.kubeconfig) if settings.channel_source == "kube" else None
+    channels = channel_source_from_settings(settings, api)
     channels.start()
+    brokers = broker_source(settings, api)
+    if brokers is not None:
+        brokers.start()
     sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds)
     _runtime = Runtime(settings, producer, channels, sender,
                        int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
-                       tracing.setup(settings, "kafka-eventing-receiver"))
+                       tracing.setup(settings, "kafka-eventing-receiver"), brokers)
     return _runtime
 
 
@@ -279,7 +293,7 @@ def get_app() -> AsgiApp:
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
                       message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings),
-                      tracer=parts.tracing.tracer if parts.tracing is not None else None)
+                      tracer=parts.tracing.tracer if parts.tracing is not None else None, brokers=parts.brokers)
 
 
 def shutdown() -> None:

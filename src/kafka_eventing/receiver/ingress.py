@@ -2,8 +2,10 @@
 records, turn the delivery outcome into an answer, count it.
 
 Routing is by the ``Host`` header (``<name>-kn-channel.<namespace>.svc...``, what a channel's address resolves
-to) or by path (``/<namespace>/<name>``, so a person can ``curl localhost:8080/default/orders``). The falcon app
-around it is ``receiver.app``.
+to) or by path (``/<namespace>/<name>``, so a person can ``curl localhost:8080/default/orders``). The path form is
+also a Kafka Broker's address (``http://<receiver>/<namespace>/<broker>``): when a Broker and a KafkaChannel share
+a namespace and name, the path reaches the Broker — its only address — and the channel stays reachable by its
+own address, the Host form. The falcon app around it is ``receiver.app``.
 """
 
 from __future__ import annotations
@@ -95,9 +97,10 @@ class Ingress:
     """What a POST does, apart from reading the body and waiting for Kafka."""
 
     def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings, max_body: int,
-                 tally: Tally = TALLY) -> None:
+                 tally: Tally = TALLY, *, brokers: ChannelSource | None = None) -> None:
         self.sender, self.channels, self.settings, self.max_body = sender, channels, settings, max_body
         self.tally = tally
+        self.brokers = brokers
 
     @staticmethod
     def key(req: falcon.asgi.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
@@ -111,15 +114,22 @@ class Ingress:
     def too_large(self) -> Answer:
         return Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
 
-    def lookup(self, key: ChannelKey | None) -> Channel | Answer:
+    def lookup(self, key: ChannelKey | None, by_path: bool = False) -> Channel | Answer:
+        """``by_path``: the key came from ``/<namespace>/<name>``, where a Broker of that name comes first."""
         if key is None:
             return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
                                             "or path /<namespace>/<name>"})
-        channel = self.channels.get(key)
+        kind = "channel"
+        channel = self.brokers.get(key) if by_path and self.brokers is not None else None
+        if channel is not None:
+            kind = "broker"
+        else:
+            channel = self.channels.get(key)
         if channel is None:
-            return Answer(falcon.HTTP_404, {"error": f"channel {key[0]}/{key[1]} not found"})
+            what = "channel or broker" if by_path and self.brokers is not None else "channel"
+            return Answer(falcon.HTTP_404, {"error": f"{what} {key[0]}/{key[1]} not found"})
         if not channel.ready:
-            return self.unavailable(f"channel {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
+            return self.unavailable(f"{kind} {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
         return channel
 
     def decode(self, channel: Channel, req: falcon.asgi.Request, body: bytes) -> list[KafkaRecord] | Answer:

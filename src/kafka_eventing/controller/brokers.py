@@ -1,0 +1,476 @@
+"""Reconcile Kafka-class Brokers and their Triggers — level-based and idempotent, like the channel reconciler.
+
+Broker: config (``spec.config`` → a ConfigMap, else the cluster default ``kafka-broker-config`` in the system
+namespace, else built-in defaults on the controller's own connection) → topic ``knative-broker-<ns>-<name>`` (or
+an existing external topic, only checked) → one dispatcher Deployment + headless Service (the channel's, under
+another name) → status: ConfigParsed, TopicReady, DataPlaneAvailable, Addressable, Ready and
+``status.address.url`` = ``http://<receiver>/<namespace>/<broker>``. A finalizer deletes the dispatcher and the
+topic (never an external one).
+
+Trigger: BrokerReady, SubscriberResolved (``status.subscriberUri``), SubscriptionReady (its filters compile and
+its delivery parses), DependencyReady (``knative.dev/dependency``), DeadLetterSinkResolved when a sink is set,
+Ready. Triggers whose Broker exists with another class belong to another implementation and are left alone.
+
+ConfigMaps and Secrets named by a Broker live in any namespace, so they are read from the API on each reconcile
+rather than cached; the periodic resync picks up their changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from kafka_eventing.broker.filters import FilterError, TriggerFilters
+from kafka_eventing.controller import conditions as cond
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.api import api_error
+from kafka_eventing.controller.conditions import Condition
+from kafka_eventing.controller.connection import (
+    KEY_BOOTSTRAP,
+    KEY_SECRET_NAME,
+    AdminPool,
+    ResolvedConnection,
+    resolve,
+)
+from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.reconciler import Reconciler, Result
+from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.informer import Store
+from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
+from kafka_eventing.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HTTP_NOT_FOUND = 404
+BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
+TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
+BROKER_FINALIZER = "kafka.eventing.knative.dev/broker"
+#: A deleted Trigger's consumer group (and its offsets) goes too: a new Trigger of the same name starts at latest.
+TRIGGER_FINALIZER = "kafka.eventing.knative.dev/trigger"
+#: Names the Broker ("<namespace>/<name>") a dispatcher Deployment or Service belongs to.
+ANNOTATION_BROKER = "kafka.eventing.knative.dev/broker"
+BROKER_DISPATCHER_SUFFIX = "-kb-dispatcher"
+RETENTION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_PARTITIONS = 10
+DEFAULT_REPLICATION = 1
+
+# Broker conditions
+CONFIG_PARSED = "ConfigParsed"
+DATA_PLANE_AVAILABLE = "DataPlaneAvailable"
+BROKER_DEPENDENTS = (CONFIG_PARSED, cond.TOPIC_READY, DATA_PLANE_AVAILABLE, cond.ADDRESSABLE)
+# Trigger conditions
+BROKER_READY = "BrokerReady"
+SUBSCRIBER_RESOLVED = "SubscriberResolved"
+SUBSCRIPTION_READY = "SubscriptionReady"
+DEPENDENCY_READY = "DependencyReady"
+TRIGGER_DEPENDENTS = (BROKER_READY, SUBSCRIBER_RESOLVED, SUBSCRIPTION_READY, DEPENDENCY_READY)
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    partitions: int
+    replication_factor: int
+    connection: ResolvedConnection
+    source: str  # which ConfigMap (or "defaults"), for messages
+
+
+class BrokerConfigError(Exception):
+    def __init__(self, reason: str, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+
+
+@dataclass
+class BrokerStores:
+    brokers: Store
+    triggers: Store
+
+
+def broker_dispatcher_name(namespace: str, name: str) -> str:
+    return res.dispatcher_name(namespace, name, suffix=BROKER_DISPATCHER_SUFFIX)
+
+
+def broker_url(settings: Settings, namespace: str, name: str) -> str:
+    host = f"{settings.receiver_service}.{settings.system_namespace}.svc.cluster.local"
+    return kb.ingress_url(host, namespace, name)
+
+
+class BrokerReconciler:
+    """Shares the channel ``Reconciler``'s API clients, caches, leadership check and write helpers."""
+
+    def __init__(self, base: Reconciler, brokers: BrokerStores, *, recheck_seconds: float = 60.0,
+                 broker_config_map: str = kb.DEFAULT_BROKER_CONFIG, kafka_timeout: float = 10.0) -> None:
+        self.base = base
+        self.settings = base.settings
+        self.stores = base.stores
+        self.brokers = brokers
+        self.core, self.apps, self.custom = base.core, base.apps, base.custom
+        self.broker_config_map = broker_config_map
+        self._admins_by_connection: dict[str, AdminPool] = {}
+        self.kafka_timeout = kafka_timeout
+        self.recheck_seconds = recheck_seconds
+        self.filters = TriggerFilters()
+
+    # -- Broker -----------------------------------------------------------------------------------------
+    def reconcile_broker(self, namespace: str, name: str) -> Result:
+        obj = self.brokers.brokers.get(namespace, name)
+        if obj is None:
+            return Result()
+        meta = obj.get("metadata") or {}
+        ours = kb.is_kafka_broker(obj)
+        if meta.get("deletionTimestamp") or not ours:
+            # A Broker whose class changed away from Kafka is cleaned up like a deleted one.
+            return self._finalize_broker(obj) if BROKER_FINALIZER in (meta.get("finalizers") or ()) else Result()
+        if BROKER_FINALIZER not in (meta.get("finalizers") or ()):
+            obj = self.base.set_finalizers(obj, [*(meta.get("finalizers") or ()), BROKER_FINALIZER], BROKER_API)
+        return self._reconcile_broker(obj)
+
+    def _reconcile_broker(self, obj: Mapping[str, Any]) -> Result:
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        namespace, name = meta["namespace"], meta["name"]
+        ref = res.ChannelRef(namespace, name, str(meta.get("uid") or ""))
+        conditions: list[Condition] = []
+        status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
+        result = Result()
+        errors: list[str] = []
+        config: BrokerConfig | None = None
+        try:
+            config = self.broker_config(obj)
+            conditions.append(Condition.true(CONFIG_PARSED, "ConfigParsed", f"config from {config.source}"))
+        except BrokerConfigError as exc:
+            conditions.append(Condition.false(CONFIG_PARSED, exc.reason, str(exc)))
+            if exc.retry:
+                result = Result(requeue_after=self.recheck_seconds)
+        if config is None:
+            waiting = "waiting for a usable Broker config"
+            conditions += [Condition.unknown(cond.TOPIC_READY, "ConfigNotParsed", waiting),
+                           Condition.unknown(DATA_PLANE_AVAILABLE, "ConfigNotParsed", waiting)]
+        else:
+            topic_cond, result = self._topic(obj, config)
+            conditions.append(topic_cond)
+            conditions.append(self._data_plane(ref, config, errors))
+        if config is not None and all(c.is_true for c in conditions):
+            status["address"] = {"url": broker_url(self.settings, namespace, name)}
+            conditions.append(Condition.true(cond.ADDRESSABLE))
+        else:
+            status["address"] = None
+            conditions.append(Condition.false(cond.ADDRESSABLE, "NotReady",
+                                              "the address is published once the topic and data plane are ready"))
+        sink = self.base.dead_letter_sink(namespace, spec)
+        status["deadLetterSinkUri"] = sink[1] if sink else None
+        if sink is not None:
+            conditions.append(sink[0])
+            if not sink[0].is_true:
+                result = Result(requeue_after=self.recheck_seconds)
+        conditions.append(cond.ready_condition(conditions, BROKER_DEPENDENTS))
+        self.base.patch_status(obj, status, conditions, BROKER_API)
+        if errors and result.error is None:
+            return Result(error="; ".join(errors))
+        return result
+
+    def broker_config(self, broker: Mapping[str, Any]) -> BrokerConfig:
+        """Raises ``BrokerConfigError`` naming the object and key to fix."""
+        meta, spec = broker["metadata"], broker.get("spec") or {}
+        system = self.settings.system_namespace
+        ref = spec.get("config")
+        if ref:
+            kind, api_version = ref.get("kind") or "ConfigMap", ref.get("apiVersion") or "v1"
+            if kind != "ConfigMap" or api_version != "v1":
+                raise BrokerConfigError("UnsupportedConfig",
+                                        f"spec.config must reference a v1 ConfigMap, not {api_version} {kind}")
+            if not ref.get("name"):
+                raise BrokerConfigError("InvalidConfig", "spec.config.name is required")
+            cm_ns, cm_name = ref.get("namespace") or meta["namespace"], ref["name"]
+            data = self._read_config_map(cm_ns, cm_name)
+            if data is None:
+                raise BrokerConfigError("ConfigMapNotFound",
+                                        f"ConfigMap {cm_ns}/{cm_name} named by spec.config does not exist",
+                                        retry=True)
+        else:
+            cm_ns, cm_name = system, self.broker_config_map
+            data = self._read_config_map(cm_ns, cm_name)
+        where = f"ConfigMap {cm_ns}/{cm_name}" if data is not None else "built-in defaults"
+        data = data or {}
+        partitions = _positive_int(data, kb.KEY_PARTITIONS, DEFAULT_PARTITIONS, where)
+        replication = _positive_int(data, kb.KEY_REPLICATION, DEFAULT_REPLICATION, where)
+        try:
+            connection = self._connection(data, cm_ns, where)
+        except KafkaConfigError as exc:
+            raise BrokerConfigError("KafkaConfigInvalid", str(exc), retry=True) from None
+        return BrokerConfig(partitions, replication, connection, where)
+
+    def _connection(self, data: Mapping[str, str], namespace: str, where: str) -> ResolvedConnection:
+        default = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+        servers = (data.get(KEY_BOOTSTRAP) or "").strip()
+        secret_name = (data.get(KEY_SECRET_NAME) or "").strip()
+        if not servers and not secret_name:
+            return default  # the controller's own connection (config-kafka)
+        secret: dict[str, bytes] = {}
+        if secret_name:
+            if namespace != self.settings.system_namespace:
+                # The dispatcher runs in the system namespace and can mount only Secrets from there.
+                raise BrokerConfigError(
+                    "SecretOutsideSystemNamespace",
+                    f"{where} names Secret {secret_name!r}; a Broker config with {KEY_SECRET_NAME} must live in "
+                    f"the system namespace {self.settings.system_namespace!r} with its Secret")
+            try:
+                found = self.core.read_namespaced_secret(secret_name, namespace, _request_timeout=(5, 15))
+            except ApiException as exc:
+                if exc.status == HTTP_NOT_FOUND:
+                    raise BrokerConfigError("SecretNotFound",
+                                            f"Secret {namespace}/{secret_name} named by {where} does not exist",
+                                            retry=True) from None
+                raise
+            secret = {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
+        servers = servers or default.bootstrap_servers
+        connection = connection_from_secret(secret, provider=self.settings.kafka_provider, bootstrap_servers=servers,
+                                            extra=self.settings.kafka_extra_config())
+        checksum = hashlib.sha256(json.dumps(
+            {"servers": servers, "secret": {k: v.hex() for k, v in sorted(secret.items())}, "name": secret_name,
+             "provider": self.settings.kafka_provider, "extra": self.settings.kafka_extra},
+            sort_keys=True).encode()).hexdigest()[:16]
+        return ResolvedConnection(connection=connection, secret_name=secret_name or None, bootstrap_servers=servers,
+                                  checksum=checksum, dispatcher_resources=default.dispatcher_resources,
+                                  secret_keys=frozenset(secret))
+
+    def _read_config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        try:
+            found = self.core.read_namespaced_config_map(name, namespace, _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return dict(found.data or {})
+
+    def _admin(self, connection: ResolvedConnection) -> Any:
+        pool = self._admins_by_connection.get(connection.checksum)
+        if pool is None:
+            if len(self._admins_by_connection) > 32:
+                self._admins_by_connection.clear()
+            pool = self._admins_by_connection[connection.checksum] = AdminPool(timeout=self.kafka_timeout)
+        return pool.get(connection)
+
+    def _topic(self, obj: Mapping[str, Any], config: BrokerConfig) -> tuple[Condition, Result]:
+        external = ((obj["metadata"].get("annotations") or {}).get(kb.ANNOTATION_EXTERNAL_TOPIC))
+        topic = kb.topic_of(obj)
+        manage = self.settings.topic_management == "admin" and not external
+        want = TopicSpec(topic, config.partitions, config.replication_factor, RETENTION_MS)
+        try:
+            ensure_topic(self._admin(config.connection), want, manage=manage)
+        except TopicError as exc:
+            log.warning("broker topic not ready", extra={"topic": topic, "reason": exc.reason, "error": exc.message})
+            # Not retriable (a shrink, a bad replication factor) needs a config change; the resync rechecks.
+            retry = Result(error=exc.message) if exc.retriable else Result(requeue_after=self.recheck_seconds)
+            return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), retry
+        mode = "managed" if manage else "external"
+        return Condition.true(cond.TOPIC_READY, "TopicReady", f"topic {topic} ({mode})"), Result()
+
+    def _data_plane(self, ref: res.ChannelRef, config: BrokerConfig, errors: list[str]) -> Condition:
+        owner = res.Owner(broker_dispatcher_name(ref.namespace, ref.name), ANNOTATION_BROKER,
+                          (("KE_CHANNEL_NAME", ""), ("KE_CHANNEL_NAMESPACE", ""),
+                           ("KE_BROKER_NAMESPACE", ref.namespace), ("KE_BROKER_NAME", ref.name)))
+        dconfig = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas,
+                                       checksum=config.connection.checksum,
+                                       secret_name=config.connection.secret_name,
+                                       bootstrap_servers=config.connection.bootstrap_servers,
+                                       resources=config.connection.dispatcher_resources)
+        deployment = res.dispatcher_deployment(ref, self.settings, dconfig, config.partitions, owner=owner)
+        try:
+            live = self.base._apply_deployment(deployment)
+            self.base._apply_service(res.dispatcher_service(ref, self.settings, owner))
+        except ApiException as exc:
+            errors.append(f"Broker dispatcher: {api_error(exc)}")
+            return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherFailed", api_error(exc))
+        system = self.settings.system_namespace
+        receiver = self.stores.deployments.get(system, self.settings.receiver_deployment_name)
+        ok, why = res.deployment_available(receiver)
+        if not ok:
+            return Condition.false(DATA_PLANE_AVAILABLE, "ReceiverUnavailable",
+                                   f"receiver Deployment {system}/{self.settings.receiver_deployment_name}: {why}")
+        ok, why = res.deployment_available(live)
+        if not ok:
+            return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherUnavailable",
+                                   f"dispatcher Deployment {system}/{owner.name}: {why}")
+        return Condition.true(DATA_PLANE_AVAILABLE)
+
+    def _finalize_broker(self, obj: Mapping[str, Any]) -> Result:
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        system = self.settings.system_namespace
+        dispatcher = broker_dispatcher_name(namespace, name)
+        for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service):
+            self.base.writer.check()
+            try:
+                delete(dispatcher, system, propagation_policy="Background", _request_timeout=(5, 30))
+            except ApiException as exc:
+                if exc.status != HTTP_NOT_FOUND:
+                    raise
+        external = (meta.get("annotations") or {}).get(kb.ANNOTATION_EXTERNAL_TOPIC)
+        if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
+            topic = kb.broker_topic(namespace, name)
+            try:
+                connection = self.broker_config(obj).connection
+            except BrokerConfigError:
+                # The config is gone or broken: the topic lives where the controller's own connection points.
+                connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+            try:
+                self._admin(connection).delete(topic)
+            except TopicError as exc:
+                return Result(error=f"deleting topic {topic}: {exc}")
+        finalizers = [f for f in meta.get("finalizers") or () if f != BROKER_FINALIZER]
+        try:
+            self.base.set_finalizers(obj, finalizers, BROKER_API)
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        log.info("Broker finalized", extra={"namespace": namespace, "broker": name})
+        return Result()
+
+    # -- Trigger ----------------------------------------------------------------------------------------
+    def reconcile_trigger(self, namespace: str, name: str) -> Result:
+        obj = self.brokers.triggers.get(namespace, name)
+        if obj is None:
+            self.filters.forget((namespace, name))
+            return Result()
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        broker_name = kb.trigger_broker(obj)
+        broker = self.brokers.brokers.get(namespace, broker_name) if broker_name else None
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            return self._finalize_trigger(obj, broker) if TRIGGER_FINALIZER in finalizers else Result()
+        if broker is not None and not kb.is_kafka_broker(broker):
+            return Result()  # another Broker class's Trigger
+        if TRIGGER_FINALIZER not in finalizers:
+            obj = self.base.set_finalizers(obj, [*finalizers, TRIGGER_FINALIZER], TRIGGER_API)
+        conditions: list[Condition] = []
+        status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
+        result = Result()
+        recheck = Result(requeue_after=self.recheck_seconds)
+        conditions.append(self._broker_ready(namespace, broker_name, broker))
+        try:
+            status["subscriberUri"] = resolve_destination(self.core, self.custom, spec.get("subscriber") or {},
+                                                          namespace, "subscriber")
+            conditions.append(Condition.true(SUBSCRIBER_RESOLVED))
+        except Unresolved as exc:
+            status["subscriberUri"] = None
+            conditions.append(Condition.false(SUBSCRIBER_RESOLVED, exc.reason, str(exc)))
+            result = recheck
+        conditions.append(self._subscription(namespace, name, spec, broker))
+        dependency = self._dependency(namespace, meta)
+        conditions.append(dependency)
+        if not dependency.is_true:
+            result = recheck
+        sink = self.base.dead_letter_sink(namespace, spec)
+        status["deadLetterSinkUri"] = sink[1] if sink else None
+        if sink is not None:
+            conditions.append(sink[0])
+            if not sink[0].is_true:
+                result = recheck
+        elif broker is not None and (broker.get("status") or {}).get("deadLetterSinkUri"):
+            # The Broker's sink is every Trigger's default (upstream: Trigger delivery, else Broker delivery).
+            status["deadLetterSinkUri"] = broker["status"]["deadLetterSinkUri"]
+        if not conditions[0].is_true:
+            result = recheck
+        conditions.append(cond.ready_condition(conditions, TRIGGER_DEPENDENTS))
+        self.base.patch_status(obj, status, conditions, TRIGGER_API)
+        return result
+
+    def _finalize_trigger(self, obj: Mapping[str, Any], broker: Mapping[str, Any] | None) -> Result:
+        meta = obj["metadata"]
+        group = kb.trigger_group(meta["namespace"], meta["name"])
+        connection: ResolvedConnection | None = None
+        if broker is not None:
+            try:
+                connection = self.broker_config(broker).connection
+            except BrokerConfigError:
+                connection = None
+        if connection is None:
+            connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+        try:
+            # Members still in the group (the dispatcher retiring its consumer) make this retry with backoff.
+            self._admin(connection).delete_group(group)
+        except TopicError as exc:
+            return Result(error=str(exc))
+        self.filters.forget((meta["namespace"], meta["name"]))
+        try:
+            self.base.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != TRIGGER_FINALIZER],
+                                     TRIGGER_API)
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        return Result()
+
+    def _broker_ready(self, namespace: str, name: str, broker: Mapping[str, Any] | None) -> Condition:
+        if not name:
+            return Condition.false(BROKER_READY, "BrokerNotSet", "spec.broker names no Broker")
+        if broker is None:
+            return Condition.false(BROKER_READY, "BrokerDoesNotExist", f"Broker {namespace}/{name} does not exist")
+        for c in (broker.get("status") or {}).get("conditions") or ():
+            if c.get("type") == cond.READY:
+                if c.get("status") == "True":
+                    return Condition.true(BROKER_READY)
+                return Condition(BROKER_READY, str(c.get("status") or "Unknown"),
+                                 str(c.get("reason") or "BrokerNotReady"),
+                                 f"Broker {namespace}/{name}: {c.get('message') or 'not ready'}")
+        return Condition.unknown(BROKER_READY, "BrokerNotReconciled", f"Broker {namespace}/{name} has no status yet")
+
+    def _subscription(self, namespace: str, name: str, spec: Mapping[str, Any],
+                      broker: Mapping[str, Any] | None) -> Condition:
+        try:
+            self.filters.get((namespace, name), spec)
+        except FilterError as exc:
+            return Condition.false(SUBSCRIPTION_READY, exc.reason, str(exc))
+        for where, delivery in (("spec.delivery", spec.get("delivery")),
+                                ("Broker spec.delivery", ((broker or {}).get("spec") or {}).get("delivery"))):
+            try:
+                DeliverySpec.from_dict(delivery)
+            except DeliverySpecError as exc:
+                return Condition.false(SUBSCRIPTION_READY, "InvalidDelivery", f"{where}: {exc}")
+        return Condition.true(SUBSCRIPTION_READY, "SubscriptionReady",
+                              f"consumer group {kb.trigger_group(namespace, name)}")
+
+    def _dependency(self, namespace: str, meta: Mapping[str, Any]) -> Condition:
+        raw = (meta.get("annotations") or {}).get(kb.ANNOTATION_DEPENDENCY)
+        if not raw:
+            return Condition.true(DEPENDENCY_READY)
+        try:
+            ref = json.loads(raw)
+            kind, name, api_version = ref["kind"], ref["name"], ref["apiVersion"]
+        except (ValueError, KeyError, TypeError):
+            return Condition.false(DEPENDENCY_READY, "InvalidDependency",
+                                   f"annotation {kb.ANNOTATION_DEPENDENCY} must be a JSON object reference with "
+                                   "kind, name and apiVersion")
+        group, _, version = str(api_version).rpartition("/")
+        try:
+            obj = self.custom.get_namespaced_custom_object(group, version, ref.get("namespace") or namespace,
+                                                           f"{str(kind).lower()}s", name, _request_timeout=(5, 15))
+        except ApiException as exc:
+            why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status})"
+            return Condition.false(DEPENDENCY_READY, "DependencyDoesNotExist", f"{kind} {name} {why}")
+        for c in (obj.get("status") or {}).get("conditions") or ():
+            if c.get("type") == cond.READY and c.get("status") == "True":
+                return Condition.true(DEPENDENCY_READY)
+        return Condition.false(DEPENDENCY_READY, "DependencyNotReady", f"{kind} {name} is not Ready")
+
+
+def _positive_int(data: Mapping[str, str], key: str, default: int, where: str) -> int:
+    raw = (data.get(key) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BrokerConfigError("InvalidConfig", f"{where} key {key} is not an integer: {raw!r}") from None
+    if value < 1:
+        raise BrokerConfigError("InvalidConfig", f"{where} key {key} must be at least 1, not {value}")
+    return value

@@ -1,0 +1,54 @@
+"""Resolve a Knative Destination (``{ref, uri}``) to a URL: a core Service by its cluster DNS name, any other
+Addressable (a Knative Service, a Broker, a channel) by its ``status.address.url``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+HTTP_NOT_FOUND = 404
+
+
+class Unresolved(Exception):
+    """``reason`` for a condition; the message says which object and why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def resolve_destination(core: client.CoreV1Api, custom: client.CustomObjectsApi, destination: Mapping[str, Any],
+                        default_namespace: str, what: str = "destination") -> str:
+    uri, target = destination.get("uri"), destination.get("ref")
+    if not target:
+        if not uri:
+            raise Unresolved("DestinationMissing", f"{what} sets neither ref nor uri")
+        return str(uri)
+    kind, name = target.get("kind"), target.get("name")
+    namespace = target.get("namespace") or default_namespace
+    api_version = str(target.get("apiVersion") or "v1")
+    if not kind or not name:
+        raise Unresolved("DestinationInvalid", f"{what} ref needs kind and name")
+    try:
+        if kind == "Service" and api_version == "v1":
+            core.read_namespaced_service(name, namespace, _request_timeout=(5, 15))
+            base = f"http://{name}.{namespace}.svc.cluster.local"
+        else:
+            group, _, version = api_version.rpartition("/")
+            plural = f"{str(kind).lower()}s"
+            obj = custom.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                      _request_timeout=(5, 15))
+            found = ((obj.get("status") or {}).get("address") or {}).get("url")
+            if not found:
+                raise Unresolved("DestinationNotAddressable",
+                                 f"{what} {kind} {namespace}/{name} has no status.address.url yet")
+            base = str(found)
+    except ApiException as exc:
+        why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status} {exc.reason})"
+        raise Unresolved("DestinationNotFound", f"{what} {kind} ({api_version}) {namespace}/{name} {why}") from None
+    if uri:
+        base = base.rstrip("/") + "/" + str(uri).lstrip("/")
+    return base

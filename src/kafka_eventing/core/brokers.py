@@ -1,0 +1,80 @@
+"""Broker and Trigger (``eventing.knative.dev/v1``) facts every role shares: API coordinates, the class this
+project implements, and the names derived from a Broker or Trigger (topic, consumer group, ingress path)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kafka_eventing.core.channels import Channel
+
+GROUP = "eventing.knative.dev"
+VERSION = "v1"
+BROKERS = "brokers"
+TRIGGERS = "triggers"
+ANNOTATION_BROKER_CLASS = "eventing.knative.dev/broker.class"
+#: The broker class this project implements (upstream's Kafka broker uses the same value).
+BROKER_CLASS = "Kafka"
+ANNOTATION_EXTERNAL_TOPIC = "kafka.eventing.knative.dev/external.topic"
+ANNOTATION_DELIVERY_ORDER = "kafka.eventing.knative.dev/delivery.order"
+#: A Trigger waits for this object (a JSON ObjectReference) to be Ready, as upstream's dependency annotation.
+ANNOTATION_DEPENDENCY = "knative.dev/dependency"
+#: The cluster-wide default Broker config, in the system namespace, used when ``spec.config`` is absent.
+DEFAULT_BROKER_CONFIG = "kafka-broker-config"
+KEY_PARTITIONS = "default.topic.partitions"
+KEY_REPLICATION = "default.topic.replication.factor"
+
+
+def is_kafka_broker(broker: Mapping[str, Any] | None) -> bool:
+    annotations = ((broker or {}).get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(ANNOTATION_BROKER_CLASS) or "").lower() == BROKER_CLASS.lower()
+
+
+def broker_topic(namespace: str, name: str) -> str:
+    return f"knative-broker-{namespace}-{name}"
+
+
+def topic_of(broker: Mapping[str, Any]) -> str:
+    """The external topic when annotated, else the Broker's own."""
+    meta = broker.get("metadata") or {}
+    external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
+    return str(external or broker_topic(str(meta.get("namespace")), str(meta.get("name"))))
+
+
+def trigger_group(namespace: str, name: str) -> str:
+    """The consumer group of one Trigger: stable across dispatcher restarts and rescheduling."""
+    return f"knative-trigger-{namespace}-{name}"
+
+
+def trigger_broker(trigger: Mapping[str, Any]) -> str:
+    """The Broker a Trigger names (``spec.broker``, or ``spec.brokerRef.name``)."""
+    spec = trigger.get("spec") or {}
+    return str(spec.get("broker") or (spec.get("brokerRef") or {}).get("name") or "")
+
+
+def ingress_url(receiver_host: str, namespace: str, name: str) -> str:
+    return f"http://{receiver_host}/{namespace}/{name}"
+
+
+def broker_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channel | None:
+    """A Kafka-class Broker as the receiver sees it: where its events go, and whether they may go there yet.
+
+    Ready once the controller reports TopicReady (not Ready: that includes the receiver's own availability).
+    ``reconciled=False`` (a standalone YAML, no controller): ready unless its status says otherwise.
+    Brokers of other classes are None: another implementation serves them.
+    """
+    if not is_kafka_broker(obj):
+        return None
+    meta = obj.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    topic_ready = next((c for c in (obj.get("status") or {}).get("conditions") or ()
+                        if c.get("type") == "TopicReady"), None)
+    ready = topic_ready is not None and str(topic_ready.get("status")) == "True"
+    if topic_ready is None and not reconciled:
+        ready, reason = True, ""
+    elif topic_ready is None:
+        reason = "not reconciled yet: the controller has not reported TopicReady"
+    else:
+        reason = "" if ready else str(topic_ready.get("message") or topic_ready.get("reason") or "topic not ready")
+    return Channel(namespace=namespace, name=name, topic=topic_of(obj), ready=ready, reason=reason,
+                   ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""))

@@ -1,0 +1,139 @@
+"""A Broker and its Triggers as the dispatcher's ``ChannelSource``: the Broker is the "channel" (its topic), each
+Trigger a subscriber — so the channel dispatcher runs a Broker unchanged: one consumer group per Trigger,
+ordered or unordered, retries, dead letters, live updates.
+
+What a Trigger adds is carried by its ``Subscriber``: uid = the Trigger's name (its consumer group is
+``knative-trigger-<namespace>-<name>``), the compiled filter (``event_filter``, compiled once per filter change),
+replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery``
+else the Broker's. A Trigger joins once the controller resolved its subscriber (``status.subscriberUri``) and its
+filter compiles; the controller reports the rest in its conditions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kafka_eventing.broker.filters import FilterError, RecordFilter, TriggerFilters
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
+from kafka_eventing.core.channels import Channel, Subscriber
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.informer import Informer
+from kafka_eventing.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
+                       reply_uri: str | None, *, standalone: bool = False) -> Subscriber | None:
+    """The Subscriber of a Trigger, or None while it cannot be dispatched (no subscriber URI, bad filter).
+
+    ``standalone`` (a YAML file, no controller to resolve refs): ``spec.subscriber.uri`` is the URI."""
+    meta, spec = trigger.get("metadata") or {}, trigger.get("spec") or {}
+    status = trigger.get("status") or {}
+    name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
+    uri = status.get("subscriberUri") or ((spec.get("subscriber") or {}).get("uri") if standalone else None)
+    if not uri:
+        return None
+    try:
+        compiled = filters.get((namespace, name), spec)
+    except FilterError:
+        return None  # the controller reports it (SubscriptionReady=False)
+    delivery_spec = spec.get("delivery") or (broker.get("spec") or {}).get("delivery")
+    try:
+        delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"))
+    except DeliverySpecError:
+        return None
+    order = str((meta.get("annotations") or {}).get(kb.ANNOTATION_DELIVERY_ORDER) or "unordered").lower()
+    return Subscriber(uid=name, subscriber_uri=str(uri), generation=int(meta.get("generation") or 0),
+                      reply_uri=reply_uri, delivery=delivery, ordered=order == "ordered",
+                      event_filter=RecordFilter(compiled), hop_ttl=True)
+
+
+def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]], filters: TriggerFilters,
+                   reply_uri: str | None = None, *, standalone: bool = False) -> Channel | None:
+    base = kb.broker_ingress(broker, reconciled=not standalone)
+    if base is None:
+        return None
+    name = base.name
+    reply = reply_uri or ((broker.get("status") or {}).get("address") or {}).get("url")
+    subscribers = []
+    for trigger in sorted(triggers, key=lambda t: str((t.get("metadata") or {}).get("name"))):
+        if kb.trigger_broker(trigger) != name or (trigger.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        sub = trigger_subscriber(trigger, broker, filters, reply, standalone=standalone)
+        if sub is not None:
+            subscribers.append(sub)
+    return Channel(namespace=base.namespace, name=name, topic=base.topic, ready=base.ready, reason=base.reason,
+                   ordered=False, generation=base.generation, uid=base.uid, subscribers=tuple(subscribers))
+
+
+class KubeTriggerSource(_Cache):
+    """One Broker (by name) and the Triggers of its namespace, watched; a snapshot of at most one entry."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str, *, reply_uri: str | None = None,
+                 watch_timeout_seconds: int = 240) -> None:
+        super().__init__()
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(api_client)
+        self.namespace, self.name, self.reply_uri = namespace, name, reply_uri
+        self.filters = TriggerFilters()
+        self._rebuilding = threading.Lock()
+        common: dict[str, Any] = {"group": kb.GROUP, "version": kb.VERSION, "namespace": namespace,
+                  "watch_timeout_seconds": watch_timeout_seconds}
+        self.brokers = Informer("broker", api.list_namespaced_custom_object, self._changed,
+                                on_list=self._rebuild, plural=kb.BROKERS, field_selector=f"metadata.name={name}",
+                                **common)
+        self.triggers = Informer("triggers", api.list_namespaced_custom_object, self._changed,
+                                 on_list=self._rebuild, plural=kb.TRIGGERS, **common)
+
+    def start(self) -> None:
+        self.brokers.start()
+        self.triggers.start()
+
+    def stop(self) -> None:
+        self.brokers.stop()
+        self.triggers.stop()
+
+    def _changed(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        with self._rebuilding:  # two informer threads call in
+            self._rebuild_locked()
+
+    def _rebuild_locked(self) -> None:
+        if not (self.brokers.synced() and self.triggers.synced()):
+            return
+        broker = self.brokers.get(self.namespace, self.name)
+        snapshot: Snapshot = {}
+        if broker is not None:
+            channel = broker_channel(broker, self.triggers.items(), self.filters, self.reply_uri)
+            if channel is not None:
+                snapshot[channel.key] = channel
+        self._publish(snapshot)
+
+
+class FileTriggerSource(FileChannelSource):
+    """One Broker and its Triggers from a YAML file (standalone mode, as ``kafka-eventing run --broker`` writes)."""
+
+    def __init__(self, path: Path, settings: Settings, namespace: str, name: str,
+                 poll_interval: float = 1.0) -> None:
+        super().__init__(path, settings, poll_interval)
+        self.namespace, self.name = namespace, name
+        self.filters = TriggerFilters()
+
+    def _load(self) -> Snapshot:
+        docs = documents(self.path)
+        broker = next((d for d in docs if d.get("kind") == "Broker"
+                       and (d.get("metadata") or {}).get("name") == self.name
+                       and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace), None)
+        triggers = [d for d in docs if d.get("kind") == "Trigger"
+                    and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace]
+        channel = None if broker is None else broker_channel(broker, triggers, self.filters, standalone=True)
+        return {} if channel is None else {channel.key: channel}

@@ -1,0 +1,211 @@
+"""The Kafka Broker end to end, following Knative's Broker conformance spec (docs/spec/broker.md, data plane):
+the real controller and kube-apiserver, the real receiver (gunicorn, Brokers from the API server), the real
+dispatcher (its Trigger source on the API server) and real Kafka, with HTTP subscribers on 127.0.0.1.
+
+Covered: ingress answers 202 only for events Kafka holds; every matching Trigger gets each event at least once and
+a non-matching one never (its group still moves past it); attributes, extensions and data arrive unchanged;
+replies go back into the Broker and reach the Triggers that match them; a reply loop ends when the hop TTL runs
+out (dropped and counted); failed deliveries are retried then dead-lettered with the error extensions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry
+from test_broker_controller import Brokers, api, brokers, start  # noqa: F401 - fixtures used by name
+from test_controller import Env, env  # noqa: F401
+from test_dispatcher import Received, Subscriber, committed
+from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401
+
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher import create_dispatcher
+from kafka_eventing.dispatcher.delivery import TTL_EXTENSION
+from kafka_eventing.dispatcher.triggers import KubeTriggerSource
+from kafka_eventing.localstack.kube import KubeControlPlane
+from waiting import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+
+BROKER = "default"
+PONG = {"ce-specversion": "1.0", "ce-id": "pong-1", "ce-source": "/replier", "ce-type": "com.example.pong",
+        "content-type": "text/plain"}
+
+
+def reply_with(headers: dict[str, str]) -> Callable[[Received, int], tuple[int, dict[str, str], bytes, float]]:
+    return lambda _r, _a: (200, headers, b"pong", 0.0)
+
+
+def loop_reply(received: Received, _attempt: int) -> tuple[int, dict[str, str], bytes, float]:
+    # Answers every loop event with another one of the same type: only the hop TTL ends it.
+    hop = received.headers.get(f"ce-{TTL_EXTENSION}", "?")
+    return 200, {"ce-specversion": "1.0", "ce-id": f"loop-{hop}", "ce-source": "/loop",
+                 "ce-type": "com.example.loop"}, b"", 0.0
+
+
+@pytest.fixture
+def http() -> Iterator[Subscriber]:
+    with Subscriber().running() as sub:
+        yield sub
+
+
+class RunningDispatcher:
+    def __init__(self, settings: Settings, source: KubeTriggerSource) -> None:
+        self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                            registry=CollectorRegistry(), host="127.0.0.1", port=0)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
+        self.thread.start()
+
+    def metric(self, name: str, **labels: str) -> float:
+        registry = self.dispatcher.metrics.registry
+        return registry.get_sample_value(name, labels) or 0.0
+
+    def stop(self) -> None:
+        self.dispatcher.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def dispatcher(kube_control_plane: KubeControlPlane, brokers: Brokers) -> Iterator[Callable[[str], RunningDispatcher]]:  # noqa: F811
+    running: list[RunningDispatcher] = []
+
+    def run(reply_uri: str) -> RunningDispatcher:
+        e = brokers.env
+        settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, broker_namespace=e.namespace,
+                            broker_name=BROKER, log_level="WARNING", retry_after_max_seconds=1,
+                            kafka_extra="session.timeout.ms=6000,heartbeat.interval.ms=500")
+        source = KubeTriggerSource(kube_control_plane.api_client(), e.namespace, BROKER, reply_uri=reply_uri)
+        d = RunningDispatcher(settings, source)
+        running.append(d)
+        return d
+
+    try:
+        yield run
+    finally:
+        for d in running:
+            d.stop()
+
+
+def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+                           kube_control_plane: KubeControlPlane,
+                           dispatcher: Callable[[str], RunningDispatcher]) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker(BROKER)
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    ingress = f"/{e.namespace}/{BROKER}"
+    http.behaviours.update({"/replier": reply_with(PONG), "/loop": loop_reply,
+                            "/failing": lambda _r, _a: (500, {}, b"broken", 0.0)})
+
+    def trigger(name: str, path: str, filters: list[dict[str, Any]] | None = None,
+                annotations: dict[str, str] | None = None, **spec: Any) -> None:
+        body: dict[str, Any] = {"broker": BROKER, "subscriber": {"uri": http.url(path)}, **spec}
+        if filters is not None:
+            body["filters"] = filters
+        brokers.trigger(name, body, annotations)
+
+    trigger("all", "/all")
+    trigger("orders", "/orders", [{"prefix": {"type": "com.example.order."}}])
+    trigger("eu-orders", "/eu", [{"cesql": "type LIKE 'com.example.order.%' AND region = 'eu'"}])
+    trigger("none", "/none", [{"exact": {"type": "com.example.nothing"}}])
+    trigger("replier", "/replier", [{"exact": {"type": "com.example.ping"}}])
+    trigger("pongs", "/pongs", [{"exact": {"type": "com.example.pong"}}])
+    trigger("loop", "/loop", [{"exact": {"type": "com.example.loop"}}])
+    trigger("failing", "/failing", [{"exact": {"type": "com.example.fail"}}],
+            delivery={"retry": 1, "backoffDelay": "PT0.05S", "deadLetterSink": {"uri": http.url("/dls")}})
+    # Ordered: one event at a time per partition, so the slower early events still arrive first.
+    http.behaviours["/ordered"] = lambda r, _a: (200, {}, b"", 0.05 if int(r.headers["ce-seq"]) % 3 == 0 else 0.0)
+    trigger("ordered", "/ordered", [{"exact": {"type": "com.example.seq"}}],
+            {kb.ANNOTATION_DELIVERY_ORDER: "ordered"})
+    names = ("all", "orders", "eu-orders", "none", "replier", "pongs", "loop", "failing", "ordered")
+    for name in names:
+        brokers.wait(kb.TRIGGERS, name, "Ready", "True")
+
+    running = dispatcher(receiver.url + ingress)
+    def joined() -> bool:
+        return (running.dispatcher.readiness()[0]
+                and len(running.dispatcher.status_document()["subscriptions"]) == len(names))
+
+    wait_for(joined, 60, "every Trigger's consumer group joined")
+
+    def send(event_id: str, event_type: str, body: bytes = b'{"n":1}', **extensions: str) -> None:
+        headers = {**binary_headers(event_id), "ce-type": event_type, "content-type": "application/json",
+                   **{f"ce-{k}": v for k, v in extensions.items()}}
+        answer = httpx.post(receiver.url + ingress, content=body, headers=headers, timeout=20)
+        assert answer.status_code == 202, answer.text
+
+    send("o-1", "com.example.order.created", region="eu")
+    send("o-2", "com.example.order.shipped", b'{"n":2}', region="us")
+    send("u-1", "com.example.user.created", b"\x00\xffraw")
+    send("ping-1", "com.example.ping")
+    send("loop-start", "com.example.loop", **{TTL_EXTENSION: "3"})
+    send("f-1", "com.example.fail")
+    # One batch: all twelve reach Kafka (and the dispatcher) together, so only ordering can space them out.
+    sequence = [f"seq-{i}" for i in range(12)]
+    batch = [{"specversion": "1.0", "id": event_id, "source": "/itest", "type": "com.example.seq",
+              "partitionkey": "one-key", "seq": str(i), "data": {"i": i}} for i, event_id in enumerate(sequence)]
+    answer = httpx.post(receiver.url + ingress, content=json.dumps(batch).encode(), timeout=20,
+                        headers={"content-type": "application/cloudevents-batch+json"})
+    assert answer.status_code == 202, answer.text
+
+    wait_for(lambda: {"o-1", "o-2", "u-1", "ping-1", "pong-1", "loop-start", "f-1"} <= set(http.ids("/all")), 60,
+             "every event, the reply included, at the Trigger without a filter")
+    wait_for(lambda: set(http.ids("/orders")) == {"o-1", "o-2"}, 30, "order events at the prefix Trigger")
+    wait_for(lambda: set(http.ids("/eu")) == {"o-1"}, 30, "the CESQL Trigger's one event")
+    wait_for(lambda: http.ids("/pongs") == ["pong-1"], 30, "the reply routed back through the Broker")
+    wait_for(lambda: http.ids("/dls") == ["f-1"], 30, "the failing delivery dead-lettered")
+    wait_for(lambda: len(http.ids("/ordered")) == len(sequence), 30, "the ordered Trigger's events")
+    assert http.ids("/ordered") == sequence  # one partition key: one partition, delivered in order
+    # ... one at a time: an event goes out only once the one before it was answered (a 50 ms answer for every
+    # third), which unordered delivery, all in flight at once, would not wait for.
+    arrivals = [r.at for r in http.at("/ordered")]
+    assert all(arrivals[i + 1] - arrivals[i] >= 0.045 for i in range(0, len(sequence) - 1, 3))
+
+    # Attributes, extensions and data byte-identical.
+    o1 = next(r for r in http.at("/orders") if r.headers["ce-id"] == "o-1")
+    assert (o1.headers["ce-type"], o1.headers["ce-region"], o1.body) == (
+        "com.example.order.created", "eu", b'{"n":1}')
+    raw = next(r for r in http.at("/all") if r.headers["ce-id"] == "u-1")
+    assert raw.body == b"\x00\xffraw"
+    pong = http.at("/pongs")[0]
+    assert pong.headers[f"ce-{TTL_EXTENSION}"] == "254" and pong.body == b"pong"
+
+    # The loop ends when its hops run out: 3 → 2 → 1 → 0; the event at 0 is dropped and counted.
+    labels = {"namespace": e.namespace, "channel": BROKER, "subscriber": "loop"}
+    wait_for(lambda: running.metric("eventing_kafka_dropped_total", **labels, reason="ttl_expired") == 1, 60,
+             "the looping event dropped at TTL 0")
+    assert sorted(http.ids("/loop")) == ["loop-2", "loop-3", "loop-start"]
+
+    # Dead letter carries the error extensions; it was retried once first.
+    dead = http.at("/dls")[0]
+    assert dead.headers["ce-knativeerrorcode"] == "500" and dead.headers["ce-knativeerrordest"] == http.url("/failing")
+    assert len(http.at("/failing")) == 2
+
+    # Never to a non-matching Trigger, whose consumer group still commits past every event.
+    assert http.ids("/none") == []
+    assert running.metric("eventing_kafka_filtered_out_total", namespace=e.namespace, channel=BROKER,
+                          subscriber="none") >= 7
+    topic = kb.broker_topic(e.namespace, BROKER)
+    end = e.admin.list_topics(topic, timeout=10).topics[topic].partitions
+    probe = Consumer({**e.kafka.client_config(), "group.id": "probe", "enable.auto.commit": False})
+    try:
+        high = sum(probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in end)
+    finally:
+        probe.close()
+    wait_for(lambda: sum(max(0, o) for o in committed(e.kafka, topic, kb.trigger_group(e.namespace, "none"),
+                                                       len(end))) == high, 30,
+             "the non-matching Trigger's group committed to the end of the topic")
+    # Each event at least once at every matching Trigger; exactly these events, no other.
+    assert set(http.ids("/all")) == {"o-1", "o-2", "u-1", "ping-1", "pong-1", "loop-start", "loop-3", "loop-2",
+                                     "f-1", *sequence}

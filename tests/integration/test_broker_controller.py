@@ -1,0 +1,371 @@
+"""Brokers and Triggers reconciled by the controller on a real kube-apiserver (+ controller-manager) and real Kafka.
+
+Reuses the channel controller tests' environment (a system namespace with the receiver Deployment and the
+connection Secret; pods marked Ready as a kubelet would). Each test covers one behaviour a Knative user relies
+on: conditions with reasons, the address, the topic and its deletion, Trigger readiness and its recovery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
+
+from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
+from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
+from kafka_eventing.controller.main import api_client
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.localstack.kube import KubeControlPlane
+
+pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+
+MERGE = "application/merge-patch+json"
+
+
+@pytest.fixture(scope="module")
+def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
+    c = api_client(kube_control_plane.kubeconfig)
+    install_crd(c)
+    for file in BROKER_CRDS:
+        install_crd(c, file=file)
+    yield c
+    c.close()
+
+
+class Brokers:
+    """Broker/Trigger helpers over the channel tests' ``Env``."""
+
+    def __init__(self, environment: Env) -> None:
+        self.env, self.ns, self.custom = environment, environment.namespace, environment.custom
+
+    def create(self, plural: str, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
+        kind = "Broker" if plural == kb.BROKERS else "Trigger"
+        body = {"apiVersion": f"{kb.GROUP}/{kb.VERSION}", "kind": kind,
+                "metadata": {"name": name, "namespace": self.ns, "annotations": annotations or {}}, "spec": spec}
+        self.custom.create_namespaced_custom_object(kb.GROUP, kb.VERSION, self.ns, plural, body)
+
+    def broker(self, name: str, spec: dict[str, Any] | None = None, **annotations: str) -> None:
+        self.create(kb.BROKERS, name, spec or {}, {kb.ANNOTATION_BROKER_CLASS: kb.BROKER_CLASS, **annotations})
+
+    def trigger(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
+        self.create(kb.TRIGGERS, name, spec, annotations)
+
+    def get(self, plural: str, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(kb.GROUP, kb.VERSION, self.ns, plural, name))
+
+    def patch(self, plural: str, name: str, body: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(kb.GROUP, kb.VERSION, self.ns, plural, name, body,
+                                                   _content_type=MERGE)
+
+    def delete(self, plural: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(kb.GROUP, kb.VERSION, self.ns, plural, name)
+
+    def gone(self, plural: str, name: str) -> bool:
+        try:
+            self.get(plural, name)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    def condition(self, plural: str, name: str, kind: str) -> dict[str, Any] | None:
+        for c in (self.get(plural, name).get("status") or {}).get("conditions") or ():
+            if c["type"] == kind:
+                return dict(c)
+        return None
+
+    def wait(self, plural: str, name: str, kind: str, status: str, reason: str | None = None,
+             timeout: float = 40) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            c = self.condition(plural, name, kind)
+            ok = c is not None and c["status"] == status and (reason is None or c.get("reason") == reason)
+            return c if ok else None
+
+        return eventually(check, timeout, f"{plural} {name} {kind}={status} {reason or ''}")
+
+    def service(self, name: str) -> None:
+        self.env.core.create_namespaced_service(self.ns, {"metadata": {"name": name},
+                                                          "spec": {"ports": [{"port": 80}]}})
+
+    def ready_broker(self, name: str, spec: dict[str, Any] | None = None) -> None:
+        """A Broker made Ready: the controller creates its dispatcher; the 'kubelet' reports it available."""
+        self.broker(name, spec)
+        dispatcher = broker_dispatcher_name(self.ns, name)
+        eventually(lambda: self.env.apps.read_namespaced_deployment(dispatcher, self.env.system),
+                   what="broker dispatcher Deployment")
+        self.env.make_available(dispatcher)
+        self.env.make_available(RECEIVER)
+        self.wait(kb.BROKERS, name, "Ready", "True")
+
+
+@pytest.fixture
+def brokers(env: Env) -> Iterator[Brokers]:  # noqa: F811 - the fixture imported above
+    b = Brokers(env)
+    try:
+        yield b
+    finally:
+        for ctl in env.controllers:
+            ctl.stop()
+        env.controllers.clear()
+        # Brokers and Triggers keep their finalizer once the controller is gone: strip it so the namespace can go.
+        for plural in (kb.BROKERS, kb.TRIGGERS):
+            for item in env.custom.list_namespaced_custom_object(kb.GROUP, kb.VERSION, b.ns, plural)["items"]:
+                with contextlib.suppress(ApiException):
+                    b.patch(plural, item["metadata"]["name"], {"metadata": {"finalizers": []}})
+
+
+def start(environment: Env, **settings: Any) -> None:
+    environment.start_controller(environment.settings(**settings), brokers=True)
+
+
+# -- Broker -------------------------------------------------------------------------------------------------
+def test_broker_lifecycle(brokers: Brokers) -> None:
+    e = brokers.env
+    e.core.create_namespaced_config_map(e.system, {
+        "metadata": {"name": kb.DEFAULT_BROKER_CONFIG},
+        "data": {kb.KEY_PARTITIONS: "3", kb.KEY_REPLICATION: "1"}})
+    start(e)
+    brokers.broker("default")
+    topic = kb.broker_topic(e.namespace, "default")
+    eventually(lambda: (e.topic(topic) or (0,))[0] == 3, what="broker topic with 3 partitions (cluster default)")
+    parsed = brokers.wait(kb.BROKERS, "default", "ConfigParsed", "True")
+    assert kb.DEFAULT_BROKER_CONFIG in parsed["message"]
+    brokers.wait(kb.BROKERS, "default", "TopicReady", "True")
+
+    dispatcher = broker_dispatcher_name(e.namespace, "default")
+    dep = eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system))
+    variables = {e.name: e.value for e in dep.spec.template.spec.containers[0].env}
+    assert variables["KE_BROKER_NAME"] == "default" and variables["KE_BROKER_NAMESPACE"] == e.namespace
+    assert not variables["KE_CHANNEL_NAME"]
+    # Not Ready, with the reason, until the data plane is available; no address before that.
+    waiting = brokers.wait(kb.BROKERS, "default", "DataPlaneAvailable", "False")
+    assert waiting["reason"] in ("DispatcherUnavailable", "ReceiverUnavailable")
+    assert brokers.wait(kb.BROKERS, "default", "Ready", "False")["reason"] == waiting["reason"]
+    assert not (brokers.get(kb.BROKERS, "default").get("status") or {}).get("address")
+
+    e.make_available(dispatcher)
+    e.make_available(RECEIVER)
+    brokers.wait(kb.BROKERS, "default", "Ready", "True")
+    got = brokers.get(kb.BROKERS, "default")
+    assert got["status"]["address"]["url"] == (
+        f"http://{RECEIVER}.{e.system}.svc.cluster.local/{e.namespace}/default")
+    assert BROKER_FINALIZER in got["metadata"]["finalizers"]
+    assert got["status"]["observedGeneration"] == got["metadata"]["generation"]
+    assert {c["type"] for c in got["status"]["conditions"]} >= {
+        "ConfigParsed", "TopicReady", "DataPlaneAvailable", "Addressable", "Ready"}
+
+    # Deleting the Broker deletes its dispatcher and its topic.
+    brokers.delete(kb.BROKERS, "default")
+    eventually(lambda: brokers.gone(kb.BROKERS, "default"), what="broker deleted")
+    eventually(lambda: e.topic(topic) is None, what="broker topic deleted")
+    with pytest.raises(ApiException) as info:
+        e.apps.read_namespaced_deployment(dispatcher, e.system)
+    assert info.value.status == 404
+
+
+def test_brokers_of_other_classes_are_left_alone(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.create(kb.BROKERS, "mt", {}, {kb.ANNOTATION_BROKER_CLASS: "MTChannelBasedBroker"})
+    brokers.trigger("of-mt", {"broker": "mt", "subscriber": {"uri": "http://example.invalid/"}})
+    # A Kafka Broker created afterwards is reconciled: by then the others were seen and skipped.
+    brokers.broker("ours")
+    brokers.wait(kb.BROKERS, "ours", "ConfigParsed", "True")
+    mt = brokers.get(kb.BROKERS, "mt")
+    assert "status" not in mt and not mt["metadata"].get("finalizers")
+    assert "status" not in brokers.get(kb.TRIGGERS, "of-mt")
+    assert e.topic(kb.broker_topic(e.namespace, "mt")) is None
+
+
+def test_broker_config_errors_are_conditions_with_reasons(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.broker("cfg", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "my-broker-config"}})
+    missing = brokers.wait(kb.BROKERS, "cfg", "ConfigParsed", "False", "ConfigMapNotFound")
+    assert f"{e.namespace}/my-broker-config" in missing["message"]
+    assert brokers.wait(kb.BROKERS, "cfg", "Ready", "False")["reason"] == "ConfigMapNotFound"
+
+    e.core.create_namespaced_config_map(e.namespace, {"metadata": {"name": "my-broker-config"},
+                                                          "data": {kb.KEY_PARTITIONS: "many"}})
+    bad = brokers.wait(kb.BROKERS, "cfg", "ConfigParsed", "False", "InvalidConfig")
+    assert kb.KEY_PARTITIONS in bad["message"] and "'many'" in bad["message"]
+    assert e.topic(kb.broker_topic(e.namespace, "cfg")) is None  # nothing created from a bad config
+
+    e.core.patch_namespaced_config_map("my-broker-config", e.namespace, {"data": {kb.KEY_PARTITIONS: "2"}})
+    brokers.wait(kb.BROKERS, "cfg", "ConfigParsed", "True")
+    eventually(lambda: (e.topic(kb.broker_topic(e.namespace, "cfg")) or (0,))[0] == 2, what="2 partitions")
+
+    brokers.broker("secret-cfg", {"config": {"apiVersion": "v1", "kind": "Secret", "name": "x"}})
+    unsupported = brokers.wait(kb.BROKERS, "secret-cfg", "ConfigParsed", "False", "UnsupportedConfig")
+    assert "ConfigMap" in unsupported["message"]
+
+
+def test_external_topic_is_checked_never_created_or_deleted(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    external = f"ext-{e.namespace}"
+    brokers.broker("ext", **{kb.ANNOTATION_EXTERNAL_TOPIC: external})
+    absent = brokers.wait(kb.BROKERS, "ext", "TopicReady", "False", "TopicNotFound")
+    assert external in absent["message"]
+    assert e.topic(external) is None
+    e.admin.create_topics([NewTopic(external, num_partitions=2, replication_factor=1)])[external].result(30)
+    brokers.wait(kb.BROKERS, "ext", "TopicReady", "True")
+    brokers.delete(kb.BROKERS, "ext")
+    eventually(lambda: brokers.gone(kb.BROKERS, "ext"), what="broker deleted")
+    assert e.topic(external) is not None
+
+
+# -- Trigger ------------------------------------------------------------------------------------------------
+def test_trigger_readiness_follows_broker_and_subscriber(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    subscriber = {"ref": {"apiVersion": "v1", "kind": "Service", "name": "sink"}, "uri": "/events"}
+    brokers.trigger("t", {"broker": "later", "subscriber": subscriber,
+                          "filters": [{"prefix": {"type": "com.example."}}]})
+    no_broker = brokers.wait(kb.TRIGGERS, "t", "BrokerReady", "False", "BrokerDoesNotExist")
+    assert f"{e.namespace}/later" in no_broker["message"]
+    unresolved = brokers.wait(kb.TRIGGERS, "t", "SubscriberResolved", "False", "DestinationNotFound")
+    assert "sink" in unresolved["message"] and "does not exist" in unresolved["message"]
+    assert brokers.wait(kb.TRIGGERS, "t", "Ready", "False")["status"] == "False"
+
+    # Both appear: the Trigger recovers by itself.
+    brokers.ready_broker("later")
+    brokers.service("sink")
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    got = brokers.get(kb.TRIGGERS, "t")
+    assert got["status"]["subscriberUri"] == f"http://sink.{e.namespace}.svc.cluster.local/events"
+    subscription = brokers.wait(kb.TRIGGERS, "t", "SubscriptionReady", "True")
+    assert kb.trigger_group(e.namespace, "t") in subscription["message"]
+
+    # The Broker losing readiness shows on the Trigger.
+    brokers.patch(kb.BROKERS, "later", {"spec": {"config": {"apiVersion": "v1", "kind": "ConfigMap",
+                                                            "name": "nope"}}})
+    gone = brokers.wait(kb.TRIGGERS, "t", "BrokerReady", "False", "ConfigMapNotFound")
+    assert "later" in gone["message"]
+
+
+def test_invalid_filters_make_the_trigger_not_ready_with_the_reason(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    uri = {"uri": "http://sink.example.invalid/"}
+    cases = {
+        "unknown-dialect": ([{"regex": {"type": "a.*"}}], "UnknownFilterDialect", "spec.filters[0]"),
+        "two-dialects": ([{"exact": {"type": "a"}, "suffix": {"type": "a"}}], "MultipleFilterDialects",
+                         "spec.filters[0]"),
+        "empty-value": ([{"all": [{"exact": {"type": ""}}]}], "InvalidFilter", "spec.filters[0].all[0].exact.type"),
+    }
+    for name, (filters, _, _) in cases.items():
+        brokers.trigger(name, {"broker": "b", "subscriber": uri, "filters": filters})
+    for name, (_, reason, path) in cases.items():
+        c = brokers.wait(kb.TRIGGERS, name, "SubscriptionReady", "False", reason)
+        assert c["message"].startswith(f"{path}: ")
+        assert brokers.wait(kb.TRIGGERS, name, "Ready", "False")["reason"] == reason
+    # Fixing the filter makes it Ready.
+    brokers.patch(kb.TRIGGERS, "unknown-dialect", {"spec": {"filters": [{"prefix": {"type": "a"}}]}})
+    brokers.wait(kb.TRIGGERS, "unknown-dialect", "Ready", "True")
+
+
+def test_trigger_dependency_and_dead_letter_sink(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b", {"delivery": {"deadLetterSink": {"uri": "http://broker-dls.example.invalid/"}}})
+    dependency = json.dumps({"apiVersion": f"{kb.GROUP}/{kb.VERSION}", "kind": "Broker", "name": "dep"})
+    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}},
+                    {kb.ANNOTATION_DEPENDENCY: dependency})
+    brokers.wait(kb.TRIGGERS, "t", "DependencyReady", "False", "DependencyDoesNotExist")
+    got = brokers.get(kb.TRIGGERS, "t")
+    assert got["status"]["deadLetterSinkUri"] == "http://broker-dls.example.invalid/"  # the Broker's default
+    brokers.ready_broker("dep")
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    brokers.patch(kb.TRIGGERS, "t", {"spec": {"delivery": {"deadLetterSink": {
+        "ref": {"apiVersion": "v1", "kind": "Service", "name": "own-dls"}}}}})
+    brokers.wait(kb.TRIGGERS, "t", "DeadLetterSinkResolved", "False", "DeadLetterSinkUnresolved")
+    brokers.service("own-dls")
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    assert brokers.get(kb.TRIGGERS, "t")["status"]["deadLetterSinkUri"] == (
+        f"http://own-dls.{e.namespace}.svc.cluster.local")
+
+
+def test_deleting_a_trigger_deletes_its_consumer_group(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    assert TRIGGER_FINALIZER in brokers.get(kb.TRIGGERS, "t")["metadata"]["finalizers"]
+    # What a dispatcher leaves behind: the group's committed offsets.
+    topic, group = kb.broker_topic(e.namespace, "b"), kb.trigger_group(e.namespace, "t")
+    consumer = Consumer({**e.kafka.client_config(), "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    finally:
+        consumer.close()
+
+    def group_exists() -> bool:
+        try:
+            e.admin.describe_consumer_groups([group])[group].result(timeout=10)
+        except KafkaException:
+            return False
+        listed = e.admin.list_consumer_groups().result(timeout=10)
+        return group in {g.group_id for g in listed.valid}
+
+    assert group_exists()
+    brokers.delete(kb.TRIGGERS, "t")
+    eventually(lambda: brokers.gone(kb.TRIGGERS, "t"), what="trigger deleted")
+    assert not group_exists()
+
+
+KSVC_CRD = {
+    # The smallest stand-in for Knative Serving's Service CRD: the controller reads only status.address.url.
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "services.serving.knative.dev"},
+    "spec": {"group": "serving.knative.dev", "scope": "Namespaced",
+             "names": {"kind": "Service", "plural": "services", "singular": "service", "listKind": "ServiceList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def test_knative_service_subscriber_resolves_once_its_crd_is_served(brokers: Brokers) -> None:
+    e = brokers.env
+    ext = client.ApiextensionsV1Api(e.api)
+    start(e)
+    brokers.ready_broker("b")
+    ref = {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "hello"}
+    brokers.trigger("to-ksvc", {"broker": "b", "subscriber": {"ref": ref}})
+    missing = brokers.wait(kb.TRIGGERS, "to-ksvc", "SubscriberResolved", "False", "DestinationNotFound")
+    assert "hello" in missing["message"]
+    with contextlib.suppress(ApiException):  # 409: another test of the session installed it
+        ext.create_custom_resource_definition(KSVC_CRD)
+    try:
+        _resolve_ksvc(brokers)
+    finally:
+        with contextlib.suppress(ApiException):  # later tests see an API server without Knative Serving
+            ext.delete_custom_resource_definition("services.serving.knative.dev")
+
+
+def _resolve_ksvc(brokers: Brokers) -> None:
+    e = brokers.env
+    ext = client.ApiextensionsV1Api(e.api)
+    eventually(lambda: any(c.type == "Established" and c.status == "True" for c in
+                           ext.read_custom_resource_definition("services.serving.knative.dev").status.conditions
+                           or ()), what="Knative Service CRD established")
+    e.custom.create_namespaced_custom_object("serving.knative.dev", "v1", e.namespace, "services", {
+        "apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": "hello"}})
+    brokers.wait(kb.TRIGGERS, "to-ksvc", "SubscriberResolved", "False", "DestinationNotAddressable")
+    e.custom.patch_namespaced_custom_object_status(
+        "serving.knative.dev", "v1", e.namespace, "services", "hello",
+        {"status": {"address": {"url": f"http://hello.{e.namespace}.svc.cluster.local"}}},
+        _content_type=MERGE)
+    brokers.wait(kb.TRIGGERS, "to-ksvc", "Ready", "True")
+    assert brokers.get(kb.TRIGGERS, "to-ksvc")["status"]["subscriberUri"] == (
+        f"http://hello.{e.namespace}.svc.cluster.local")
