@@ -330,6 +330,7 @@ def kustomize_base(helm: str) -> None:
             *(f"  - {k}.yaml" for k in by_kind)]) + "\n")
     write(base / "config" / "config.env", _env_file(config_maps["kafka-eventing-config"]))
     write(base / "config" / "config-kafka.env", _env_file(config_maps["config-kafka"]))
+    write(base / "config" / "kafka-broker-config.env", _env_file(config_maps["kafka-broker-config"]))
     write(base / "config" / "image-fields.yaml", "\n".join([
         BASE_NOTE, "# Image fields outside containers: the dispatcher image the controller stamps into its",
         "# Deployments, so an `images:` block over the base rewrites it too.", "images:",
@@ -337,13 +338,15 @@ def kustomize_base(helm: str) -> None:
     write(base / "config" / "kustomization.yaml", "\n".join([
         BASE_NOTE, "# kafka-eventing-config: the settings every role loads with envFrom (overlays merge their",
         "# params.env into it); config-kafka: the controller's connection ConfigMap (fixed name; the connection-Secret",
-        "# component fills in auth.secret.ref.name).", "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "# component fills in auth.secret.ref.name); kafka-broker-config: the default for Brokers without spec.config",
+        "# (fixed name, read by the controller).", "apiVersion: kustomize.config.k8s.io/v1beta1",
         "kind: Kustomization",
         "labels:", "  - pairs:", "      app.kubernetes.io/name: kafka-eventing",
         "      app.kubernetes.io/instance: kafka-eventing", "      app.kubernetes.io/component: config",
         "      app.kubernetes.io/part-of: kafka-eventing", "configMapGenerator:", "  - name: kafka-eventing-config",
         "    envs:", "      - config.env", "  - name: config-kafka", "    envs:", "      - config-kafka.env",
-        "    options:", "      disableNameSuffixHash: true", "configurations:", "  - image-fields.yaml"]) + "\n")
+        "    options:", "      disableNameSuffixHash: true", "  - name: kafka-broker-config", "    envs:",
+        "      - kafka-broker-config.env", "    options:", "      disableNameSuffixHash: true", "configurations:", "  - image-fields.yaml"]) + "\n")
     write(base / "namespace.yaml", "\n".join([
         BASE_NOTE, "# The system namespace (Helm users get it from `--create-namespace`).", "apiVersion: v1",
         "kind: Namespace", "metadata:", f"  name: {NAMESPACE}", "  labels:",

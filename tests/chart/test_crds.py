@@ -17,7 +17,6 @@ from .render import (
     one,
 )
 
-
 BROKER_CRD_FILES = ("brokers.yaml", "triggers.yaml")  # Knative's own types: opt-in copies
 
 
