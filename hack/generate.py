@@ -346,7 +346,8 @@ def kustomize_base(helm: str) -> None:
         "      app.kubernetes.io/part-of: kafka-eventing", "configMapGenerator:", "  - name: kafka-eventing-config",
         "    envs:", "      - config.env", "  - name: config-kafka", "    envs:", "      - config-kafka.env",
         "    options:", "      disableNameSuffixHash: true", "  - name: kafka-broker-config", "    envs:",
-        "      - kafka-broker-config.env", "    options:", "      disableNameSuffixHash: true", "configurations:", "  - image-fields.yaml"]) + "\n")
+        "      - kafka-broker-config.env", "    options:", "      disableNameSuffixHash: true",
+        "configurations:", "  - image-fields.yaml"]) + "\n")
     write(base / "namespace.yaml", "\n".join([
         BASE_NOTE, "# The system namespace (Helm users get it from `--create-namespace`).", "apiVersion: v1",
         "kind: Namespace", "metadata:", f"  name: {NAMESPACE}", "  labels:",
