@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_receiver import BINARY, Client, FakeChannels, FakeProducer
-
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import Channel
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
+
+from .test_app import BINARY, Client, FakeChannels, FakeProducer
 
 CHANNEL = Channel("shop", "orders", "shop.orders")
 BROKER = Channel("shop", "orders", kb.broker_topic("shop", "orders"), ordered=False)
