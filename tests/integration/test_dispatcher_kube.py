@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +85,10 @@ class KubeChannel:
         for dispatcher, thread in self.replicas:
             dispatcher.stop()
             thread.join(30)
-        assert not any(thread.is_alive() for _, thread in self.replicas)
+        alive = [thread for _, thread in self.replicas if thread.is_alive()]
+        frames = sys._current_frames()
+        stacks = ["".join(traceback.format_stack(frames[t.ident])) for t in alive if t.ident in frames]
+        assert not alive, "dispatcher thread still running after stop():\n" + "\n".join(stacks)
 
 
 @pytest.fixture
