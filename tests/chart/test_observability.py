@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafka_eventing.controller.controller import ChannelReadiness
+from kafka_eventing.controller.controller import BrokerReadiness, ChannelReadiness
 from kafka_eventing.controller.controller import Metrics as ControllerMetrics
 from kafka_eventing.dispatcher.metrics import Metrics as DispatcherMetrics
 from kafka_eventing.receiver import ingress
@@ -47,12 +47,18 @@ def _touch(metrics: Iterable[Any]) -> None:
             child.observe(0.1)
 
 
-class _Channels:
+class _Objects:
+    """A cache holding one Ready and one not-Ready resource (Kafka-class, of Broker ``default/ok``)."""
+
     def items(self) -> list[dict[str, Any]]:
-        return [{"metadata": {"namespace": "default", "name": "ok"},
+        kafka = {"eventing.knative.dev/broker.class": "Kafka"}
+        return [{"metadata": {"namespace": "default", "name": "ok", "annotations": kafka}, "spec": {"broker": "ok"},
                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-                {"metadata": {"namespace": "default", "name": "bad"},
+                {"metadata": {"namespace": "default", "name": "bad", "annotations": kafka}, "spec": {"broker": "ok"},
                  "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "TopicNotReady"}]}}]
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next((o for o in self.items() if o["metadata"]["name"] == name), None)
 
 
 def scrapes() -> dict[str, str]:
@@ -67,7 +73,8 @@ def scrapes() -> dict[str, str]:
     _touch(vars(DispatcherMetrics(dispatcher)).values())
     controller = CollectorRegistry()
     _touch(vars(ControllerMetrics(controller)).values())
-    controller.register(ChannelReadiness(_Channels()))  # type: ignore[arg-type]
+    controller.register(ChannelReadiness(_Objects()))  # type: ignore[arg-type]
+    controller.register(BrokerReadiness(_Objects(), _Objects()))  # type: ignore[arg-type]
     return {role: generate_latest(r).decode() for role, r in
             (("receiver", receiver), ("dispatcher", dispatcher), ("controller", controller))}
 
@@ -143,7 +150,25 @@ def test_dashboards_are_valid_and_query_only_exported_metrics(path: Path) -> Non
     assert {"kafka_receiver_events_total", "kafka_receiver_produce_latency_seconds_bucket",
             "eventing_kafka_consumer_lag", "eventing_kafka_dispatch_outcomes_total",
             "eventing_kafka_dispatch_latency_seconds_bucket", "eventing_kafka_dispatch_retries_total",
-            "eventing_kafka_dead_lettered_total", "process_resident_memory_bytes"} <= queried
+            "eventing_kafka_dead_lettered_total", "process_resident_memory_bytes",
+            # Brokers and Triggers: readiness, and their series picked out of the shared ones by it.
+            "kafka_broker_ready", "kafka_trigger_ready", "eventing_kafka_filtered_out_total"} <= queried
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_queries_parse(path: Path, tmp_path: Path) -> None:
+    """Every panel query is valid PromQL: promtool parses them as recording rules (Grafana's variables filled in)."""
+    dashboard = json.loads(path.read_text())
+    exprs = [re.sub(r"\$\{?(namespace|channel)\}?", ".*", e).replace("$__rate_interval", "5m")
+             for title, e in _targets(dashboard) if not title.startswith("variable ")]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"panel:query{i}", "expr": e}
+                                                        for i, e in enumerate(exprs)]}]}
+    (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules))
+    checked = run([tool("promtool"), "check", "rules", str(tmp_path / "queries.yaml")], ok=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(
+        {"groups": [{"name": "bad", "rules": [{"record": "panel:bad", "expr": "sum by (x (y)"}]}]}))
+    assert run([tool("promtool"), "check", "rules", str(tmp_path / "bad.yaml")], ok=False).returncode != 0
 
 
 def test_dashboard_configmaps_carry_the_sidecar_label() -> None:

@@ -125,6 +125,13 @@ def start(environment: Env, **settings: Any) -> None:
     environment.start_controller(environment.settings(**settings), brokers=True)
 
 
+def ready_gauges(environment: Env, metric: str) -> dict[str, tuple[str, float]]:
+    """``kafka_broker_ready``/``kafka_trigger_ready`` of the test namespace by name: (reason, value)."""
+    (ctl,) = environment.controllers
+    return {s.labels["name"]: (s.labels["reason"], s.value) for m in ctl.metrics.registry.collect()
+            for s in m.samples if s.name == metric and s.labels["namespace"] == environment.namespace}
+
+
 # -- Broker -------------------------------------------------------------------------------------------------
 def test_broker_lifecycle(brokers: Brokers) -> None:
     e = brokers.env
@@ -182,6 +189,10 @@ def test_brokers_of_other_classes_are_left_alone(brokers: Brokers) -> None:
     assert "status" not in mt and not mt["metadata"].get("finalizers")
     assert "status" not in brokers.get(kb.TRIGGERS, "of-mt")
     assert e.topic(kb.broker_topic(e.namespace, "mt")) is None
+    # The other class's Broker and its Trigger are not this controller's to report.
+    eventually(lambda: "ours" in ready_gauges(e, "kafka_broker_ready"), what="kafka_broker_ready of ours")
+    assert "mt" not in ready_gauges(e, "kafka_broker_ready")
+    assert "of-mt" not in ready_gauges(e, "kafka_trigger_ready")
 
 
 def test_broker_config_errors_are_conditions_with_reasons(brokers: Brokers) -> None:
@@ -234,6 +245,9 @@ def test_trigger_readiness_follows_broker_and_subscriber(brokers: Brokers) -> No
     unresolved = brokers.wait(kb.TRIGGERS, "t", "SubscriberResolved", "False", "DestinationNotFound")
     assert "sink" in unresolved["message"] and "does not exist" in unresolved["message"]
     assert brokers.wait(kb.TRIGGERS, "t", "Ready", "False")["status"] == "False"
+    eventually(lambda: ready_gauges(e, "kafka_trigger_ready").get("t", ("", 1.0))[1] == 0.0,
+               what="kafka_trigger_ready 0")
+    assert ready_gauges(e, "kafka_trigger_ready")["t"][0] != ""
 
     # Both appear: the Trigger recovers by itself.
     brokers.ready_broker("later")
@@ -243,6 +257,8 @@ def test_trigger_readiness_follows_broker_and_subscriber(brokers: Brokers) -> No
     assert got["status"]["subscriberUri"] == f"http://sink.{e.namespace}.svc.cluster.local/events"
     subscription = brokers.wait(kb.TRIGGERS, "t", "SubscriptionReady", "True")
     assert kb.trigger_group(e.namespace, "t") in subscription["message"]
+    eventually(lambda: ready_gauges(e, "kafka_trigger_ready").get("t") == ("", 1.0), what="kafka_trigger_ready 1")
+    assert ready_gauges(e, "kafka_broker_ready")["later"] == ("", 1.0)
 
     # The Broker losing readiness shows on the Trigger.
     brokers.patch(kb.BROKERS, "later", {"spec": {"config": {"apiVersion": "v1", "kind": "ConfigMap",

@@ -32,7 +32,7 @@ from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import GROUP, PLURAL
-from kafka_eventing.core.informer import Informer
+from kafka_eventing.core.informer import Informer, Store
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,15 @@ class ControllerOptions:
     broker_config_map: str = kb.DEFAULT_BROKER_CONFIG
 
 
+def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
+    """(namespace, name, reason, value) of one resource: 1 with no reason while Ready is True, else 0."""
+    meta = obj.get("metadata") or {}
+    ready = next((c for c in (obj.get("status") or {}).get("conditions") or () if c.get("type") == "Ready"), None)
+    ok = ready is not None and ready.get("status") == "True"
+    reason = "" if ok else str((ready or {}).get("reason") or "NotReconciled")
+    return str(meta.get("namespace", "")), str(meta.get("name", "")), reason, 1.0 if ok else 0.0
+
+
 class ChannelReadiness(Collector):
     """``kafkachannel_ready``: 1 per KafkaChannel whose Ready condition is True, else 0 (with its reason).
 
@@ -82,13 +91,38 @@ class ChannelReadiness(Collector):
         family = GaugeMetricFamily("kafkachannel_ready", "1 while the KafkaChannel's Ready condition is True.",
                                    labels=("namespace", "name", "reason"))
         for obj in self.channels.items():
-            meta = obj.get("metadata") or {}
-            ready = next((c for c in (obj.get("status") or {}).get("conditions") or () if c.get("type") == "Ready"),
-                         None)
-            ok = ready is not None and ready.get("status") == "True"
-            reason = "" if ok else str((ready or {}).get("reason") or "NotReconciled")
-            family.add_metric((str(meta.get("namespace", "")), str(meta.get("name", "")), reason), 1.0 if ok else 0.0)
+            namespace, name, reason, value = _readiness(obj)
+            family.add_metric((namespace, name, reason), value)
         yield family
+
+
+class BrokerReadiness(Collector):
+    """``kafka_broker_ready`` per Kafka-class Broker and ``kafka_trigger_ready`` per Trigger of one (or of a
+    Broker not in the cache, which this controller reconciles too), read at scrape time like ``ChannelReadiness``.
+
+    Brokers and Triggers of other classes are left out: another implementation reports them.
+    """
+
+    def __init__(self, brokers: Store, triggers: Store) -> None:
+        self.brokers, self.triggers = brokers, triggers
+
+    def collect(self) -> Iterable[Metric]:
+        brokers = GaugeMetricFamily("kafka_broker_ready", "1 while the Kafka Broker's Ready condition is True.",
+                                    labels=("namespace", "name", "reason"))
+        triggers = GaugeMetricFamily("kafka_trigger_ready", "1 while the Trigger's Ready condition is True.",
+                                     labels=("namespace", "name", "broker", "reason"))
+        for obj in self.brokers.items():
+            if kb.is_kafka_broker(obj):
+                namespace, name, reason, value = _readiness(obj)
+                brokers.add_metric((namespace, name, reason), value)
+        for obj in self.triggers.items():
+            namespace, name, reason, value = _readiness(obj)
+            broker_name = kb.trigger_broker(obj)
+            broker = self.brokers.get(namespace, broker_name) if broker_name else None
+            if broker is None or kb.is_kafka_broker(broker):
+                triggers.add_metric((namespace, name, broker_name, reason), value)
+        yield brokers
+        yield triggers
 
 
 class Metrics:
@@ -156,6 +190,7 @@ class Controller:
                 self.reconciler, BrokerStores(self.brokers, self.triggers),
                 recheck_seconds=opts.topic_recheck_seconds, broker_config_map=opts.broker_config_map,
                 kafka_timeout=opts.kafka_timeout)
+            self.metrics.registry.register(BrokerReadiness(self.brokers, self.triggers))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None

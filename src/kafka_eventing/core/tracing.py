@@ -49,6 +49,9 @@ URL_PATH = "url.path"
 ERROR_TYPE = "error.type"
 CHANNEL = "kafka_eventing.channel"
 SUBSCRIPTION = "kafka_eventing.subscription"
+#: A Broker's events carry these instead of CHANNEL and SUBSCRIPTION ("<namespace>/<name>" each).
+BROKER = "kafka_eventing.broker"
+TRIGGER = "kafka_eventing.trigger"
 ATTEMPT = "kafka_eventing.attempt"
 OUTCOME = "kafka_eventing.outcome"
 

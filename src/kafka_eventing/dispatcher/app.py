@@ -155,7 +155,8 @@ class Dispatcher:
             from kafka_eventing.dispatcher.tracing import TracedDeliverer
 
             self._deliverer = TracedDeliverer(HttpSender(self._session), self.metrics,
-                                              self.settings.retry_after_max_seconds, tracer=self.tracer)
+                                              self.settings.retry_after_max_seconds, tracer=self.tracer,
+                                              broker=self.broker)
         runner: web.AppRunner | None = None
         try:
             if self.port >= 0:

@@ -80,9 +80,11 @@ class TracedDeliverer(Deliverer):
     """``Deliverer`` with a CONSUMER span per event and a CLIENT span per attempt."""
 
     def __init__(self, sender: HttpSender, metrics: object, retry_after_max: float, *, tracer: Tracer,
-                 sleep: Sleep | None = None) -> None:
+                 sleep: Sleep | None = None, broker: bool = False) -> None:
+        """``broker``: the "channel" is a Broker and each subscriber a Trigger, and the spans say so."""
         super().__init__(TracedSender(sender, tracer), metrics, retry_after_max, sleep=sleep)  # type: ignore[arg-type]
         self.tracer = tracer
+        self.broker = broker
 
     async def handle(
         self,
@@ -104,7 +106,7 @@ class TracedDeliverer(Deliverer):
             ) as span:
                 recording = span.is_recording()
                 if recording:  # attributes only for spans that are kept
-                    span.set_attributes(_process_attributes(headers, value, labels, record))
+                    span.set_attributes(_process_attributes(headers, value, labels, record, broker=self.broker))
                 outcome = await super().handle(headers, value, subscriber, labels, count, record=record)
                 if not recording:
                     return outcome
@@ -117,11 +119,12 @@ class TracedDeliverer(Deliverer):
 
 
 def _process_attributes(headers: Sequence[tuple[str, bytes | str | None]] | None, value: bytes | None,
-                        labels: Labels, record: Message | None) -> dict[str, str | int]:
+                        labels: Labels, record: Message | None, *, broker: bool = False) -> dict[str, str | int]:
+    # A Trigger's subscriber uid is the Trigger's name, in the Broker's namespace.
+    source = ({t.BROKER: f"{labels.namespace}/{labels.channel}", t.TRIGGER: f"{labels.namespace}/{labels.subscriber}"}
+              if broker else {t.CHANNEL: f"{labels.namespace}/{labels.channel}", t.SUBSCRIPTION: labels.subscriber})
     attributes: dict[str, str | int] = {
-        t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "process",
-        t.CHANNEL: f"{labels.namespace}/{labels.channel}", t.SUBSCRIPTION: labels.subscriber,
-        **_event_attributes(headers, value),
+        t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "process", **source, **_event_attributes(headers, value),
     }
     if record is not None:
         attributes[t.MESSAGING_DESTINATION] = record.topic() or ""

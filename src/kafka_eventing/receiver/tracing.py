@@ -38,7 +38,7 @@ class TracedIngress(Ingress):
         if span.is_recording():  # attributes only for spans that are kept
             attributes: dict[str, str | int] = {
                 t.MESSAGING_SYSTEM: "kafka", t.MESSAGING_OPERATION: "send", t.MESSAGING_DESTINATION: channel.topic,
-                t.CHANNEL: f"{channel.namespace}/{channel.name}",
+                t.BROKER if self._is_broker(channel) else t.CHANNEL: f"{channel.namespace}/{channel.name}",
             }
             if len(records) == 1:
                 attributes.update(t.event_attributes(records[0].headers))
@@ -51,6 +51,11 @@ class TracedIngress(Ingress):
             t.replace_trace(record.headers, carrier)
         _PRODUCE.set(span)
         return records
+
+    def _is_broker(self, channel: Channel) -> bool:
+        # A Broker and a KafkaChannel may share a namespace and name, never a topic.
+        broker = self.brokers.get(channel.key) if self.brokers is not None else None
+        return broker is not None and broker.topic == channel.topic
 
     def finish(self, result: Result, channel: Channel, count: int, started: float) -> Answer:
         answer = super().finish(result, channel, count, started)

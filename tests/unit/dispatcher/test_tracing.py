@@ -15,7 +15,7 @@ from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.http_delivery import Attempt
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.delivery import Outcome
-from kafka_eventing.dispatcher.metrics import Metrics
+from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.tracing import TracedDeliverer
 
 from .conftest import LABELS, spec
@@ -51,6 +51,7 @@ def test_retries_then_dead_letter_give_one_process_span_and_numbered_attempts() 
     assert process.attributes["kafka_eventing.outcome"] == "dead_lettered"
     assert process.attributes["cloudevents.event_id"] == "e1"
     assert process.attributes["kafka_eventing.subscription"] == "uid"
+    assert "kafka_eventing.broker" not in process.attributes
     assert [(s.name, s.attributes["kafka_eventing.attempt"]) for s in clients] == [
         ("deliver POST", 1), ("deliver POST", 2), ("deliver POST", 3), ("dead-letter POST", 1)]
     assert all(s.parent.span_id == process.context.span_id for s in clients)
@@ -59,3 +60,27 @@ def test_retries_then_dead_letter_give_one_process_span_and_numbered_attempts() 
     sent = [headers["traceparent"].split("-")[2] for _url, headers, _body in sender.calls]
     assert sent == [format(s.context.span_id, "016x") for s in clients]
     assert [s.attributes.get("http.response.status_code") for s in clients] == [503, 500, 500, 202]
+
+
+def test_a_trigger_delivery_names_its_broker_and_trigger() -> None:
+    keep = InMemorySpanExporter()
+    traces = tracing.setup(Settings(), "dispatcher", exporter=keep)
+    assert traces is not None
+    sender = FakeSender({"http://s": [Attempt(200)]})
+    # A Broker's dispatcher: the "channel" label is the Broker, the subscriber uid the Trigger's name.
+    deliverer = TracedDeliverer(sender, Metrics(CollectorRegistry()), 600, tracer=traces.tracer,  # type: ignore[arg-type]
+                                broker=True)
+    record = event_to_kafka(CloudEvent({"id": "e2", "source": "/s", "type": "t", "specversion": "1.0"}, b"x"))
+    outcome = asyncio.run(deliverer.handle(record.headers, record.value, Subscriber("orders", "http://s"),
+                                           Labels("ns", "default", "orders")))
+    traces.shutdown()
+
+    assert outcome is Outcome.DELIVERED
+    (process,) = [s for s in keep.get_finished_spans() if s.kind == SpanKind.CONSUMER]
+    (client,) = [s for s in keep.get_finished_spans() if s.kind == SpanKind.CLIENT]
+    assert process.attributes["kafka_eventing.broker"] == "ns/default"
+    assert process.attributes["kafka_eventing.trigger"] == "ns/orders"
+    assert "kafka_eventing.channel" not in process.attributes
+    assert "kafka_eventing.subscription" not in process.attributes
+    assert process.attributes["kafka_eventing.outcome"] == "delivered"
+    assert (client.name, client.parent.span_id) == ("deliver POST", process.context.span_id)

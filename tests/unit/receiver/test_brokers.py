@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import tracing
 from kafka_eventing.core.channels import Channel
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
@@ -88,3 +92,25 @@ def test_broker_ingress_from_the_resource() -> None:
     assert ready is not None and ready.ready and ready.topic == "knative-broker-shop-orders"
     external = kb.broker_ingress(broker_obj(**{kb.ANNOTATION_EXTERNAL_TOPIC: "legacy.events"}))
     assert external is not None and external.topic == "legacy.events"
+
+
+def test_the_produce_span_names_a_broker_or_a_channel() -> None:
+    keep = InMemorySpanExporter()
+    traces = tracing.setup(Settings(), "receiver", exporter=keep)
+    assert traces is not None
+    producer = FakeProducer()
+    sender = KafkaSender(producer, timeout=0.3)
+    # A Broker and a KafkaChannel of the same namespace and name: the path reaches the one, the Host the other.
+    app = create_app(producer, FakeChannels(CHANNEL), Settings(), sender=sender, brokers=FakeChannels(BROKER),
+                     tracer=traces.tracer)
+    client = Client(app)
+    try:
+        assert post(client, "/shop/orders").status_code == 202
+        assert post(client, "/", host="orders-kn-channel.shop.svc.cluster.local").status_code == 202
+    finally:
+        sender.close(1.0)
+        traces.shutdown()
+    to_broker, to_channel = [s.attributes for s in keep.get_finished_spans() if s.kind == SpanKind.PRODUCER]
+    assert to_broker["kafka_eventing.broker"] == "shop/orders" and "kafka_eventing.channel" not in to_broker
+    assert to_broker["messaging.destination.name"] == "knative-broker-shop-orders"
+    assert to_channel["kafka_eventing.channel"] == "shop/orders" and "kafka_eventing.broker" not in to_channel
