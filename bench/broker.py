@@ -137,47 +137,19 @@ def serve_sink(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def serve_forward(port: int, target: str) -> None:
-    """The channel-based broker's ingress: one POST in, the same POST to the channel, its status back."""
+def _serve_hop(port: int, route: str, target_of: Any) -> None:
+    """An HTTP hop: POST ``route`` in; ``target_of(request)`` says where to forward it (None: filtered out, 202)."""
     import aiohttp
     from aiohttp import web
-
-    async def forward(request: web.Request) -> web.Response:
-        body = await request.read()
-        session: aiohttp.ClientSession = request.app["session"]
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        async with session.post(target, data=body, headers=headers) as resp:
-            await resp.read()
-            return web.Response(status=resp.status)
-
-    async def on_startup(app: web.Application) -> None:
-        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
-
-    async def on_cleanup(app: web.Application) -> None:
-        await app["session"].close()
-
-    app = web.Application()
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    app.router.add_post("/{tail:.*}", forward)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-def serve_filters(port: int, sink: str) -> None:
-    """The channel-based broker's filter hops: ``/t<i>`` applies Trigger i's filter and forwards a match."""
-    import aiohttp
-    from aiohttp import web
-
-    filters = compiled_filters()
 
     async def hop(request: web.Request) -> web.Response:
-        index = int(request.match_info["index"])
         body = await request.read()
-        if not filters[index].matches(headers_attributes(request.headers)):
+        target = target_of(request)
+        if target is None:
             return web.Response(status=202)
         session: aiohttp.ClientSession = request.app["session"]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        async with session.post(f"{sink}/t{index}", data=body, headers=headers) as resp:
+        async with session.post(target, data=body, headers=headers) as resp:
             await resp.read()
             return web.Response(status=resp.status)
 
@@ -190,8 +162,24 @@ def serve_filters(port: int, sink: str) -> None:
     app = web.Application()
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-    app.router.add_post("/t{index:\\d+}", hop)
+    app.router.add_post(route, hop)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def serve_forward(port: int, target: str) -> None:
+    """The channel-based broker's ingress: one POST in, the same POST to the channel, its status back."""
+    _serve_hop(port, "/{tail:.*}", lambda _request: target)
+
+
+def serve_filters(port: int, sink: str) -> None:
+    """The channel-based broker's filter hops: ``/t<i>`` applies Trigger i's filter and forwards a match."""
+    filters = compiled_filters()
+
+    def target_of(request: Any) -> str | None:
+        index = int(request.match_info["index"])
+        return f"{sink}/t{index}" if filters[index].matches(headers_attributes(request.headers)) else None
+
+    _serve_hop(port, "/t{index:\\d+}", target_of)
 
 
 # -- orchestration ------------------------------------------------------------------------------------------
@@ -452,7 +440,8 @@ def main() -> int:
         node.start()
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-        admin = AdminClient(node.client_config())
+        config: dict[str, str | int | float | bool] = {**node.client_config()}
+        admin = AdminClient(config)
         for topic in (broker_topic(NS, BROKER), f"{NS}.{CHANNEL}"):
             for fut in admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS,
                                                      replication_factor=1)]).values():
