@@ -132,7 +132,7 @@ bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .ca
 	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
-bench: bench-receiver bench-dispatcher bench-controller bench-tracing bench-spark bench-cesql ## All benchmarks.
+bench: bench-receiver bench-dispatcher bench-controller bench-tracing bench-spark bench-cesql bench-broker ## All benchmarks.
 
 .PHONY: bench-receiver
 bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.
@@ -157,3 +157,7 @@ bench-spark: setup ## Archive/replay throughput at local[1] and local[2] vs a si
 .PHONY: bench-cesql
 bench-cesql: setup ## CESQL per-event evaluation vs a hand-written Python lambda, side by side; compile time.
 	$(PY) bench/cesql.py
+
+.PHONY: bench-broker
+bench-broker: setup ## Kafka Broker vs a channel-based broker (ingress + filter hops), 10 Triggers, side by side.
+	$(PY) bench/broker.py
