@@ -4,7 +4,8 @@
   brand new (no committed offset on any partition of the topic), else the earliest offset (a partition added
   to the topic later); the start is pinned and committed before the group is reported as joined.
 * revoke: the partitions are released (in-flight deliveries cancelled) and the marks of what is finished are
-  committed synchronously, so the new owner starts right after them. The commit's metadata carries the
+  stored and committed synchronously, so the new owner starts right after them (stored too, because librdkafka
+  commits the stored offsets of revoked partitions again after the callback). The commit's metadata carries the
   attempts already made for the events started and not finished; the new owner (this process or another)
   counts on from there, so retries are not reset by a rebalance.
 * lost: released without a commit — another member may own them already, and committing now could move its
@@ -98,6 +99,14 @@ class Rebalancer:
         done = self.owner.release(partitions)
         log.info("partitions revoked", extra={**self.labels, "partitions": [tp.partition for tp in partitions]})
         if done:
+            try:
+                # Once this callback returns, librdkafka commits the revoked partitions' *stored* offsets itself
+                # (auto-commit on unassign, also in close()), with the stored metadata: without this store that
+                # later commit replaces the one below with the last mark ``_store_done`` handed over — no
+                # attempt counts, possibly an older offset — and the new owner starts the count at zero.
+                consumer.store_offsets(offsets=done)
+            except KafkaException as exc:
+                log.warning("store on revoke failed", extra={**self.labels, "error": str(exc)})
             try:
                 consumer.commit(offsets=done, asynchronous=False)
             except KafkaException as exc:

@@ -19,6 +19,7 @@ class FakeConsumer:
         self.watermarks = watermarks
         self.assigned: list[TopicPartition] = []
         self.commits: list[list[tuple[int, int]]] = []
+        self.stored: list[list[tuple[int, int, str | None]]] = []
         self.metadata: dict[int, str] = {}
 
     def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
@@ -37,6 +38,9 @@ class FakeConsumer:
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
         self.commits.append([(tp.partition, tp.offset) for tp in offsets])
+
+    def store_offsets(self, offsets: list[TopicPartition]) -> None:
+        self.stored.append([(tp.partition, tp.offset, tp.metadata) for tp in offsets])
 
 
 class Owner:
@@ -86,12 +90,15 @@ def test_partition_added_to_an_existing_group_starts_at_earliest() -> None:
 
 def test_revoke_commits_what_is_done_and_lost_does_not() -> None:
     consumer = FakeConsumer({}, {})
-    owner = Owner(done=[TopicPartition("t", 0, 42)])
+    carried = retry_metadata({42: 3})
+    owner = Owner(done=[TopicPartition("t", 0, 42, carried)])
     rebalancer = Rebalancer("t", "latest", owner, {})
     rebalancer.on_revoke(consumer, [TopicPartition("t", 0)])
     assert consumer.commits == [[(0, 42)]]
+    # Stored as well, metadata included: librdkafka's own commit of the stored offsets on unassign repeats it.
+    assert consumer.stored == [[(0, 42, carried)]]
     rebalancer.on_lost(consumer, [TopicPartition("t", 0)])
-    assert consumer.commits == [[(0, 42)]]
+    assert consumer.commits == [[(0, 42)]] and len(consumer.stored) == 1
 
 
 def test_revoke_carries_the_attempts_of_unfinished_events_in_the_commit_metadata() -> None:
