@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import http.server
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_eventing.localstack._proc import free_port
+from kafka_eventing.localstack._proc import free_port, terminate
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
 
@@ -94,17 +93,8 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     yield start
     for proc in started:
-        stop(proc)
+        terminate(proc)
 
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def secret_dir(kafka: KafkaNode, path: Path) -> Path:
@@ -154,8 +144,8 @@ def test_receiver_and_dispatcher_never_log_the_password(
     res = httpx.post(url + "/ns/logs", content=b"payload", headers=headers, timeout=30)
     assert res.status_code == 202, res.text  # produced over SASL_SSL: the credentials were used
     wait_for(lambda: f"logs-{level}" in sink.ids, 60, "event delivered by the dispatcher (consumed over SASL_SSL)")
-    stop(receiver)
-    stop(dispatcher)
+    terminate(receiver)
+    terminate(dispatcher)
     assert receiver.returncode == 0 and dispatcher.returncode == 0, (receiver_log.read_text()[-2000:],
                                                                     dispatcher_log.read_text()[-2000:])
     if level == "DEBUG":
@@ -207,7 +197,7 @@ def test_controller_never_logs_the_password(kafka_running: KafkaNode, kube_contr
 
         # The topic was made with the Secret's credentials over SASL_SSL.
         wait_for(topic_ready, 90, "TopicReady", interval=0.5)
-        stop(controller)
+        terminate(controller)
         if level == "DEBUG":
             assert '"level": "debug"' in log.read_text()
         assert_not_in_logs(password, log)

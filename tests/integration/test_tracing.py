@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from kafka_eventing.localstack import _proc
+from kafka_eventing.localstack._proc import terminate
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
 
@@ -108,15 +108,6 @@ def sink() -> Iterator[HttpSink]:
     yield from HttpSink().serve()
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
 
 def test_one_event_is_one_trace_from_sender_to_subscriber(kafka_running: KafkaNode, topic: str, sink: HttpSink,
                                                           tmp_path: Path) -> None:
@@ -169,7 +160,7 @@ def test_one_event_is_one_trace_from_sender_to_subscriber(kafka_running: KafkaNo
         wait_for(lambda: wanted <= {s.span.kind for s in sink.spans}, 60, "all four spans exported")
     finally:
         for proc in procs:
-            _stop(proc)
+            terminate(proc)
         logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
 
     def one(kind: int) -> Exported:
