@@ -364,10 +364,13 @@ def _write_overlay(cl: Cluster, root: Path, dispatcher_replicas: int = 1) -> Pat
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.env").write_text(f"KE_BOOTSTRAP_SERVERS={cl.state['bootstrap_servers']}\n"
                                      f"KE_DISPATCHER_REPLICAS={dispatcher_replicas}\nKE_LOG_FORMAT=console\n")
+    # The base is rendered from the chart, so its image names are the chart's: registry + each role's repository.
+    values = yaml.safe_load((ROOT / "charts" / "kafka-eventing" / "values.yaml").read_text())
     images = []
     for role in ("receiver", "controller", "dispatcher"):
         name, tag = cl.images[role].rsplit(":", 1)
-        images.append({"name": f"kafka-eventing-{role}", "newName": name, "newTag": tag})
+        chart_name = f"{values['image']['registry']}/{values[role]['image']['repository']}"
+        images.append({"name": chart_name, "newName": name, "newTag": tag})
     (root / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": SYSTEM_NS,
         "resources": [os.path.relpath(ROOT / "kustomize" / "base", root)],
