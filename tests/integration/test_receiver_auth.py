@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from test_receiver import Receiver, binary_headers, read_all
 
 from kafka_eventing.core.binding import event_from_kafka
+from kafka_eventing.core.brokers import broker_audience
 from kafka_eventing.core.channels import default_audience
 from kafka_eventing.localstack.kafka import KafkaNode
 
@@ -62,6 +63,8 @@ def test_service_account_tokens_for_the_channels_audience(
         orders = service_account_token(core, ns, "orders-sender", [default_audience("shop", "orders")])
         custom = service_account_token(core, ns, "custom-sender", [CUSTOM_AUDIENCE])
         other = service_account_token(core, ns, "other-sender", [default_audience("shop", "other")])
+        # A Broker's audience is the Broker's, never the KafkaChannel one of the same namespace/name.
+        events = service_account_token(core, ns, "broker-sender", [broker_audience("shop", "events")])
     finally:
         api.close()
     assert claims(orders)["iss"] == kube_control_plane.server
@@ -72,6 +75,9 @@ def test_service_account_tokens_for_the_channels_audience(
         f"metadata:\n  name: {name}\n  namespace: shop\n  annotations:\n"
         f"    kafka.eventing.knative.dev/external.topic: {topic}\n" + extra
         for name, extra in (("orders", ""), ("custom", f"status:\n  address:\n    audience: {CUSTOM_AUDIENCE}\n")))
+    channels += ("---\napiVersion: eventing.knative.dev/v1\nkind: Broker\nmetadata:\n  name: events\n"
+                 f"  namespace: shop\n  annotations:\n    eventing.knative.dev/broker.class: Kafka\n"
+                 f"    kafka.eventing.knative.dev/external.topic: {topic}\n")
     receiver = start_receiver(channels, bootstrap=kafka_running.bootstrap_servers, env={
         "KE_AUTH_ISSUER": kube_control_plane.server, "KE_AUTH_CA_FILE": str(kube_control_plane.ca_path),
         "KE_AUTH_TOKEN_FILE": str(own)})
@@ -106,5 +112,9 @@ def test_service_account_tokens_for_the_channels_audience(
     assert post("/shop/nope", "unknown", orders).status_code == 404
     assert post("/shop/nope", "unknown-no-token", None).status_code == 401
 
+    assert post("/shop/events", "broker-with-a-channel-token", orders).status_code == 403
+    assert post("/shop/events", "broker-without-token", None).status_code == 401
+    assert post("/shop/events", "accepted-4", events).status_code == 202
+
     ids = {event_from_kafka(m.headers(), m.value()).get_id() for m in read_all(kafka_running, topic)}
-    assert ids == {"accepted-1", "accepted-2", "accepted-3"}
+    assert ids == {"accepted-1", "accepted-2", "accepted-3", "accepted-4"}

@@ -52,6 +52,12 @@ def trigger_broker(trigger: Mapping[str, Any]) -> str:
     return str(spec.get("broker") or (spec.get("brokerRef") or {}).get("name") or "")
 
 
+def broker_audience(namespace: str, name: str) -> str:
+    """Knative's audience of a Broker (``<group>/<kind>/<namespace>/<name>``, lower-cased): what senders ask tokens
+    for when the Broker publishes no ``status.address.audience`` of its own."""
+    return f"{GROUP}/broker/{namespace}/{name}".lower()
+
+
 def ingress_url(receiver_host: str, namespace: str, name: str) -> str:
     return f"http://{receiver_host}/{namespace}/{name}"
 
@@ -76,5 +82,7 @@ def broker_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channe
         reason = "not reconciled yet: the controller has not reported TopicReady"
     else:
         reason = "" if ready else str(topic_ready.get("message") or topic_ready.get("reason") or "topic not ready")
+    audience = ((obj.get("status") or {}).get("address") or {}).get("audience")
     return Channel(namespace=namespace, name=name, topic=topic_of(obj), ready=ready, reason=reason,
-                   ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""))
+                   ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""),
+                   audience=str(audience or broker_audience(namespace, name)))

@@ -94,6 +94,15 @@ def test_broker_ingress_from_the_resource() -> None:
     assert external is not None and external.topic == "legacy.events"
 
 
+def test_a_brokers_token_audience_is_the_brokers_not_a_channels() -> None:
+    plain = kb.broker_ingress(broker_obj())
+    assert plain is not None and plain.token_audience == "eventing.knative.dev/broker/shop/orders"
+    published = broker_obj()
+    published["status"]["address"] = {"url": "http://x/shop/orders", "audience": "my-audience"}
+    custom = kb.broker_ingress(published)
+    assert custom is not None and custom.token_audience == "my-audience"
+
+
 def test_the_produce_span_names_a_broker_or_a_channel() -> None:
     keep = InMemorySpanExporter()
     traces = tracing.setup(Settings(), "receiver", exporter=keep)
