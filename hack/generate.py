@@ -5,7 +5,7 @@
   the optional Broker/Trigger CRDs (eventing.knative.dev) go to the opt-in component kustomize/components/broker-crds/.
 - Provider facts: src/kafka_eventing/core/providers.yaml → the chart's values-<preset>.yaml, the Kustomize overlays
   kustomize/overlays/<preset>/, the element lists of the Argo CD ApplicationSets, the provider enum of the chart's
-  values.schema.json and the Secret-keys table in docs/install.md.
+  values.schema.json, the Secret-keys table in docs/install.md and the preset table in the chart's README.md.gotmpl.
 - The Kustomize base: `helm template` of the chart with its default values → kustomize/base/ (the chart is the one
   hand-kept tree; the settings ConfigMaps become configMapGenerator env files), and the chart's opt-in templates →
   the objects of the pdb, networkpolicy, servicemonitor, prometheusrule and grafana-dashboards components. The
@@ -201,6 +201,20 @@ def replace_block(path: Path, pattern: str, lines: list[str], after: str = "") -
     write(path, "\n".join(text) + "\n")
 
 
+def chart_readme_row(name: str, preset: dict[str, Any], providers: dict[str, Any]) -> str:
+    """A row of the chart README's preset table; the notes come from the provider's client defaults."""
+    client = providers[preset["provider"]]
+    protocol, mechanism = connection(name, preset, providers)
+    if client.get("user"):
+        mechanism += f" (`{client['user']}`)"
+    if client.get("msk_iam"):
+        mechanism += " (IRSA)"
+    if client.get("idempotence") is False:
+        mechanism += ", no idempotence"
+    return (f"| `values-{name}.yaml` | {protocol} / {mechanism} | {preset['topicManagement']} | "
+            f"{', '.join(preset['secretKeys'])} |")
+
+
 def presets() -> None:
     data = yaml.safe_load(PROVIDERS_FILE.read_text())
     providers, presets = data["providers"], data["presets"]
@@ -226,6 +240,8 @@ def presets() -> None:
                   [f"- {{provider: {n}, cluster: kafka-{n}, overlay: {n}}}" for n in presets])
     replace_block(ROOT / "docs" / "install.md", r"\| ", [f"| {p['docs']} | {secret_keys_text(p)} |"
                                                         for p in presets.values()], after=r"\| Provider \| Keys \|")
+    replace_block(CHART / "README.md.gotmpl", r"\| `values-",
+                  [chart_readme_row(n, p, providers) for n, p in presets.items()], after=r"\| Preset \|")
     schema_path = CHART / "values.schema.json"
     schema = json.loads(schema_path.read_text())
     schema["properties"]["kafka"]["properties"]["provider"]["enum"] = list(providers)

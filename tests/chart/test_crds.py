@@ -1,8 +1,11 @@
-"""The CRD copies in the chart and the Kustomize base equal the controller's files; the chart's CRD toggles."""
+"""The CRD copies in the chart and the Kustomize base equal the controller's files and `make generate` writes them;
+the chart's CRD toggles."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -12,6 +15,7 @@ from .render import (
     CHART,
     CRDS,
     KUSTOMIZE,
+    ROOT,
     helm,
     of_kind,
     one,
@@ -60,3 +64,42 @@ def test_chart_crd_toggles() -> None:
     (crd,) = of_kind(helm(sets=("crds.keep=false",)), "CustomResourceDefinition")
     assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
     assert not of_kind(helm(sets=("crds.install=false",)), "CustomResourceDefinition")
+
+
+def _generate_module() -> Any:
+    spec = importlib.util.spec_from_file_location("generate", ROOT / "hack" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_generate_writes_the_crd_copies_and_removes_stale_ones(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    generate = _generate_module()
+    sources, chart, kustomize = tmp_path / "crds", tmp_path / "chart", tmp_path / "kustomize"
+    for name, value in (("ROOT", tmp_path), ("CRDS", sources), ("CHART", chart), ("KUSTOMIZE", kustomize)):
+        monkeypatch.setattr(generate, name, value)
+    sources.mkdir()
+    for name in ("kafkachannels.yaml", *BROKER_CRD_FILES):
+        (sources / name).write_bytes((CRDS / name).read_bytes())
+    stale_chart, stale_base = chart / "files" / "crds" / "gone.yaml", kustomize / "base" / "crds" / "gone.yaml"
+    for stale in (stale_chart, stale_base):
+        stale.parent.mkdir(parents=True)
+        stale.write_text("kind: CustomResourceDefinition\n")
+    (chart / "files" / "crds" / "kafkachannels.yaml").write_text("# edited by hand\n")
+
+    generate.crds()
+
+    def names(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.glob("*.yaml"))
+
+    assert names(chart / "files" / "crds") == ["brokers.yaml", "kafkachannels.yaml", "triggers.yaml"]
+    assert names(kustomize / "base" / "crds") == ["kafkachannels.yaml", "kustomization.yaml"]
+    assert names(kustomize / "components" / "broker-crds") == ["brokers.yaml", "kustomization.yaml", "triggers.yaml"]
+    for copy in (chart / "files" / "crds", kustomize / "base" / "crds", kustomize / "components" / "broker-crds"):
+        for crd in copy.glob("*.yaml"):
+            if crd.name != "kustomization.yaml":
+                assert crd.read_bytes() == (sources / crd.name).read_bytes()
+    base = yaml.safe_load((kustomize / "base" / "crds" / "kustomization.yaml").read_text())
+    assert base["resources"] == ["kafkachannels.yaml"]

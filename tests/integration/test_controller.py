@@ -29,6 +29,7 @@ from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
+from promtool import assert_promtool_passes
 from waiting import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -342,6 +343,7 @@ def test_only_the_lease_holder_writes_and_a_restart_converges(env: Env) -> None:
     metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
     assert "kafkachannel_reconcile_duration_seconds_count" in metrics
     assert "kafkachannel_controller_leader 1.0" in metrics
+    assert_promtool_passes(metrics, "the leading controller's /metrics")
 
     # Stop the leader mid-way (a new channel pending); the standby takes over and converges.
     first.stop()

@@ -33,6 +33,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import Dispatcher, create_dispatcher
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.kafka import KafkaNode
+from promtool import assert_promtool_passes
 from waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -753,7 +754,9 @@ def test_two_dispatcher_processes_share_the_partitions(
     ids = produce(kafka_running, topic, 60)
     wait_for(lambda: set(http.ids("/s")) >= set(ids), 30, "all delivered")
     for proc in (one, two):
-        assert 'eventing_kafka_consumed_msg_count_total{consumer="kafka.default.shared.u1"' in proc.get("/metrics")
+        metrics = proc.get("/metrics")
+        assert 'eventing_kafka_consumed_msg_count_total{consumer="kafka.default.shared.u1"' in metrics
+        assert_promtool_passes(metrics, f"dispatcher process {proc.port}'s /metrics")
 
 
 def test_sigkill_mid_stream_then_restart_delivers_everything(

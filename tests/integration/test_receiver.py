@@ -33,6 +33,7 @@ from kafka_eventing.core.channel_source import VERSION
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, KIND, PLURAL
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.kafka import KafkaNode
+from promtool import assert_promtool_passes
 from waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -198,6 +199,8 @@ def test_binary_structured_and_batch_round_trip(kafka_running: KafkaNode, topic:
     counted = 'kafka_receiver_events_total{channel="ns/bin",code="202"} 2.0'
     wait_for(lambda: counted in httpx.get(receiver.url + "/metrics", timeout=5).text, 2.0,
              "both binary events counted")
+    # What gunicorn's workers serve together (multiprocess mode), after traffic: Prometheus' naming rules hold.
+    assert_promtool_passes(httpx.get(receiver.url + "/metrics", timeout=5).text, "the receiver's /metrics")
 
 
 def test_sasl_ssl_listener_from_secret_files(kafka_running: KafkaNode, topic: str, tmp_path: Path,

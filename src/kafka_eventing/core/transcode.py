@@ -3,11 +3,11 @@
 same errors), and hands any input it is not certain about to the SDK.
 
 - ``kafka_to_http``: the dispatcher's per-event path, a Kafka record straight to an HTTP request.
-- ``http_to_kafka`` / ``raw_http_to_kafka``: the receiver's per-request path, an HTTP request straight to a
-  Kafka record (``raw_`` from the ASGI server's header bytes).
+- ``raw_http_to_kafka``: the receiver's per-request path, an HTTP request straight to a Kafka record, from the
+  header bytes the ASGI server read.
 
 They exist because building an SDK event per event was most of the CPU per event in the receiver's and the
-dispatcher's profiles (docs/receiver.md, docs/dispatcher.md); tests/unit/test_*_transcode.py check them against
+dispatcher's profiles (docs/receiver.md, docs/dispatcher.md); tests/unit/core/test_transcode_*.py check them against
 the SDK for any input hypothesis finds.
 """
 
@@ -178,23 +178,6 @@ def _route(name: bytes) -> tuple[str, str, int] | None:
 
 def _trace_from_http(headers: Mapping[str, str]) -> dict[str, str]:
     return {lname: value for name, value in headers.items() if (lname := name.lower()) in TRACE_HEADERS and value}
-
-
-def http_to_kafka(
-    headers: Mapping[str, str],
-    body: bytes,
-    mode: ContentMode = ContentMode.BINARY,
-    trace: Mapping[str, str] | None = None,
-) -> KafkaRecord:
-    """``event_to_kafka(event_from_http(headers, body), mode, trace)`` without building the event, for the receiver.
-
-    ``headers`` as a WSGI server gives them (str, latin-1 as PEP 3333 says); see ``raw_http_to_kafka``.
-    """
-    try:
-        raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
-    except UnicodeEncodeError:  # not what a server reads off the wire: the SDK decides
-        return _http_to_kafka_sdk(headers, body, mode, trace)
-    return raw_http_to_kafka(raw, body, mode, trace, headers=lambda: headers)
 
 
 def raw_http_to_kafka(

@@ -1,4 +1,5 @@
-"""Shared by the controller unit tests: settings, a dict-backed informer store, a fake Kafka Admin client."""
+"""Shared by the controller unit tests: settings, a dict-backed informer store, a fake Kafka Admin client, a
+connection with KEDA on."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.connection import ResolvedConnection, resolve
 from kafka_eventing.controller.topics import (
     TopicError,
     TopicNotFound,
@@ -66,3 +68,18 @@ class FakeAdmin:
 def _deployment(partitions: int, secret: str | None = "kafka", checksum: str = "c1") -> dict[str, Any]:
     config = res.DispatcherConfig(replicas=3, checksum=checksum, secret_name=secret, bootstrap_servers="k:9092")
     return res.dispatcher_deployment(res.ChannelRef("team", "orders"), SETTINGS, config, partitions)
+
+
+KEDA_CM = {"dispatcher.keda.enabled": "true", "dispatcher.keda.minReplicas": "2", "dispatcher.keda.maxReplicas": "10",
+           "dispatcher.keda.lagThreshold": "25", "dispatcher.keda.pollingInterval": "10",
+           "dispatcher.keda.cooldownPeriod": "60"}
+
+
+def _keda_connection(secret: dict[str, str] | None, **cm: str) -> ResolvedConnection:
+    """The connection of config-kafka with ``KEDA_CM`` (overridden by ``cm``) and, unless None, Secret ``creds``."""
+    data = {**KEDA_CM, **cm, "bootstrap.servers": "b:9092"}
+    if secret is not None:
+        data["auth.secret.ref.name"] = "creds"
+    config_map = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"}, "data": data}
+    return resolve(SETTINGS, DictStore(config_map), DictStore(_secret("creds", secret or {})),
+                   environ={"AWS_REGION": "eu-west-1"})

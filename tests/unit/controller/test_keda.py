@@ -12,20 +12,7 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import KedaConfig, ResolvedConnection, resolve
 from kafka_eventing.core.kafka_config import KafkaConfigError
 
-from .fakes import SETTINGS, DictStore, _secret
-
-KEDA_CM = {"dispatcher.keda.enabled": "true", "dispatcher.keda.minReplicas": "2", "dispatcher.keda.maxReplicas": "10",
-           "dispatcher.keda.lagThreshold": "25", "dispatcher.keda.pollingInterval": "10",
-           "dispatcher.keda.cooldownPeriod": "60"}
-
-
-def _keda_connection(secret: dict[str, str] | None, **cm: str) -> ResolvedConnection:
-    data = {**KEDA_CM, **cm, "bootstrap.servers": "b:9092"}
-    if secret is not None:
-        data["auth.secret.ref.name"] = "creds"
-    config_map = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"}, "data": data}
-    return resolve(SETTINGS, DictStore(config_map), DictStore(_secret("creds", secret or {})),
-                   environ={"AWS_REGION": "eu-west-1"})
+from .fakes import KEDA_CM, SETTINGS, DictStore, _keda_connection, _secret
 
 
 def _scaled(connection: ResolvedConnection, subscribers: list[str], partitions: int = 3) -> dict[str, Any]:

@@ -1,15 +1,18 @@
-"""retry: DeliverySpec backoff and Retry-After."""
+"""core.http_delivery: the delay before a retry, from the DeliverySpec backoff and Retry-After."""
 
 from __future__ import annotations
 
 import email.utils
+from datetime import timedelta
 
 import pytest
 
-from kafka_eventing.core.delivery import BackoffPolicy
+from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec
 from kafka_eventing.core.http_delivery import Attempt, parse_retry_after, retry_delay
 
-from .conftest import spec
+
+def spec(policy: BackoffPolicy = BackoffPolicy.EXPONENTIAL) -> DeliverySpec:
+    return DeliverySpec(retry=3, backoff_policy=policy, backoff_delay=timedelta(seconds=0.1))
 
 
 def test_backoff_linear_and_exponential() -> None:
