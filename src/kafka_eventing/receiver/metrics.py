@@ -122,15 +122,19 @@ class Tally:
             self._counts[child] = self._counts.get(child, 0.0) + amount
 
     def observe(self, child: Any, value: float) -> None:
+        with self._lock:
+            self._add(child, value)
+
+    def _add(self, child: Any, value: float) -> None:
+        """Adds one observation to the child's buffered sum and bucket counts (the caller holds what guards them)."""
         bounds: list[float] = child._upper_bounds  # same bucket rule as Histogram.observe: first bound >= value
         i = bisect.bisect_left(bounds, value)
-        with self._lock:
-            acc = self._hists.get(child)
-            if acc is None:
-                acc = self._hists[child] = [0.0] * (len(bounds) + 1)
-            acc[0] += value
-            if i < len(bounds):
-                acc[i + 1] += 1
+        acc = self._hists.get(child)
+        if acc is None:
+            acc = self._hists[child] = [0.0] * (len(bounds) + 1)
+        acc[0] += value
+        if i < len(bounds):
+            acc[i + 1] += 1
 
     def flush(self) -> None:
         with self._lock:
@@ -195,14 +199,7 @@ class LoopTally(Tally):
     count = inc
 
     def observe(self, child: Any, value: float) -> None:
-        bounds: list[float] = child._upper_bounds
-        i = bisect.bisect_left(bounds, value)
-        acc = self._hists.get(child)
-        if acc is None:
-            acc = self._hists[child] = [0.0] * (len(bounds) + 1)
-        acc[0] += value
-        if i < len(bounds):
-            acc[i + 1] += 1
+        self._add(child, value)
         if self._timer is None:
             self._timer = self.loop.call_later(self.interval, self.flush)
 
