@@ -133,7 +133,7 @@ def _unauthorized(message: str) -> Answer:
 
 
 class AuthMiddleware:
-    """Checks the token of every POST to a channel before its responder runs (installed only when enabled)."""
+    """Checks the token of every POST to a channel or Broker before its responder runs (installed only when enabled)."""
 
     def __init__(self, verifier: TokenVerifier, ingress: Ingress, resource: object) -> None:
         self.verifier, self.ingress, self.resource = verifier, ingress, resource
@@ -143,8 +143,10 @@ class AuthMiddleware:
         if resource is not self.resource or req.method != "POST":
             return
         ingress = self.ingress
+        by_path = params.get("namespace") is not None  # as the app decides it
         key = ingress.key(req, params.get("namespace"), params.get("name"))
-        channel = ingress.channels.get(key) if key is not None else None
+        # The audience of what the request goes to: a Broker's path must not be checked against a channel's.
+        channel = ingress.target(key, by_path)[0] if key is not None else None
         answer = await self.verifier.check(req.get_header("Authorization"),
                                            channel.token_audience if channel is not None else None)
         if answer is not None:

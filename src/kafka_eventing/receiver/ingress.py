@@ -114,17 +114,18 @@ class Ingress:
     def too_large(self) -> Answer:
         return Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
 
+    def target(self, key: ChannelKey, by_path: bool = False) -> tuple[Channel | None, str]:
+        """The Broker or channel a request goes to, and which kind it is; ``by_path``: the key came from
+        ``/<namespace>/<name>``, where a Broker of that name comes first."""
+        broker = self.brokers.get(key) if by_path and self.brokers is not None else None
+        return (broker, "broker") if broker is not None else (self.channels.get(key), "channel")
+
     def lookup(self, key: ChannelKey | None, by_path: bool = False) -> Channel | Answer:
         """``by_path``: the key came from ``/<namespace>/<name>``, where a Broker of that name comes first."""
         if key is None:
             return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
                                             "or path /<namespace>/<name>"})
-        kind = "channel"
-        channel = self.brokers.get(key) if by_path and self.brokers is not None else None
-        if channel is not None:
-            kind = "broker"
-        else:
-            channel = self.channels.get(key)
+        channel, kind = self.target(key, by_path)
         if channel is None:
             what = "channel or broker" if by_path and self.brokers is not None else "channel"
             return Answer(falcon.HTTP_404, {"error": f"{what} {key[0]}/{key[1]} not found"})
