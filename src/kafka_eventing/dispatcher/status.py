@@ -196,10 +196,13 @@ class KubeTriggerStatusWriter:
     Trigger's status subresource. Only Triggers whose status changed since this writer last wrote them are read
     and written; the controller's conditions and Ready are its own (it computes Ready from this condition too)."""
 
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
+    def __init__(self, api_client: Any, *, api: Any = None) -> None:
+        """``api``: a CustomObjectsApi-like object to use instead of one on ``api_client``."""
+        if api is None:
+            from kubernetes import client
 
-        self.api = client.CustomObjectsApi(api_client)
+            api = client.CustomObjectsApi(api_client)
+        self.api = api
         self._written: dict[str, SubscriberStatus] = {}
 
     def write(self, key: ChannelKey, statuses: Sequence[SubscriberStatus]) -> None:
