@@ -55,6 +55,7 @@ from kafka_eventing.core.settings import Settings
 log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
 BROKER_FINALIZER = "kafka.eventing.knative.dev/broker"
@@ -387,7 +388,15 @@ class BrokerReconciler:
         if not conditions[0].is_true:
             result = recheck
         conditions.append(cond.ready_condition([*conditions, self._consumer_group(obj)], TRIGGER_DEPENDENTS))
-        self.base.patch_status(obj, status, conditions, TRIGGER_API, foreign=(kb.CONSUMER_GROUP_READY,))
+        try:
+            self.base.patch_status(obj, status, conditions, TRIGGER_API, foreign=(kb.CONSUMER_GROUP_READY,))
+        except ApiException as exc:
+            if exc.status != HTTP_CONFLICT:
+                raise
+            # The dispatcher wrote since this copy was cached: not a failure, the newer object's watch event (or
+            # this requeue) reconciles again with its ConsumerGroupReady.
+            log.debug("trigger status changed meanwhile, reconciling again", extra={"trigger": f"{namespace}/{name}"})
+            return Result(requeue_after=1.0)
         return result
 
     @staticmethod

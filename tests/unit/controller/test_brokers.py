@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from kafka_eventing.controller.brokers import TRIGGER_FINALIZER, BrokerReconciler, BrokerStores
 from kafka_eventing.controller.reconciler import Reconciler, Stores
@@ -69,3 +70,15 @@ def test_ready_follows_the_stored_consumer_group_condition_which_is_kept_as_is()
               "lastTransitionTime": "2026-01-01T00:00:00Z"}
     ready = by_type(reconcile(trigger(failed)))["Ready"]
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", "KafkaError", "Kafka: down")
+
+
+def test_a_conflict_with_the_dispatchers_write_is_a_requeue_not_an_error() -> None:
+    class Conflict(StatusPatches):
+        def patch_namespaced_custom_object_status(self, *args: Any, **kwargs: Any) -> None:
+            super().patch_namespaced_custom_object_status(*args, **kwargs)
+            raise ApiException(status=409)
+
+    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(5))))
+    base.custom = Conflict()  # type: ignore[assignment]
+    result = BrokerReconciler(base, BrokerStores(DictStore(BROKER), DictStore(trigger()))).reconcile_trigger("ns", "t")
+    assert result.error is None and result.requeue_after is not None
