@@ -212,7 +212,7 @@ class Dispatcher:
                 wanted = {}
         for uid, sub in list(wanted.items()):
             if sub.held:
-                # A Trigger the controller does not report ready yet: its group does not join, so it neither
+                # A Trigger not ready for dispatch (dispatcher/triggers.py): its group does not join, so it neither
                 # receives nor commits anything until then (a new group then starts at the latest offset).
                 self.board.set(uid, sub.generation, False, sub.held, REASON_TRIGGER_NOT_READY)
                 del wanted[uid]
