@@ -84,13 +84,14 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert ("messaging.knative.dev", "kafkachannels/status", "patch") in dispatcher
     assert ("messaging.knative.dev", "kafkachannels", "update") not in dispatcher
     # Brokers: the controller owns their status and finalizer and reads Trigger/Broker config; a Broker's
-    # dispatcher only reads its Broker and Triggers.
+    # dispatcher reads its Broker and Triggers and patches Trigger status (its ConsumerGroupReady condition).
     for sub in ("brokers/status", "brokers/finalizers", "triggers/status"):
         assert ("eventing.knative.dev", sub, "patch") in controller
     assert {("eventing.knative.dev", r, "watch") for r in ("brokers", "triggers")} <= controller
     assert {v for g, r, v in controller if r == "configmaps"} == {"get"}
     assert {(r, v) for g, r, v in dispatcher if g == "eventing.knative.dev"} == {
-        (r, v) for r in ("brokers", "triggers") for v in ("get", "list", "watch")}
+        (r, v) for r in ("brokers", "triggers") for v in ("get", "list", "watch")} | {
+        ("triggers/status", v) for v in ("get", "patch")}
     # Cluster-wide Secret reads only when asked for, and then only read verbs.
     wide = rules_of(helm(sets=("controller.rbac.clusterWideSecretRead=true",)), "ClusterRole",
                     "kafka-eventing-controller")

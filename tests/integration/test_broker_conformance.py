@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
 from kafka_eventing.dispatcher.delivery import TTL_EXTENSION
+from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
@@ -59,9 +61,10 @@ def http() -> Iterator[Subscriber]:
 
 
 class RunningDispatcher:
-    def __init__(self, settings: Settings, source: KubeTriggerSource) -> None:
+    def __init__(self, settings: Settings, source: KubeTriggerSource, writer: KubeTriggerStatusWriter) -> None:
         self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
-                                            registry=CollectorRegistry(), host="127.0.0.1", port=0)
+                                            status_writer=writer, registry=CollectorRegistry(), host="127.0.0.1",
+                                            port=0)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
         self.thread.start()
 
@@ -84,8 +87,9 @@ def dispatcher(kube_control_plane: KubeControlPlane, brokers: Brokers) -> Iterat
         settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, broker_namespace=e.namespace,
                             broker_name=BROKER, log_level="WARNING", retry_after_max_seconds=1,
                             kafka_extra="session.timeout.ms=6000,heartbeat.interval.ms=500")
-        source = KubeTriggerSource(kube_control_plane.api_client(), e.namespace, BROKER, reply_uri=reply_uri)
-        d = RunningDispatcher(settings, source)
+        api_client = kube_control_plane.api_client()
+        source = KubeTriggerSource(api_client, e.namespace, BROKER, reply_uri=reply_uri)
+        d = RunningDispatcher(settings, source, KubeTriggerStatusWriter(api_client))
         running.append(d)
         return d
 
@@ -129,10 +133,14 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
     trigger("ordered", "/ordered", [{"exact": {"type": "com.example.seq"}}],
             {kb.ANNOTATION_DELIVERY_ORDER: "ordered"})
     names = ("all", "orders", "eu-orders", "none", "replier", "pongs", "loop", "failing", "ordered")
-    for name in names:
-        brokers.wait(kb.TRIGGERS, name, "Ready", "True")
-
     running = dispatcher(receiver.url + ingress)
+    for name in names:
+        # Ready only once the dispatcher reported the Trigger's consumer group joined (ConsumerGroupReady).
+        brokers.wait(kb.TRIGGERS, name, "Ready", "True", timeout=60)
+        group = brokers.condition(kb.TRIGGERS, name, kb.CONSUMER_GROUP_READY)
+        assert group is not None and (group["status"], group["reason"]) == ("True", "ConsumerGroupJoined")
+        assert kb.trigger_group(e.namespace, name) in group["message"]
+
     def joined() -> bool:
         return (running.dispatcher.readiness()[0]
                 and len(running.dispatcher.status_document()["subscriptions"]) == len(names))
@@ -209,3 +217,61 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
     # Each event at least once at every matching Trigger; exactly these events, no other.
     assert set(http.ids("/all")) == {"o-1", "o-2", "u-1", "ping-1", "pong-1", "loop-start", "loop-3", "loop-2",
                                      "f-1", *sequence}
+
+
+def test_trigger_consumes_only_once_ready_from_the_latest_offset_and_keeps_its_group_across_restarts(
+        brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        kube_control_plane: KubeControlPlane, dispatcher: Callable[[str], RunningDispatcher]) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker(BROKER)
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    ingress = receiver.url + f"/{e.namespace}/{BROKER}"
+    running = dispatcher(ingress)
+
+    def trigger(name: str, annotations: dict[str, str] | None = None) -> None:
+        brokers.trigger(name, {"broker": BROKER, "subscriber": {"uri": http.url(f"/{name}")}}, annotations)
+
+    def send(event_id: str) -> None:
+        answer = httpx.post(ingress, content=b"{}", timeout=20, headers={
+            **binary_headers(event_id), "ce-type": "com.example.any", "content-type": "application/json"})
+        assert answer.status_code == 202, answer.text
+
+    # "held" waits for a Broker that does not exist yet (knative.dev/dependency): not ready, so not consumed.
+    dependency = json.dumps({"apiVersion": f"{kb.GROUP}/{kb.VERSION}", "kind": "Broker", "name": "dep"})
+    trigger("all")
+    trigger("held", {kb.ANNOTATION_DEPENDENCY: dependency})
+    brokers.wait(kb.TRIGGERS, "all", "Ready", "True", timeout=60)
+    brokers.wait(kb.TRIGGERS, "held", "DependencyReady", "False", "DependencyDoesNotExist")
+    held = brokers.wait(kb.TRIGGERS, "held", kb.CONSUMER_GROUP_READY, "False", "TriggerNotReady")
+    assert held["message"].startswith("DependencyReady is False")
+    assert brokers.wait(kb.TRIGGERS, "held", "Ready", "False")["reason"] == "DependencyDoesNotExist"
+    send("e1")
+    wait_for(lambda: http.ids("/all") == ["e1"], 30, "e1 at the ready Trigger")
+
+    # A Trigger added now starts at the latest offset: e1 is not for it.
+    trigger("late")
+    brokers.wait(kb.TRIGGERS, "late", "Ready", "True", timeout=60)
+    assert "held" not in running.dispatcher.status_document()["subscriptions"]  # never joined: no group
+    assert http.ids("/held") == []
+
+    brokers.ready_broker("dep")  # the dependency appears: the held Trigger is consumed for from then on
+    brokers.wait(kb.TRIGGERS, "held", "Ready", "True", timeout=60)
+    send("e2")
+    wait_for(lambda: http.ids("/all") == ["e1", "e2"] and http.ids("/late") == ["e2"]
+             and http.ids("/held") == ["e2"], 30, "e2 at every Trigger, e1 at none that was not ready")
+
+    # A dispatcher restart: each Trigger's group resumes from its commits, so what was delivered is not again
+    # and what arrived while it was down is.
+    running.stop()
+    send("e3")
+    restarted = dispatcher(ingress)
+    wait_for(lambda: restarted.dispatcher.readiness()[0]
+             and len(restarted.dispatcher.status_document()["subscriptions"]) == 3, 60, "groups joined again")
+    send("e4")
+    want = {"/all": ["e1", "e2", "e3", "e4"], "/late": ["e2", "e3", "e4"], "/held": ["e2", "e3", "e4"]}
+    wait_for(lambda: all(set(http.ids(path)) == set(ids) for path, ids in want.items()), 30,
+             "e3 (sent while it was down) and e4 at every Trigger")
+    time.sleep(1)  # a redelivery would follow right behind
+    assert {path: sorted(http.ids(path)) for path in want} == want  # each once: nothing committed came again

@@ -23,6 +23,7 @@ from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZE
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.dispatcher.status import REASON_JOINED, KubeTriggerStatusWriter, SubscriberStatus
 from kafka_eventing.localstack.kube import KubeControlPlane
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -89,6 +90,21 @@ class Brokers:
             return c if ok else None
 
         return eventually(check, timeout, f"{plural} {name} {kind}={status} {reason or ''}")
+
+    def group_joined(self, name: str) -> None:
+        """Report the Trigger's consumer group joined, as the Broker's dispatcher does (with its writer): these
+        tests run the controller alone, the way they play the kubelet for Deployments."""
+        generation = int(self.get(kb.TRIGGERS, name)["metadata"]["generation"])
+        KubeTriggerStatusWriter(self.env.api).write(
+            (self.ns, kb.trigger_broker(self.get(kb.TRIGGERS, name))),
+            [SubscriberStatus(name, generation, True, "", REASON_JOINED)])
+
+    def ready_trigger(self, name: str) -> dict[str, Any]:
+        """Wait for the controller's conditions, report the group joined, then wait for Ready."""
+        for kind in (*kb.DISPATCH_GATES, kb.SUBSCRIPTION_READY):
+            self.wait(kb.TRIGGERS, name, kind, "True")
+        self.group_joined(name)
+        return self.wait(kb.TRIGGERS, name, "Ready", "True")
 
     def service(self, name: str) -> None:
         self.env.core.create_namespaced_service(self.ns, {"metadata": {"name": name},
@@ -249,10 +265,12 @@ def test_trigger_readiness_follows_broker_and_subscriber(brokers: Brokers) -> No
                what="kafka_trigger_ready 0")
     assert ready_gauges(e, "kafka_trigger_ready")["t"][0] != ""
 
-    # Both appear: the Trigger recovers by itself.
+    # Both appear: the Trigger recovers by itself, once the dispatcher reports its consumer group joined.
     brokers.ready_broker("later")
     brokers.service("sink")
-    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    waiting = brokers.wait(kb.TRIGGERS, "t", "Ready", "Unknown", "ConsumerGroupNotReported")
+    assert kb.trigger_group(e.namespace, "t") in waiting["message"]
+    brokers.ready_trigger("t")
     got = brokers.get(kb.TRIGGERS, "t")
     assert got["status"]["subscriberUri"] == f"http://sink.{e.namespace}.svc.cluster.local/events"
     subscription = brokers.wait(kb.TRIGGERS, "t", "SubscriptionReady", "True")
@@ -265,6 +283,31 @@ def test_trigger_readiness_follows_broker_and_subscriber(brokers: Brokers) -> No
                                                             "name": "nope"}}})
     gone = brokers.wait(kb.TRIGGERS, "t", "BrokerReady", "False", "ConfigMapNotFound")
     assert "later" in gone["message"]
+    # The dispatcher's condition is left as it wrote it; only the dispatcher changes it.
+    assert (brokers.condition(kb.TRIGGERS, "t", kb.CONSUMER_GROUP_READY) or {}).get("status") == "True"
+
+
+def test_trigger_ready_follows_the_dispatchers_consumer_group_condition(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
+    brokers.ready_trigger("t")
+    writer = KubeTriggerStatusWriter(e.api)
+    generation = int(brokers.get(kb.TRIGGERS, "t")["metadata"]["generation"])
+    down = SubscriberStatus("t", generation, False, "Kafka: all brokers down", "KafkaError")
+    writer.write((e.namespace, "b"), [down])
+    ready = brokers.wait(kb.TRIGGERS, "t", "Ready", "False", "KafkaError")
+    assert ready["message"] == "Kafka: all brokers down"
+    # Resyncs (every 2 s here) rewrite the controller's conditions without touching the dispatcher's.
+    resynced = e.controllers[0].metrics.registry.get_sample_value
+    before = resynced("kafkachannel_reconcile_total", {"result": "success"}) or 0.0
+    eventually(lambda: (resynced("kafkachannel_reconcile_total", {"result": "success"}) or 0.0) >= before + 3,
+               what="three more reconciles")
+    kept = brokers.condition(kb.TRIGGERS, "t", kb.CONSUMER_GROUP_READY)
+    assert kept is not None and (kept["status"], kept["reason"]) == ("False", "KafkaError")
+    writer.write((e.namespace, "b"), [SubscriberStatus("t", generation, True, "", REASON_JOINED)])
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
 
 
 def test_invalid_filters_make_the_trigger_not_ready_with_the_reason(brokers: Brokers) -> None:
@@ -286,7 +329,7 @@ def test_invalid_filters_make_the_trigger_not_ready_with_the_reason(brokers: Bro
         assert brokers.wait(kb.TRIGGERS, name, "Ready", "False")["reason"] == reason
     # Fixing the filter makes it Ready.
     brokers.patch(kb.TRIGGERS, "unknown-dialect", {"spec": {"filters": [{"prefix": {"type": "a"}}]}})
-    brokers.wait(kb.TRIGGERS, "unknown-dialect", "Ready", "True")
+    brokers.ready_trigger("unknown-dialect")
 
 
 def test_trigger_dependency_and_dead_letter_sink(brokers: Brokers) -> None:
@@ -300,12 +343,12 @@ def test_trigger_dependency_and_dead_letter_sink(brokers: Brokers) -> None:
     got = brokers.get(kb.TRIGGERS, "t")
     assert got["status"]["deadLetterSinkUri"] == "http://broker-dls.example.invalid/"  # the Broker's default
     brokers.ready_broker("dep")
-    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    brokers.ready_trigger("t")
     brokers.patch(kb.TRIGGERS, "t", {"spec": {"delivery": {"deadLetterSink": {
         "ref": {"apiVersion": "v1", "kind": "Service", "name": "own-dls"}}}}})
     brokers.wait(kb.TRIGGERS, "t", "DeadLetterSinkResolved", "False", "DeadLetterSinkUnresolved")
     brokers.service("own-dls")
-    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")  # the consumer group's report stays through spec changes
     assert brokers.get(kb.TRIGGERS, "t")["status"]["deadLetterSinkUri"] == (
         f"http://own-dls.{e.namespace}.svc.cluster.local")
 
@@ -315,7 +358,7 @@ def test_deleting_a_trigger_deletes_its_consumer_group(brokers: Brokers) -> None
     start(e)
     brokers.ready_broker("b")
     brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
-    brokers.wait(kb.TRIGGERS, "t", "Ready", "True")
+    brokers.ready_trigger("t")
     assert TRIGGER_FINALIZER in brokers.get(kb.TRIGGERS, "t")["metadata"]["finalizers"]
     # What a dispatcher leaves behind: the group's committed offsets.
     topic, group = kb.broker_topic(e.namespace, "b"), kb.trigger_group(e.namespace, "t")
@@ -382,6 +425,6 @@ def _resolve_ksvc(brokers: Brokers) -> None:
         "serving.knative.dev", "v1", e.namespace, "services", "hello",
         {"status": {"address": {"url": f"http://hello.{e.namespace}.svc.cluster.local"}}},
         _content_type=MERGE)
-    brokers.wait(kb.TRIGGERS, "to-ksvc", "Ready", "True")
+    brokers.ready_trigger("to-ksvc")
     assert brokers.get(kb.TRIGGERS, "to-ksvc")["status"]["subscriberUri"] == (
         f"http://hello.{e.namespace}.svc.cluster.local")

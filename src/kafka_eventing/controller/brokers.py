@@ -9,7 +9,10 @@ topic (never an external one).
 
 Trigger: BrokerReady, SubscriberResolved (``status.subscriberUri``), SubscriptionReady (its filters compile and
 its delivery parses), DependencyReady (``knative.dev/dependency``), DeadLetterSinkResolved when a sink is set,
-Ready. Triggers whose Broker exists with another class belong to another implementation and are left alone.
+and Ready — from those and ConsumerGroupReady, which only the Broker's dispatcher writes (its group joined); the
+controller keeps that one as stored and writes the status only at the resourceVersion it read, so neither side
+overwrites the other. Triggers whose Broker exists with another class belong to another implementation and are
+left alone.
 
 ConfigMaps and Secrets named by a Broker live in any namespace, so they are read from the API on each reconcile
 rather than cached; the periodic resync picks up their changes.
@@ -43,6 +46,7 @@ from kafka_eventing.controller.destinations import Unresolved, resolve_destinati
 from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.conditions import find, from_dict
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
@@ -51,6 +55,7 @@ from kafka_eventing.core.settings import Settings
 log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
 BROKER_FINALIZER = "kafka.eventing.knative.dev/broker"
@@ -67,12 +72,13 @@ DEFAULT_REPLICATION = 1
 CONFIG_PARSED = "ConfigParsed"
 DATA_PLANE_AVAILABLE = "DataPlaneAvailable"
 BROKER_DEPENDENTS = (CONFIG_PARSED, cond.TOPIC_READY, DATA_PLANE_AVAILABLE, cond.ADDRESSABLE)
-# Trigger conditions
-BROKER_READY = "BrokerReady"
-SUBSCRIBER_RESOLVED = "SubscriberResolved"
-SUBSCRIPTION_READY = "SubscriptionReady"
-DEPENDENCY_READY = "DependencyReady"
-TRIGGER_DEPENDENTS = (BROKER_READY, SUBSCRIBER_RESOLVED, SUBSCRIPTION_READY, DEPENDENCY_READY)
+# Trigger conditions: the controller writes the first four and Ready; the dispatcher writes ConsumerGroupReady.
+BROKER_READY = kb.BROKER_READY
+SUBSCRIBER_RESOLVED = kb.SUBSCRIBER_RESOLVED
+SUBSCRIPTION_READY = kb.SUBSCRIPTION_READY
+DEPENDENCY_READY = kb.DEPENDENCY_READY
+TRIGGER_DEPENDENTS = (BROKER_READY, SUBSCRIBER_RESOLVED, SUBSCRIPTION_READY, DEPENDENCY_READY,
+                      kb.CONSUMER_GROUP_READY)
 
 
 @dataclass(frozen=True)
@@ -381,9 +387,28 @@ class BrokerReconciler:
             status["deadLetterSinkUri"] = broker["status"]["deadLetterSinkUri"]
         if not conditions[0].is_true:
             result = recheck
-        conditions.append(cond.ready_condition(conditions, TRIGGER_DEPENDENTS))
-        self.base.patch_status(obj, status, conditions, TRIGGER_API)
+        conditions.append(cond.ready_condition([*conditions, self._consumer_group(obj)], TRIGGER_DEPENDENTS))
+        try:
+            self.base.patch_status(obj, status, conditions, TRIGGER_API, foreign=(kb.CONSUMER_GROUP_READY,))
+        except ApiException as exc:
+            if exc.status != HTTP_CONFLICT:
+                raise
+            # The dispatcher wrote since this copy was cached: not a failure, the newer object's watch event (or
+            # this requeue) reconciles again with its ConsumerGroupReady.
+            log.debug("trigger status changed meanwhile, reconciling again", extra={"trigger": f"{namespace}/{name}"})
+            return Result(requeue_after=1.0)
         return result
+
+    @staticmethod
+    def _consumer_group(obj: Mapping[str, Any]) -> Condition:
+        """The dispatcher's ConsumerGroupReady as stored, for Ready only (the controller never writes it)."""
+        stored = find((obj.get("status") or {}).get("conditions"), kb.CONSUMER_GROUP_READY)
+        if stored is not None:
+            return from_dict(stored)
+        meta = obj.get("metadata") or {}
+        return Condition.unknown(kb.CONSUMER_GROUP_READY, "ConsumerGroupNotReported",
+                                 f"the Broker's dispatcher has not reported consumer group "
+                                 f"{kb.trigger_group(str(meta.get('namespace')), str(meta.get('name')))} yet")
 
     def _finalize_trigger(self, obj: Mapping[str, Any], broker: Mapping[str, Any] | None) -> Result:
         meta = obj["metadata"]

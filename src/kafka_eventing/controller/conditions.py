@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Iterable, Sequence
+
+from kafka_eventing.core.conditions import Condition, merge, now_rfc3339
+
+__all__ = ["Condition", "merge", "now_rfc3339", "ready_condition"]
 
 READY = "Ready"
 ADDRESSABLE = "Addressable"
@@ -24,34 +25,6 @@ DEPENDENTS = (TOPIC_READY, CHANNEL_SERVICE_READY, DISPATCHER_DEPLOYMENT_READY, D
               RECEIVER_DEPLOYMENT_READY, ADDRESSABLE)
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True)
-class Condition:
-    type: str
-    status: str  # "True" | "False" | "Unknown"
-    reason: str = ""
-    message: str = ""
-
-    @classmethod
-    def true(cls, kind: str, reason: str = "", message: str = "") -> Condition:
-        return cls(kind, "True", reason or kind, message)
-
-    @classmethod
-    def false(cls, kind: str, reason: str, message: str) -> Condition:
-        return cls(kind, "False", reason, message)
-
-    @classmethod
-    def unknown(cls, kind: str, reason: str, message: str) -> Condition:
-        return cls(kind, "Unknown", reason, message)
-
-    @property
-    def is_true(self) -> bool:
-        return self.status == "True"
-
-
 def ready_condition(conditions: Iterable[Condition], dependents: Sequence[str] = DEPENDENTS) -> Condition:
     """Ready is True when every dependent is True; otherwise it carries the first failing one's reason."""
     by_type = {c.type: c for c in conditions}
@@ -66,25 +39,3 @@ def ready_condition(conditions: Iterable[Condition], dependents: Sequence[str] =
         return Condition.true(READY, "Ready", "")
     worst = next((c for c in failing if c.status == "False"), failing[0])
     return Condition(READY, worst.status, worst.reason, worst.message or worst.type)
-
-
-def merge(previous: Sequence[Mapping[str, Any]] | None, current: Iterable[Condition],
-          now: str | None = None) -> list[dict[str, Any]]:
-    """Conditions as status dicts; ``lastTransitionTime`` stays as it was unless the status changed."""
-    stamp = now or now_rfc3339()
-    old = {str(c.get("type")): c for c in previous or () if isinstance(c, Mapping)}
-    out: list[dict[str, Any]] = []
-    for cond in sorted(current, key=lambda c: c.type):
-        before = old.get(cond.type)
-        kept = before is not None and before.get("status") == cond.status and before.get("lastTransitionTime")
-        item: dict[str, Any] = {
-            "type": cond.type,
-            "status": cond.status,
-            "lastTransitionTime": before["lastTransitionTime"] if kept and before else stamp,
-        }
-        if cond.reason:
-            item["reason"] = cond.reason
-        if cond.message:
-            item["message"] = cond.message
-        out.append(item)
-    return out

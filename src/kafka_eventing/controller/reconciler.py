@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -302,16 +302,27 @@ class Reconciler:
             _content_type=MERGE_PATCH, _request_timeout=(5, 30)))
 
     def patch_status(self, obj: Mapping[str, Any], status: dict[str, Any], conditions: list[Condition],
-                     api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> None:
-        """Merge-patch the status fields the controller owns, only when something changed."""
+                     api: tuple[str, str, str] = (GROUP, VERSION, PLURAL), *, foreign: Sequence[str] = ()) -> None:
+        """Merge-patch the status fields the controller owns, only when something changed.
+
+        ``foreign``: condition types another writer owns (a Trigger's dispatcher). A merge-patch replaces the whole
+        conditions list, so they are carried over as read, and the patch is made conditional on the read
+        ``resourceVersion``: a write of theirs that this controller has not seen yet fails the patch (409, the
+        key is retried on the newer object) instead of being overwritten.
+        """
         meta = obj["metadata"]
         old: Mapping[str, Any] = obj.get("status") or {}
-        status = {**status, "conditions": cond.merge(old.get("conditions"), conditions)}
+        kept = [dict(c) for c in old.get("conditions") or () if isinstance(c, Mapping) and c.get("type") in foreign]
+        merged = sorted([*cond.merge(old.get("conditions"), conditions), *kept], key=lambda c: str(c["type"]))
+        status = {**status, "conditions": merged}
         if all(old.get(k) == v for k, v in status.items()):
             return  # nothing changed (None matches an absent field)
         self.writer.check()
+        body: dict[str, Any] = {"status": status}
+        if foreign:
+            body["metadata"] = {"resourceVersion": meta["resourceVersion"]}
         self.custom.patch_namespaced_custom_object_status(
-            *api[:2], meta["namespace"], api[2], meta["name"], {"status": status},
+            *api[:2], meta["namespace"], api[2], meta["name"], body,
             _content_type=MERGE_PATCH, _request_timeout=(5, 30))
 
     # -- deletion -----------------------------------------------------------------------------------

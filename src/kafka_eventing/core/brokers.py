@@ -24,6 +24,17 @@ DEFAULT_BROKER_CONFIG = "kafka-broker-config"
 KEY_PARTITIONS = "default.topic.partitions"
 KEY_REPLICATION = "default.topic.replication.factor"
 
+# Trigger conditions. The controller writes these four (and Ready, from all of them)...
+BROKER_READY = "BrokerReady"
+SUBSCRIBER_RESOLVED = "SubscriberResolved"
+SUBSCRIPTION_READY = "SubscriptionReady"
+DEPENDENCY_READY = "DependencyReady"
+#: ... the Broker's dispatcher writes only this one: whether the Trigger's consumer group joined and consumes.
+CONSUMER_GROUP_READY = "ConsumerGroupReady"
+#: The controller's conditions that must all be True before the dispatcher consumes for a Trigger (its own filter
+#: and delivery checks stand for SubscriptionReady). Not Ready: Ready waits for ConsumerGroupReady.
+DISPATCH_GATES = (BROKER_READY, SUBSCRIBER_RESOLVED, DEPENDENCY_READY)
+
 
 def is_kafka_broker(broker: Mapping[str, Any] | None) -> bool:
     annotations = ((broker or {}).get("metadata") or {}).get("annotations") or {}

@@ -47,6 +47,9 @@ class Subscriber:
     event_filter: Callable[[Any], bool] | None = None
     #: Broker delivery: events carry a hop TTL (``knativebrokerttl``); one at 0 is dropped, a reply gets one less.
     hop_ttl: bool = False
+    #: Why this subscriber must not be consumed yet ("" when it may): a Trigger that the controller does not
+    #: report ready for dispatch, or whose filter or delivery is invalid. Reported, never joined.
+    held: str = ""
 
 
 @dataclass(frozen=True)

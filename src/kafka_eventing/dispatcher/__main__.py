@@ -23,7 +23,12 @@ from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
-from kafka_eventing.dispatcher.status import KubeStatusWriter, MemoryStatusWriter, StatusWriter
+from kafka_eventing.dispatcher.status import (
+    KubeStatusWriter,
+    KubeTriggerStatusWriter,
+    MemoryStatusWriter,
+    StatusWriter,
+)
 from kafka_eventing.dispatcher.triggers import FileTriggerSource, KubeTriggerSource
 
 log = logging.getLogger("kafka_eventing.dispatcher")
@@ -34,16 +39,17 @@ async def _run(settings: Settings) -> None:
     writer: StatusWriter
     source: ChannelSource
     if settings.broker_name:
-        # A Broker's Triggers get their status from the controller; status.subscribers is a channel's field.
+        # A Broker's dispatcher reports each Trigger's ConsumerGroupReady condition; the controller the rest.
         if settings.channel_source == "kube":
-            source = KubeTriggerSource(kube_api_client(settings.kubeconfig), settings.broker_namespace,
-                                       settings.broker_name)
+            api_client = kube_api_client(settings.kubeconfig)
+            source = KubeTriggerSource(api_client, settings.broker_namespace, settings.broker_name)
+            writer = KubeTriggerStatusWriter(api_client)
         elif settings.channels_file is not None:
             source = FileTriggerSource(settings.channels_file, settings, settings.broker_namespace,
                                        settings.broker_name)
+            writer = MemoryStatusWriter()
         else:
             raise SettingsError("a Broker's dispatcher in file mode needs KE_CHANNELS_FILE")
-        writer = MemoryStatusWriter()
     elif settings.channel_source == "kube":
         api_client = kube_api_client(settings.kubeconfig)
         source = channel_source_from_settings(settings, api_client)

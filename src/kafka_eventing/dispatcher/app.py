@@ -25,7 +25,17 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.delivery import Deliverer
 from kafka_eventing.dispatcher.metrics import metrics_for
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
-from kafka_eventing.dispatcher.status import JOINING, MemoryStatusWriter, StatusBoard, StatusWriter
+from kafka_eventing.dispatcher.status import (
+    JOINING,
+    REASON_DEAD_LETTER,
+    REASON_FAILED,
+    REASON_JOINING,
+    REASON_NOT_READY,
+    REASON_TRIGGER_NOT_READY,
+    MemoryStatusWriter,
+    StatusBoard,
+    StatusWriter,
+)
 from kafka_eventing.dispatcher.subscription import ConsumerFactory, SubscriptionConsumer
 
 if TYPE_CHECKING:
@@ -195,14 +205,22 @@ class Dispatcher:
         if channel is not None:
             wanted = {s.uid: s for s in channel.subscribers}
             if not channel.ready:
+                what = "Broker" if self.broker else "channel"
                 for sub in channel.subscribers:
-                    self.board.set(sub.uid, sub.generation, False, f"channel not ready: {channel.reason}")
+                    self.board.set(sub.uid, sub.generation, False, f"{what} not ready: {channel.reason}",
+                                   REASON_NOT_READY)
                 wanted = {}
         for uid, sub in list(wanted.items()):
+            if sub.held:
+                # A Trigger not ready for dispatch (dispatcher/triggers.py): its group does not join, so it neither
+                # receives nor commits anything until then (a new group then starts at the latest offset).
+                self.board.set(uid, sub.generation, False, sub.held, REASON_TRIGGER_NOT_READY)
+                del wanted[uid]
+                continue
             problem = sub.delivery.dead_letter_problem
             if problem:
                 # Consuming without the sink would drop (and commit) every event that fails: hold them in Kafka.
-                self.board.set(uid, sub.generation, False, problem)
+                self.board.set(uid, sub.generation, False, problem, REASON_DEAD_LETTER)
                 del wanted[uid]
         for uid, current in list(self._subs.items()):
             if uid not in wanted or channel is None or current.consumer.topic != channel.topic:
@@ -234,7 +252,7 @@ class Dispatcher:
             shutdown_grace=self.shutdown_grace, max_outstanding=self.max_outstanding,
             queue_bytes=max(128, self.settings.queued_max_messages_kbytes) * 1024 // 4, **kwargs)
         previous = self._stopping_subs.get(sub.uid)
-        self.board.set(sub.uid, sub.generation, False, JOINING)
+        self.board.set(sub.uid, sub.generation, False, JOINING, REASON_JOINING)
         task = asyncio.get_running_loop().create_task(self._supervise(consumer, previous), name=f"sub-{sub.uid}")
         self._subs[sub.uid] = _Running(consumer, task)
         log.info("subscriber started", extra={"subscriber": sub.uid, "group": group,
@@ -254,7 +272,8 @@ class Dispatcher:
                 failures += 1
                 sub = consumer.subscriber
                 log.exception("subscription consumer failed, restarting", extra={"subscriber": sub.uid})
-                self.board.set(sub.uid, sub.generation, False, f"consumer failed: {type(exc).__name__}: {exc}")
+                self.board.set(sub.uid, sub.generation, False, f"consumer failed: {type(exc).__name__}: {exc}",
+                               REASON_FAILED)
                 await asyncio.sleep(min(30.0, 0.5 * 2**failures))
 
     def _retire(self, uid: str) -> None:

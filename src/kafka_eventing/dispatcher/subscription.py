@@ -37,7 +37,7 @@ from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
 from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Scheduler
-from kafka_eventing.dispatcher.status import StatusBoard
+from kafka_eventing.dispatcher.status import REASON_JOINED, REASON_KAFKA, REASON_TOPIC, StatusBoard
 from kafka_eventing.dispatcher.unordered import UnorderedScheduler
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class SubscriptionConsumer:
         self._flow.resize(self._parts.values(), self._scheduler)
         current = self._board.get(subscriber.uid)
         if current is not None:
-            self._board.set(subscriber.uid, subscriber.generation, current.ready, current.message)
+            self._board.set(subscriber.uid, subscriber.generation, current.ready, current.message, current.reason)
         self._pump()
 
     def stop(self) -> None:
@@ -381,9 +381,9 @@ class SubscriptionConsumer:
         self._joined = True
         sub = self._subscriber
         if topic_exists:
-            self._board.set(sub.uid, sub.generation, True, "")
+            self._board.set(sub.uid, sub.generation, True, "", REASON_JOINED)
         else:
-            self._board.set(sub.uid, sub.generation, False, f"topic {self.topic} does not exist")
+            self._board.set(sub.uid, sub.generation, False, f"topic {self.topic} does not exist", REASON_TOPIC)
 
     def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         done = []
@@ -414,8 +414,9 @@ class SubscriptionConsumer:
 
     def _error(self, err: KafkaError) -> None:
         code = err.code()
+        reason = REASON_KAFKA
         if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            message = f"topic {self.topic} does not exist"
+            message, reason = f"topic {self.topic} does not exist", REASON_TOPIC
         elif err.fatal() or code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
                                      KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError._ALL_BROKERS_DOWN):
             message = f"Kafka: {err.str()}"
@@ -424,7 +425,7 @@ class SubscriptionConsumer:
             return
         log.warning("subscription cannot consume", extra={**self.labels.as_dict(), "error": message})
         if not self._joined or code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            self._board.set(self._subscriber.uid, self._subscriber.generation, False, message)
+            self._board.set(self._subscriber.uid, self._subscriber.generation, False, message, reason)
 
     # -- shutdown -----------------------------------------------------------------------------------
     async def _drain(self) -> None:

@@ -5,8 +5,9 @@ ordered or unordered, retries, dead letters, live updates.
 What a Trigger adds is carried by its ``Subscriber``: uid = the Trigger's name (its consumer group is
 ``knative-trigger-<namespace>-<name>``), the compiled filter (``event_filter``, compiled once per filter change),
 replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery``
-else the Broker's. A Trigger joins once the controller resolved its subscriber (``status.subscriberUri``) and its
-filter compiles; the controller reports the rest in its conditions.
+else the Broker's. A Trigger's group joins only once the controller reports its Broker, subscriber
+(``status.subscriberUri``) and dependency ready (``dispatch_hold``) and its filter compiles; until then it is a
+``held`` subscriber, which the dispatcher reports (ConsumerGroupReady=False) and does not consume for.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kafka_eventing.broker.filters import FilterError, RecordFilter, TriggerFilt
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
+from kafka_eventing.core.conditions import find
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.informer import Informer
 from kafka_eventing.core.settings import Settings
@@ -28,28 +30,51 @@ from kafka_eventing.core.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
-                       reply_uri: str | None, *, standalone: bool = False) -> Subscriber | None:
-    """The Subscriber of a Trigger, or None while it cannot be dispatched (no subscriber URI, bad filter).
+def dispatch_hold(trigger: Mapping[str, Any]) -> str:
+    """Why the controller's conditions do not let this Trigger be consumed yet ("" when they do).
 
-    ``standalone`` (a YAML file, no controller to resolve refs): ``spec.subscriber.uri`` is the URI."""
+    Each of ``DISPATCH_GATES`` must be True: a Trigger whose Broker, subscriber or dependency is not ready gets
+    nothing until it is. Ready itself is not waited for, since it includes the dispatcher's own ConsumerGroupReady.
+    """
+    conditions = (trigger.get("status") or {}).get("conditions")
+    for kind in kb.DISPATCH_GATES:
+        found = find(conditions, kind)
+        if found is None:
+            return f"waiting for the controller to report {kind}"
+        if found.get("status") != "True":
+            why = ": ".join(str(found[k]) for k in ("reason", "message") if found.get(k))
+            return f"{kind} is {found.get('status')}" + (f" ({why})" if why else "")
+    return ""
+
+
+def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
+                       reply_uri: str | None, *, standalone: bool = False) -> Subscriber:
+    """The Subscriber of a Trigger; ``held`` says why it may not be consumed yet (a controller condition not True,
+    no subscriber URI, a filter or delivery that does not parse), so that the dispatcher reports it.
+
+    ``standalone`` (a YAML file, no controller to resolve refs or report conditions): ``spec.subscriber.uri`` is
+    the URI and there are no conditions to wait for."""
     meta, spec = trigger.get("metadata") or {}, trigger.get("spec") or {}
     status = trigger.get("status") or {}
     name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
+    generation = int(meta.get("generation") or 0)
     uri = status.get("subscriberUri") or ((spec.get("subscriber") or {}).get("uri") if standalone else None)
-    if not uri:
-        return None
+    hold = "" if standalone else dispatch_hold(trigger)
+    if not hold and not uri:
+        hold = "no subscriber URI resolved yet"
     try:
         compiled = filters.get((namespace, name), spec)
-    except FilterError:
-        return None  # the controller reports it (SubscriptionReady=False)
+    except FilterError as exc:
+        hold = hold or f"invalid filter: {exc}"  # the controller reports it too (SubscriptionReady=False)
     delivery_spec = spec.get("delivery") or (broker.get("spec") or {}).get("delivery")
     try:
         delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"))
-    except DeliverySpecError:
-        return None
+    except DeliverySpecError as exc:
+        hold = hold or f"invalid delivery: {exc}"
+    if hold:
+        return Subscriber(uid=name, subscriber_uri=str(uri or ""), generation=generation, held=hold)
     order = str((meta.get("annotations") or {}).get(kb.ANNOTATION_DELIVERY_ORDER) or "unordered").lower()
-    return Subscriber(uid=name, subscriber_uri=str(uri), generation=int(meta.get("generation") or 0),
+    return Subscriber(uid=name, subscriber_uri=str(uri), generation=generation,
                       reply_uri=reply_uri, delivery=delivery, ordered=order == "ordered",
                       event_filter=RecordFilter(compiled), hop_ttl=True)
 
@@ -65,9 +90,7 @@ def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]],
     for trigger in sorted(triggers, key=lambda t: str((t.get("metadata") or {}).get("name"))):
         if kb.trigger_broker(trigger) != name or (trigger.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        sub = trigger_subscriber(trigger, broker, filters, reply, standalone=standalone)
-        if sub is not None:
-            subscribers.append(sub)
+        subscribers.append(trigger_subscriber(trigger, broker, filters, reply, standalone=standalone))
     return Channel(namespace=base.namespace, name=name, topic=base.topic, ready=base.ready, reason=base.reason,
                    ordered=False, generation=base.generation, uid=base.uid, subscribers=tuple(subscribers))
 

@@ -62,11 +62,17 @@ def broker(**status: Any) -> dict[str, Any]:
 
 
 def trigger(name: str, broker_name: str = "b", uri: str | None = "http://sub/", **spec: Any) -> dict[str, Any]:
+    """A Trigger as the controller leaves it: every dispatch gate True, the subscriber resolved unless ``uri=None``."""
     meta: dict[str, Any] = {"namespace": "ns", "name": name, "generation": 3, "annotations": {}}
     if spec.pop("ordered", False):
         meta["annotations"][kb.ANNOTATION_DELIVERY_ORDER] = "ordered"
-    return {"metadata": meta, "spec": {"broker": broker_name, **spec},
-            "status": {"subscriberUri": uri} if uri else {}}
+    gates = [{"type": kind, "status": "True"} for kind in kb.DISPATCH_GATES]
+    if uri is None:
+        gates[1] = {"type": kb.SUBSCRIBER_RESOLVED, "status": "False", "reason": "DestinationNotFound"}
+    status: dict[str, Any] = {"conditions": gates}
+    if uri:
+        status["subscriberUri"] = uri
+    return {"metadata": meta, "spec": {"broker": broker_name, **spec}, "status": status}
 
 
 def test_triggers_become_subscribers_of_the_broker_channel() -> None:
@@ -82,7 +88,11 @@ def test_triggers_become_subscribers_of_the_broker_channel() -> None:
     assert channel is not None
     assert channel.topic == "knative-broker-ns-b" and channel.ready
     subs = {s.uid: s for s in channel.subscribers}
-    assert set(subs) == {"a", "b"}
+    assert set(subs) == {"a", "b", "unresolved", "bad-filter"}  # the other Broker's Trigger is not here
+    # Not dispatchable ones are held (reported, never consumed for), with the reason.
+    assert subs["unresolved"].held == "SubscriberResolved is False (DestinationNotFound)"
+    assert subs["bad-filter"].held.startswith("invalid filter: spec.filters[0]")
+    assert not subs["a"].held and not subs["b"].held
     a, b = subs["a"], subs["b"]
     assert not a.ordered and b.ordered  # unordered by default; ordered by annotation
     assert a.delivery.retry == 7 and b.delivery.retry == 1  # the Trigger's delivery, else the Broker's

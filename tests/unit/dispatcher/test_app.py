@@ -1,0 +1,108 @@
+"""app: the dispatcher consumes only for Triggers that are not held, reports the held ones, and starts consuming
+for a Trigger once it is released."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kafka_eventing.broker.filters import TriggerFilters
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.channels import Channel, ChannelKey
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher.app import create_dispatcher
+from kafka_eventing.dispatcher.status import (
+    JOINING,
+    REASON_JOINING,
+    REASON_TRIGGER_NOT_READY,
+    MemoryStatusWriter,
+    SubscriberStatus,
+)
+from kafka_eventing.dispatcher.triggers import broker_channel
+
+from .test_broker_dispatch import broker, trigger
+from .test_triggers import with_condition
+
+
+class Source:
+    """A ChannelSource whose snapshot the test sets."""
+
+    def __init__(self) -> None:
+        self.channels: dict[ChannelKey, Channel] = {}
+        self.callbacks: list[Callable[[dict[ChannelKey, Channel]], None]] = []
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def synced(self) -> bool:
+        return True
+
+    def get(self, key: ChannelKey) -> Channel | None:
+        return self.channels.get(key)
+
+    def snapshot(self) -> dict[ChannelKey, Channel]:
+        return dict(self.channels)
+
+    def subscribe(self, callback: Callable[[dict[ChannelKey, Channel]], None]) -> None:
+        self.callbacks.append(callback)
+
+    def publish(self, triggers: list[dict[str, Any]]) -> None:
+        channel = broker_channel(broker(), triggers, TriggerFilters(), "http://receiver/ns/b")
+        assert channel is not None
+        self.channels = {channel.key: channel}
+        for callback in self.callbacks:
+            callback(self.snapshot())
+
+
+class Consumer:
+    """Never assigned anything: enough to see which groups the dispatcher joins."""
+
+    def __init__(self, config: dict[str, Any], groups: list[str]) -> None:
+        groups.append(config["group.id"])
+
+    def subscribe(self, topics: list[str], **_callbacks: Any) -> None: ...
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        return []
+
+    def close(self) -> None: ...
+
+
+def test_held_triggers_are_reported_and_joined_only_once_released() -> None:
+    async def scenario() -> tuple[list[str], list[SubscriberStatus], list[str], list[SubscriberStatus]]:
+        groups: list[str] = []
+        source = Source()
+        held = with_condition(trigger("later"), kb.DEPENDENCY_READY, "False", "DependencyNotReady", "Broker dep")
+        source.publish([trigger("now"), held])
+        settings = Settings(bootstrap_servers="127.0.0.1:1", broker_namespace="ns", broker_name="b")
+        writer = MemoryStatusWriter()
+        dispatcher = create_dispatcher(settings, connection_from_settings(settings), source, status_writer=writer,
+                                       consumer_factory=lambda config: Consumer(config, groups),
+                                       registry=CollectorRegistry(), port=-1)
+        task = asyncio.create_task(dispatcher.run())
+        await dispatcher.wait_started()
+        await asyncio.sleep(0.05)
+        first_groups, first = list(groups), list(dispatcher.board.statuses())
+        source.publish([trigger("now"), trigger("later")])  # the dependency became ready
+        await asyncio.sleep(0.05)
+        then_groups, then = list(groups), list(dispatcher.board.statuses())
+        # A consuming Trigger that stops being ready for dispatch (its Broker went away) leaves its group.
+        source.publish([with_condition(trigger("now"), kb.BROKER_READY, "False", "BrokerDoesNotExist"),
+                        trigger("later")])
+        await asyncio.sleep(0.05)
+        assert set(dispatcher.status_document()["subscriptions"]) == {"later"}
+        assert dispatcher.board.get("now") == SubscriberStatus("now", 3, False, "BrokerReady is False "
+                                                               "(BrokerDoesNotExist)", REASON_TRIGGER_NOT_READY)
+        dispatcher.stop()
+        await task
+        return first_groups, first, then_groups, then
+
+    first_groups, first, then_groups, then = asyncio.run(scenario())
+    assert first_groups == [kb.trigger_group("ns", "now")]
+    assert first == [SubscriberStatus("later", 3, False, "DependencyReady is False (DependencyNotReady: Broker dep)",
+                                      REASON_TRIGGER_NOT_READY),
+                     SubscriberStatus("now", 3, False, JOINING, REASON_JOINING)]
+    assert then_groups == [kb.trigger_group("ns", "now"), kb.trigger_group("ns", "later")]
+    assert then[0] == SubscriberStatus("later", 3, False, JOINING, REASON_JOINING)

@@ -1,0 +1,55 @@
+"""triggers: which Triggers the dispatcher consumes for — only those the controller reports ready for dispatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka_eventing.broker.filters import TriggerFilters
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.dispatcher.triggers import broker_channel, dispatch_hold, trigger_subscriber
+
+from .test_broker_dispatch import broker, trigger
+
+
+def with_condition(obj: dict[str, Any], kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
+    conditions = [c for c in obj["status"]["conditions"] if c["type"] != kind]
+    obj["status"]["conditions"] = [*conditions, {"type": kind, "status": status, "reason": reason, "message": message}]
+    return obj
+
+
+def test_every_dispatch_gate_must_be_true() -> None:
+    assert dispatch_hold(trigger("t")) == ""
+    for kind in (kb.BROKER_READY, kb.SUBSCRIBER_RESOLVED, kb.DEPENDENCY_READY):
+        held = with_condition(trigger("t"), kind, "False", "Why", "what to fix")
+        assert dispatch_hold(held) == f"{kind} is False (Why: what to fix)"
+        assert dispatch_hold(with_condition(trigger("t"), kind, "Unknown")) == f"{kind} is Unknown"
+    # Not yet reconciled by the controller: wait for it rather than guess.
+    assert dispatch_hold({"metadata": {"name": "t"}, "status": {}}).startswith("waiting for the controller")
+    # Ready is not a gate: it waits for the dispatcher's own ConsumerGroupReady.
+    assert dispatch_hold(with_condition(trigger("t"), "Ready", "Unknown", "ConsumerGroupNotReported")) == ""
+    assert dispatch_hold(with_condition(trigger("t"), kb.CONSUMER_GROUP_READY, "False", "TriggerNotReady")) == ""
+
+
+def test_a_held_trigger_is_reported_not_consumed_and_released_once_ready() -> None:
+    filters = TriggerFilters()
+    waiting = with_condition(trigger("t"), kb.DEPENDENCY_READY, "False", "DependencyDoesNotExist", "Broker dep")
+    sub = trigger_subscriber(waiting, broker(), filters, "http://receiver/ns/b")
+    assert sub.held == "DependencyReady is False (DependencyDoesNotExist: Broker dep)"
+    assert sub.uid == "t" and sub.generation == 3
+    ready = trigger_subscriber(trigger("t"), broker(), filters, "http://receiver/ns/b")
+    assert not ready.held and ready.subscriber_uri == "http://sub/" and ready.event_filter is not None
+
+
+def test_standalone_triggers_have_no_conditions_to_wait_for() -> None:
+    bare = {"metadata": {"namespace": "ns", "name": "t"},
+            "spec": {"broker": "b", "subscriber": {"uri": "http://sub/"}}}
+    assert not trigger_subscriber(bare, broker(), TriggerFilters(), None, standalone=True).held
+    assert trigger_subscriber(bare, broker(), TriggerFilters(), None).held.startswith("waiting for the controller")
+
+
+def test_a_held_trigger_stays_a_subscriber_of_the_broker_channel() -> None:
+    channel = broker_channel(broker(), [with_condition(trigger("t"), kb.BROKER_READY, "False", "BrokerNotReady")],
+                             TriggerFilters())
+    assert channel is not None
+    (sub,) = channel.subscribers
+    assert sub.held.startswith("BrokerReady is False")
