@@ -115,12 +115,13 @@ class Env:
     # Kafka
     def topic(self, name: str) -> tuple[int, int] | None:
         """(partitions, retention.ms) of a topic, None when it does not exist."""
+        resource = ConfigResource(ResourceType.TOPIC, name)
         try:
             desc = self.admin.describe_topics(TopicCollection([name]))[name].result(timeout=10)
+            # The topic may go between the two calls (a deletion in progress): then it does not exist either.
+            configs = self.admin.describe_configs([resource])[resource].result(timeout=10)
         except KafkaException:
             return None
-        resource = ConfigResource(ResourceType.TOPIC, name)
-        configs = self.admin.describe_configs([resource])[resource].result(timeout=10)
         return len(desc.partitions), int(configs["retention.ms"].value)
 
     # availability, as a kubelet would report it
