@@ -265,6 +265,11 @@ def test_channel_with_a_kafkachannel_template(knative: Knative, http: Subscriber
     knative.wait_ready("subscriptions", "events-sub")
     assert [s["uid"] for s in knative.get("channels", "events")["status"]["subscribers"]] == [sub["metadata"]["uid"]]
 
+    # Deleting the Channel: the garbage collector deletes its KafkaChannel, whose finalizer deletes the topic.
+    e.custom.delete_namespaced_custom_object(MESSAGING, "v1", e.namespace, "channels", "events")
+    eventually(lambda: e.gone("events"), 60, "the KafkaChannel deleted with its Channel")
+    assert e.topic(f"{e.namespace}.events") is None
+
 
 def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subscriber) -> None:
     e = knative.env
