@@ -223,6 +223,18 @@ def test_subscription_is_written_by_knative_and_delivered(knative: Knative, http
     wait_for(lambda: http.ids("/dls") == ["fail-1"], 30, "the failing event dead-lettered after one retry")
     assert http.ids("/replier").count("fail-1") == 2
 
+    # A changed Subscription: Knative writes its new generation, the dispatcher reports that generation, and only
+    # then is the Subscription Ready again.
+    e.custom.patch_namespaced_custom_object(MESSAGING, "v1", e.namespace, "subscriptions", "orders-sub",
+                                            {"spec": {"delivery": {"retry": 2}}}, _content_type=MERGE)
+    eventually(lambda: written()["generation"] == 2 and written()["delivery"]["retry"] == 2, 60,
+               "generation 2 in spec.subscribers")
+    eventually(lambda: {s["uid"]: s for s in e.get("orders")["status"]["subscribers"]}[uid][
+        "observedGeneration"] == 2, 30, "generation 2 reported by the dispatcher")
+    eventually(lambda: knative.get("subscriptions", "orders-sub")["status"]["observedGeneration"] == 2
+               and knative.condition("subscriptions", "orders-sub")["status"] == "True", 60,
+               "the changed Subscription Ready")
+
     # Deleting the Subscription: Knative removes the subscriber (its finalizer), the dispatcher stops its
     # consumer group and drops its status entry, and the Subscription goes.
     e.custom.delete_namespaced_custom_object(MESSAGING, "v1", e.namespace, "subscriptions", "orders-sub")
