@@ -16,7 +16,7 @@ DEST=${KE_CACHE:-$ROOT/.cache}/$NAME/$VERSION
 have=0
 for f in "${FILES[@]}"; do
   if [[ $f == */ ]]; then
-    compgen -G "$DEST/$f*.yaml" >/dev/null && have=$((have + 1))
+    [[ -f $DEST/$f.complete ]] && have=$((have + 1))  # written once the whole folder is copied
   else
     [[ -s $DEST/$f ]] && have=$((have + 1))
   fi
@@ -39,6 +39,7 @@ for f in "${FILES[@]}"; do
   if [[ $f == */ ]]; then
     [[ -d $dir/$FOLDER/$f ]] || { echo "no $FOLDER/$f in the $NAME module" >&2; exit 1; }
     for g in "$dir/$FOLDER/$f"*.yaml; do copy "$f$(basename "$g")"; done
+    touch "$DEST/$f.complete"
   else
     copy "$f"
   fi
