@@ -34,7 +34,8 @@ from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
-from kafka_eventing.dispatcher.status import KubeStatusWriter
+from kafka_eventing.dispatcher.status import KubeStatusWriter, KubeTriggerStatusWriter
+from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
 
@@ -84,15 +85,25 @@ def http() -> Iterator[Subscriber]:
 
 
 class RunningDispatcher:
-    """The dispatcher of one KafkaChannel, in process, as its Deployment would run it."""
+    """The dispatcher of one KafkaChannel (or, with ``broker``, of that Broker), in process, as its Deployment
+    would run it."""
 
-    def __init__(self, e: Env, name: str) -> None:
-        settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, channel_source="kube",
-                            channel_namespace=e.namespace, channel_name=name, kafka_extra=KAFKA_EXTRA,
-                            log_level="WARNING")
-        source = KubeChannelSource(e.api, settings, namespace=e.namespace, name=name)
+    def __init__(self, e: Env, name: str, broker: bool = False, reply_uri: str = "") -> None:
+        source: KubeChannelSource | KubeTriggerSource
+        writer: KubeStatusWriter | KubeTriggerStatusWriter
+        if broker:
+            settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, broker_namespace=e.namespace,
+                                broker_name=name, kafka_extra=KAFKA_EXTRA, log_level="WARNING")
+            source, writer = KubeTriggerSource(e.api, e.namespace, name, reply_uri=reply_uri), \
+                KubeTriggerStatusWriter(e.api)
+        else:
+            settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, channel_source="kube",
+                                channel_namespace=e.namespace, channel_name=name, kafka_extra=KAFKA_EXTRA,
+                                log_level="WARNING")
+            source, writer = KubeChannelSource(e.api, settings, namespace=e.namespace, name=name), \
+                KubeStatusWriter(e.api)
         self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
-                                            status_writer=KubeStatusWriter(e.api), registry=CollectorRegistry(),
+                                            status_writer=writer, registry=CollectorRegistry(),
                                             host="127.0.0.1", port=0)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
         self.thread.start()
@@ -151,8 +162,8 @@ class Knative:
         self.env.make_available(RECEIVER)
         self.env.wait_condition(name, "Ready", "True")
 
-    def serve(self, name: str) -> RunningDispatcher:
-        d = RunningDispatcher(self.env, name)
+    def serve(self, name: str, **options: Any) -> RunningDispatcher:
+        d = RunningDispatcher(self.env, name, **options)
         self.dispatchers.append(d)
         return d
 
@@ -283,7 +294,9 @@ def test_channel_with_a_kafkachannel_template(knative: Knative, http: Subscriber
     assert e.topic(f"{e.namespace}.events") is None
 
 
-def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subscriber) -> None:
+def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subscriber,
+                                                   start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                   kube_control_plane: KubeControlPlane) -> None:
     e = knative.env
     brokers = Brokers(e)
     e.start_controller(brokers=True)
@@ -291,9 +304,17 @@ def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subsc
     brokers.create(kb.BROKERS, "mt", {}, {kb.ANNOTATION_BROKER_CLASS: "MTChannelBasedBroker"})
     brokers.ready_broker("default")
     brokers.trigger("all", {"broker": "default", "subscriber": {"uri": http.url("/all")}})
-    brokers.wait(kb.TRIGGERS, "all", "Ready", "True")
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    ingress = f"{receiver.url}/{e.namespace}/default"
+    # Ready once the Broker's dispatcher reports the Trigger's consumer group joined; then events flow.
+    knative.serve("default", broker=True, reply_uri=ingress)
+    brokers.wait(kb.TRIGGERS, "all", "Ready", "True", timeout=60)
     got = brokers.get(kb.TRIGGERS, "all")
     assert got["status"]["subscriberUri"] == http.url("/all")
+    answer = httpx.post(ingress, content=b"{}", headers=binary_headers("b-1"), timeout=20)
+    assert answer.status_code == 202, answer.text
+    wait_for(lambda: http.ids("/all") == ["b-1"], 60, "the event through the Kafka Broker at the Trigger")
 
     # Knative's controller runs beside ours and leaves Brokers and Triggers alone: no field of them is its own.
     theirs = knative.eventing.field_manager()
