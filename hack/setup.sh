@@ -10,7 +10,7 @@ export KE_CACHE="${KE_CACHE:-$ROOT/.cache}"
 mkdir -p "$KE_CACHE/logs"
 cd "$ROOT"
 
-STEPS=(python kafka spark-kafka node-pkgs go-tools keda-crds argocd-crds)
+STEPS=(python kafka spark-kafka node-pkgs go-tools keda-crds argocd-crds knative-config)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${STEPS[@]}")
 for w in "${WANT[@]}"; do
@@ -50,4 +50,5 @@ step node-pkgs   hack/setup/node-packages.sh
 if wanted go-tools; then hack/setup/go-tools.sh; fi
 step keda-crds   hack/setup/keda-crds.sh
 step argocd-crds hack/setup/argocd-crds.sh
+step knative-config hack/setup/knative-config.sh
 echo "[setup] done in $((SECONDS - t_all))s"

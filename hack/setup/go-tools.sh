@@ -26,6 +26,13 @@ PROMETHEUS_VERSION=v0.316.0
 # then in hack/tools/kube: `go get -tool k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet}@vX
 # && go mod tidy`, and commit go.mod + go.sum.
 KUBE_VERSION=v1.34.10
+# Knative Eventing's own controller (tests/integration/test_knative.py) from hack/tools/knative/go.mod, whose
+# knative.dev/eventing version this must equal (checked below); its CRDs, roles and ConfigMaps come from the same
+# module version (hack/setup/knative-config.sh reads it from that go.mod). The module's v0.X.Y is Knative 1.(X-27):
+# v0.47.0 = Knative Eventing 1.20.0. The proxy refuses this module's version list, so `go install ...@version` fails;
+# building inside a module that pins it needs no list. To bump: `go get -tool knative.dev/eventing/cmd/controller@vX`
+# in hack/tools/knative, `go mod tidy`, commit go.mod + go.sum.
+KNATIVE_EVENTING_VERSION=v0.47.0
 # -----------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,6 +41,7 @@ BIN=$CACHE/bin
 LOGS=$CACHE/logs
 STAMPS=$CACHE/stamps/go-tools
 KUBE_MOD=$ROOT/hack/tools/kube
+KNATIVE_MOD=$ROOT/hack/tools/knative
 CT_ETC=$ROOT/hack/ct/etc
 mkdir -p "$BIN" "$LOGS" "$STAMPS"
 
@@ -90,6 +98,13 @@ go_install() {
 kube_build() {
   local out=$1 ldflags=$2 pkg=$3
   (cd "$KUBE_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg")
+  mv -f "$out.tmp" "$out"
+}
+
+# go build inside hack/tools/knative: the module that pins knative.dev/eventing.
+knative_build() {
+  local out=$1 pkg=$2
+  (cd "$KNATIVE_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "-s -w" -o "$out.tmp" "$pkg")
   mv -f "$out.tmp" "$out"
 }
 
@@ -198,6 +213,20 @@ build_etcd() {
   kube_build "$BIN/etcd" "-s -w" ./cmd/etcd
 }
 
+build_knative_eventing_controller() {
+  knative_build "$BIN/knative-eventing-controller" knative.dev/eventing/cmd/controller
+}
+
+check_knative_mod() {
+  local pinned
+  pinned=$(awk '$1 == "knative.dev/eventing" { print $2; exit }' "$KNATIVE_MOD/go.mod")
+  if [[ $pinned != "$KNATIVE_EVENTING_VERSION" ]]; then
+    echo "[go-tools] hack/tools/knative/go.mod has knative.dev/eventing $pinned but" \
+      "KNATIVE_EVENTING_VERSION=$KNATIVE_EVENTING_VERSION" >&2
+    exit 1
+  fi
+}
+
 check_kube_mod() {
   local pinned
   pinned=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$KUBE_MOD/go.mod")
@@ -208,12 +237,15 @@ check_kube_mod() {
   ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
 }
 
-ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler kubelet)
+ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
+  kubelet knative-eventing-controller)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 check_kube_mod
 KUBE_KEY="$KUBE_VERSION $(kube_inputs_hash)"
+check_knative_mod
+KNATIVE_KEY="$KNATIVE_EVENTING_VERSION $(hash_of "$KNATIVE_MOD/go.mod" "$KNATIVE_MOD/go.sum")"
 
 for tool in "${WANT[@]}"; do
   case $tool in
@@ -232,6 +264,9 @@ for tool in "${WANT[@]}"; do
     kube-scheduler) install_tool kube-scheduler "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_scheduler ;;
     kubelet) install_tool kubelet "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kubelet ;;
     kubectl) install_tool kubectl "$KUBE_VERSION" "$KUBE_KEY" "version --client" build_kubectl ;;
+    # No version flag: -h parses the flags and exits 0, which shows the binary starts.
+    knative-eventing-controller) install_tool knative-eventing-controller "$KNATIVE_EVENTING_VERSION" "$KNATIVE_KEY" "-h" \
+      build_knative_eventing_controller ;;
     etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
     *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;
   esac

@@ -133,7 +133,11 @@ def test_helm_install_and_uninstall(cluster: Cluster, values: str) -> None:
     finally:
         cluster.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
     left = cluster.names(manifest)
-    assert left == {f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"}, "crds.keep keeps only the CRD"
+    # The release's CRDs: the KafkaChannel one, and Broker/Trigger where crds.brokers rendered them (no other
+    # module of the session had created them first).
+    crds = {n for n in kind_names(objects(manifest)) if n.startswith("customresourcedefinition.")}
+    assert f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}" in crds
+    assert left == crds, "crds.keep keeps only the CRDs"
 
 
 def _previous_chart(dest: Path) -> tuple[Path, str]:
@@ -216,6 +220,30 @@ def test_install_checks_the_existing_connection_secret(cluster: Cluster) -> None
         cluster.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
     finally:
         cluster.kubectl("delete", "secret", "kafka-connection", "-n", NS, "--ignore-not-found")
+
+
+def test_a_crd_of_another_owner_is_left_alone(cluster: Cluster, kube_control_plane: Any) -> None:
+    # The KafkaChannel CRD as another implementation (or a kubectl apply) put it there: no Helm ownership. The
+    # chart installs beside it instead of failing on it, says so, and leaves it on uninstall.
+    cluster.settle_namespace()
+    if not cluster.crd_exists():
+        api = kube_control_plane.api_client()
+        try:
+            install_crd(api)
+        finally:
+            api.close()
+    cluster.kubectl("annotate", "crd", CRD_NAME, "meta.helm.sh/release-name-", "meta.helm.sh/release-namespace-")
+    cluster.kubectl("label", "crd", CRD_NAME, "app.kubernetes.io/managed-by-")
+    out = cluster.helm("install", RELEASE, str(CHART), "-n", NS, "--create-namespace").stdout
+    try:
+        assert "STATUS: deployed" in out
+        assert f"CRD {CRD_NAME} already exists and does not belong to this release" in out
+        manifest = cluster.helm("get", "manifest", RELEASE, "-n", NS).stdout
+        assert "CustomResourceDefinition" not in {d["kind"] for d in objects(manifest)}
+        assert "ClusterRole" in {d["kind"] for d in objects(manifest)}
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
+    assert cluster.crd_exists()
 
 
 def kind_names(docs: list[dict[str, Any]]) -> set[str]:

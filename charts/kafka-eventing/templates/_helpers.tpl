@@ -132,3 +132,25 @@ into the dispatchers itself).
   readOnly: true
 {{- end }}
 {{- end }}
+
+{{/*
+Names of the chart's CRDs (files/crds/) that exist in the cluster but not as objects of this release: Knative
+Eventing's Broker and Trigger, another implementation's KafkaChannel, a copy applied with kubectl. The chart never
+renders over them (Helm would refuse to adopt them, or take over what another owner manages). A YAML list; empty
+with `helm template` (no cluster to look up).
+*/}}
+{{- define "kafka-eventing.foreignCrds" -}}
+{{- $foreign := list }}
+{{- range $path, $_ := .Files.Glob "files/crds/*.yaml" }}
+{{- $name := (($.Files.Get $path | fromYaml).metadata).name }}
+{{- $live := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $name }}
+{{- if $live }}
+{{- $release := dig "metadata" "annotations" "meta.helm.sh/release-name" "" $live }}
+{{- $namespace := dig "metadata" "annotations" "meta.helm.sh/release-namespace" "" $live }}
+{{- if not (and (eq $release $.Release.Name) (eq $namespace $.Release.Namespace)) }}
+{{- $foreign = append $foreign $name }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $foreign }}
+{{- end }}

@@ -67,6 +67,8 @@ class DeliverySpec:
     dead_letter_uri: str | None = None
     #: Why the configured dead-letter sink has no URI (a ref that cannot be resolved here); "" if none.
     dead_letter_problem: str = ""
+    #: Knative's ``retryAfterMax``: caps a Retry-After wait (zero: Retry-After ignored); None: the dispatcher's cap.
+    retry_after_max: timedelta | None = None
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any] | None, dead_letter_uri: str | None = None,
@@ -86,6 +88,8 @@ class DeliverySpec:
             delay = (parse_duration(spec["backoffDelay"], "backoffDelay") if spec.get("backoffDelay")
                      else cls.backoff_delay)
             timeout = parse_duration(spec["timeout"], "timeout") if spec.get("timeout") else None
+            retry_after_max = (parse_duration(spec["retryAfterMax"], "retryAfterMax") if spec.get("retryAfterMax")
+                               else None)
         except DurationError as exc:
             raise DeliverySpecError(str(exc)) from None
         sink, problem = dead_letter_uri, ""
@@ -93,7 +97,7 @@ class DeliverySpec:
             dls = spec.get("deadLetterSink")
             sink, problem = resolve_destination(dls if isinstance(dls, Mapping) else None, namespace)
         return cls(retry=retry, backoff_policy=policy, backoff_delay=delay, timeout=timeout, dead_letter_uri=sink,
-                   dead_letter_problem=problem)
+                   dead_letter_problem=problem, retry_after_max=retry_after_max)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): linear d×n, exponential d×2^n."""

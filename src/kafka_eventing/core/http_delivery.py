@@ -56,10 +56,12 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def retry_delay(spec: DeliverySpec, retry: int, retry_after: float | None, retry_after_max: float) -> float:
-    """Seconds before retry number ``retry`` (1-based): the backoff, or Retry-After (capped) if longer."""
+    """Seconds before retry number ``retry`` (1-based): the backoff, or Retry-After (capped by the spec's
+    ``retryAfterMax``, else by ``retry_after_max``) if longer."""
     delay = spec.backoff(retry)
     if retry_after is not None:
-        delay = max(delay, min(retry_after, retry_after_max))
+        cap = spec.retry_after_max.total_seconds() if spec.retry_after_max is not None else retry_after_max
+        delay = max(delay, min(retry_after, cap))
     return delay
 
 
@@ -114,7 +116,8 @@ def sink_policy(
         delay = max(0.01, min(spec.backoff(min(state.attempt_number, 32)), SINK_MAX_BACKOFF_SECONDS))
         retry_after = _last(state).retry_after
         if retry_after is not None:
-            delay = max(delay, min(retry_after, retry_after_max))
+            cap = spec.retry_after_max.total_seconds() if spec.retry_after_max is not None else retry_after_max
+            delay = max(delay, min(retry_after, cap))
         return delay
 
     def notify(state: RetryCallState) -> None:

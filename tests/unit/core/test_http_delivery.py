@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec
+from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec, DeliverySpecError
 from kafka_eventing.core.http_delivery import Attempt, parse_retry_after, retry_delay
 
 
@@ -25,6 +25,17 @@ def test_retry_after_is_honoured_up_to_the_maximum() -> None:
     assert retry_delay(spec(), 1, 5.0, 600) == 5.0
     assert retry_delay(spec(), 1, 5000.0, 600) == 600
     assert retry_delay(spec(), 3, 0.1, 600) == pytest.approx(0.8)  # the backoff is longer
+
+
+def test_retry_after_max_of_the_delivery_spec_wins() -> None:
+    # Knative's delivery.retryAfterMax: its own cap; zero opts out of Retry-After (the backoff alone).
+    capped = DeliverySpec.from_dict({"retryAfterMax": "PT2S", "backoffDelay": "PT0.1S"})
+    assert capped.retry_after_max == timedelta(seconds=2)
+    assert retry_delay(capped, 1, 5.0, 600) == 2.0
+    ignored = DeliverySpec.from_dict({"retryAfterMax": "PT0S", "backoffDelay": "PT0.1S"})
+    assert retry_delay(ignored, 1, 5.0, 600) == pytest.approx(0.2)
+    with pytest.raises(DeliverySpecError, match="retryAfterMax"):
+        DeliverySpec.from_dict({"retryAfterMax": "soon"})
 
 
 def test_parse_retry_after() -> None:

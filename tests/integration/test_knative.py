@@ -1,0 +1,324 @@
+"""Inside a Knative Eventing install: Knative's own controller (built from its Go module, `make setup`) drives
+KafkaChannels through the duck-typed contract, with the chart's aggregated ClusterRoles as its only access to them.
+
+Real parts: kube-apiserver + controller-manager, Knative's released CRDs, roles and ConfigMaps, Knative's
+eventing controller (as its ServiceAccount), this project's controller (in process), receiver (gunicorn, channels
+from the API server) and dispatcher (in process, status.subscribers through the status subresource), and Kafka.
+What Knative's webhook would default is written out (tests/fixtures/knative.py says why it does not run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client import CollectorRegistry
+from test_broker_controller import RECEIVER, Brokers
+from test_controller import Env, env, eventually  # noqa: F401 - env is a fixture used by name
+from test_dispatcher import Received, Subscriber
+from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401 - a fixture
+
+from fixtures.knative import KnativeEventing
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.crd import install_crd
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.channel_source import KubeChannelSource
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.kube import api_client
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher import create_dispatcher
+from kafka_eventing.dispatcher.status import KubeStatusWriter, KubeTriggerStatusWriter
+from kafka_eventing.dispatcher.triggers import KubeTriggerSource
+from kafka_eventing.localstack.kube import KubeControlPlane
+from waiting import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.kafka, pytest.mark.knative]
+
+MESSAGING = "messaging.knative.dev"
+MERGE = "application/merge-patch+json"
+KAFKA_EXTRA = "session.timeout.ms=6000,heartbeat.interval.ms=500"
+PONG = {"ce-specversion": "1.0", "ce-id": "pong-1", "ce-source": "/replier", "ce-type": "com.example.pong"}
+
+
+@pytest.fixture(scope="module")
+def api(kube_control_plane: KubeControlPlane, knative_eventing: KnativeEventing) -> Iterator[client.ApiClient]:
+    """Admin client; the KafkaChannel CRD is this project's, Broker and Trigger are Knative's."""
+    c = api_client(kube_control_plane.kubeconfig)
+    install_crd(c)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def knative(env: Env, knative_eventing: KnativeEventing) -> Iterator[Knative]:  # noqa: F811
+    k = Knative(env, knative_eventing)
+    try:
+        yield k
+    finally:
+        for dispatcher in k.dispatchers:
+            dispatcher.stop()
+        for ctl in env.controllers:
+            ctl.stop()
+        env.controllers.clear()
+        # Without the controllers nobody removes finalizers (Knative's on Subscriptions, ours on channels and
+        # Brokers): strip them so that the namespace can go.
+        for group, version, plural in ((MESSAGING, "v1", "subscriptions"), (kb.GROUP, kb.VERSION, kb.BROKERS),
+                                       (kb.GROUP, kb.VERSION, kb.TRIGGERS)):
+            for item in env.custom.list_namespaced_custom_object(group, version, env.namespace, plural)["items"]:
+                with contextlib.suppress(ApiException):
+                    env.custom.patch_namespaced_custom_object(group, version, env.namespace, plural,
+                                                              item["metadata"]["name"],
+                                                              {"metadata": {"finalizers": []}}, _content_type=MERGE)
+
+
+@pytest.fixture
+def http() -> Iterator[Subscriber]:
+    with Subscriber().running() as sub:
+        yield sub
+
+
+class RunningDispatcher:
+    """The dispatcher of one KafkaChannel (or, with ``broker``, of that Broker), in process, as its Deployment
+    would run it."""
+
+    def __init__(self, e: Env, name: str, broker: bool = False, reply_uri: str = "") -> None:
+        source: KubeChannelSource | KubeTriggerSource
+        writer: KubeStatusWriter | KubeTriggerStatusWriter
+        if broker:
+            settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, broker_namespace=e.namespace,
+                                broker_name=name, kafka_extra=KAFKA_EXTRA, log_level="WARNING")
+            source, writer = KubeTriggerSource(e.api, e.namespace, name, reply_uri=reply_uri), \
+                KubeTriggerStatusWriter(e.api)
+        else:
+            settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, channel_source="kube",
+                                channel_namespace=e.namespace, channel_name=name, kafka_extra=KAFKA_EXTRA,
+                                log_level="WARNING")
+            source, writer = KubeChannelSource(e.api, settings, namespace=e.namespace, name=name), \
+                KubeStatusWriter(e.api)
+        self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                            status_writer=writer, registry=CollectorRegistry(),
+                                            host="127.0.0.1", port=0)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.dispatcher.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+class Knative:
+    """Knative objects in the test namespace, and the parts of this project that serve them."""
+
+    def __init__(self, e: Env, eventing: KnativeEventing) -> None:
+        self.env, self.eventing, self.ns = e, eventing, e.namespace
+        self.dispatchers: list[RunningDispatcher] = []
+
+    def create(self, plural: str, kind: str, name: str, spec: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+        body = {"apiVersion": f"{MESSAGING}/{version}", "kind": kind,
+                "metadata": {"name": name, "namespace": self.ns}, "spec": spec}
+        return dict(self.env.custom.create_namespaced_custom_object(MESSAGING, version, self.ns, plural, body))
+
+    def get(self, plural: str, name: str, version: str = "v1") -> dict[str, Any]:
+        return dict(self.env.custom.get_namespaced_custom_object(MESSAGING, version, self.ns, plural, name))
+
+    def condition(self, plural: str, name: str, kind: str = "Ready") -> dict[str, Any]:
+        status = self.get(plural, name).get("status") or {}
+        return next(c for c in status.get("conditions") or () if c["type"] == kind)
+
+    def wait_ready(self, plural: str, name: str, timeout: float = 60) -> dict[str, Any]:
+        return eventually(lambda: self.condition(plural, name)["status"] == "True" and self.get(plural, name),
+                          timeout, f"{plural} {name} Ready (last: {self._last(plural, name)})")
+
+    def _last(self, plural: str, name: str) -> str:
+        with contextlib.suppress(ApiException, StopIteration):
+            return str(self.condition(plural, name))
+        return "no Ready condition"
+
+    def gone(self, plural: str, name: str) -> bool:
+        try:
+            self.get(plural, name)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    def subscription(self, name: str, channel: dict[str, str], **spec: Any) -> dict[str, Any]:
+        return self.create("subscriptions", "Subscription", name, {"channel": channel, **spec})
+
+    def ready_channel(self, name: str) -> None:
+        """What the kubelet would do for a KafkaChannel our controller reconciles: its dispatcher and the receiver
+        available; then it is Ready."""
+        dispatcher = res.dispatcher_name(self.ns, name)
+        eventually(lambda: self.env.apps.read_namespaced_deployment(dispatcher, self.env.system),
+                   what=f"dispatcher Deployment of {name}")
+        self.env.make_available(dispatcher)
+        self.env.make_available(RECEIVER)
+        self.env.wait_condition(name, "Ready", "True")
+
+    def serve(self, name: str, **options: Any) -> RunningDispatcher:
+        d = RunningDispatcher(self.env, name, **options)
+        self.dispatchers.append(d)
+        return d
+
+    def manager_of(self, obj: dict[str, Any], field: str) -> set[str]:
+        """The field managers of ``obj`` whose fields include ``field`` (e.g. ``f:subscribers``)."""
+        return {m["manager"] for m in obj["metadata"].get("managedFields") or () if field in str(m.get("fieldsV1"))}
+
+
+def reply_with(headers: dict[str, str]) -> Callable[[Received, int], tuple[int, dict[str, str], bytes, float]]:
+    return lambda _r, _a: (200, headers, b"pong", 0.0)
+
+
+def send(receiver: Receiver, ns: str, channel: str, event_id: str, event_type: str) -> None:
+    headers = {**binary_headers(event_id), "ce-type": event_type,
+               "Host": f"{channel}-kn-channel.{ns}.svc.cluster.local"}
+    answer = httpx.post(receiver.url + "/", content=b'{"n":1}', headers=headers, timeout=20)
+    assert answer.status_code == 202, answer.text
+
+
+# -- tests ------------------------------------------------------------------------------------------------------
+def test_subscription_is_written_by_knative_and_delivered(knative: Knative, http: Subscriber,
+                                                          start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                          kube_control_plane: KubeControlPlane) -> None:
+    e = knative.env
+    e.start_controller()
+    e.create("orders", {"numPartitions": 2})
+    knative.ready_channel("orders")
+    http.behaviours.update({"/replier": lambda r, _a: (
+        (500, {}, b"broken", 0.0) if r.headers.get("ce-type") == "com.example.fail" else (200, PONG, b"pong", 0.0))})
+    ref = {"apiVersion": f"{MESSAGING}/v1beta1", "kind": "KafkaChannel", "name": "orders"}
+    sub = knative.subscription("orders-sub", ref, subscriber={"uri": http.url("/replier")},
+                               reply={"uri": http.url("/replies")},
+                               delivery={"retry": 1, "backoffDelay": "PT0.05S", "retryAfterMax": "PT1S",
+                                         "deadLetterSink": {"uri": http.url("/dls")}})
+    uid = sub["metadata"]["uid"]
+
+    # Knative's Subscription controller writes the subscriber into the KafkaChannel (through the chart's
+    # channelable-manipulator ClusterRole), every field of it kept by the CRD's schema.
+    def written() -> dict[str, Any] | None:
+        subscribers = e.get("orders")["spec"].get("subscribers") or []
+        return next((s for s in subscribers if s["uid"] == uid), None)
+
+    entry = eventually(written, 60, "the Subscription in spec.subscribers")
+    assert entry["name"] == "orders-sub" and entry["generation"] == sub["metadata"]["generation"]
+    assert entry["subscriberUri"] == http.url("/replier") and entry["replyUri"] == http.url("/replies")
+    assert entry["delivery"] == {"retry": 1, "backoffDelay": "PT0.05S", "retryAfterMax": "PT1S",
+                                 "deadLetterSink": {"uri": http.url("/dls")}}
+    # Until a dispatcher reports the subscriber, Knative does not call the Subscription Ready.
+    assert knative.condition("subscriptions", "orders-sub")["status"] != "True"
+
+    knative.serve("orders")
+    subscription = knative.wait_ready("subscriptions", "orders-sub")
+    assert subscription["status"]["physicalSubscription"]["subscriberUri"] == http.url("/replier")
+    status = {s["uid"]: s for s in e.get("orders")["status"]["subscribers"]}
+    assert status[uid] == {"uid": uid, "observedGeneration": sub["metadata"]["generation"], "ready": "True"}
+    # Knative wrote spec.subscribers, and only once although it reconciled the Subscription again on every status
+    # change: the schema keeps all it writes, so its next merge patch is empty (no patch loop).
+    assert knative.eventing.field_manager() in knative.manager_of(e.get("orders"), "f:subscribers")
+    synced = e.core.list_namespaced_event(e.namespace, field_selector="involvedObject.name=orders-sub").items
+    assert sum(ev.count or 1 for ev in synced if ev.reason == "SubscriberSync") == 1
+
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    send(receiver, e.namespace, "orders", "ping-1", "com.example.ping")
+    send(receiver, e.namespace, "orders", "fail-1", "com.example.fail")
+    wait_for(lambda: "ping-1" in http.ids("/replier"), 60, "the event at the subscriber")
+    wait_for(lambda: http.ids("/replies") == ["pong-1"], 30, "the subscriber's reply at the reply URI")
+    wait_for(lambda: http.ids("/dls") == ["fail-1"], 30, "the failing event dead-lettered after one retry")
+    assert http.ids("/replier").count("fail-1") == 2
+
+    # A changed Subscription: Knative writes its new generation, the dispatcher reports that generation, and only
+    # then is the Subscription Ready again.
+    e.custom.patch_namespaced_custom_object(MESSAGING, "v1", e.namespace, "subscriptions", "orders-sub",
+                                            {"spec": {"delivery": {"retry": 2}}}, _content_type=MERGE)
+    eventually(lambda: written()["generation"] == 2 and written()["delivery"]["retry"] == 2, 60,
+               "generation 2 in spec.subscribers")
+    eventually(lambda: {s["uid"]: s for s in e.get("orders")["status"]["subscribers"]}[uid][
+        "observedGeneration"] == 2, 30, "generation 2 reported by the dispatcher")
+    eventually(lambda: knative.get("subscriptions", "orders-sub")["status"]["observedGeneration"] == 2
+               and knative.condition("subscriptions", "orders-sub")["status"] == "True", 60,
+               "the changed Subscription Ready")
+
+    # Deleting the Subscription: Knative removes the subscriber (its finalizer), the dispatcher stops its
+    # consumer group and drops its status entry, and the Subscription goes.
+    e.custom.delete_namespaced_custom_object(MESSAGING, "v1", e.namespace, "subscriptions", "orders-sub")
+    eventually(lambda: not e.get("orders")["spec"].get("subscribers"), 60, "subscriber removed by Knative")
+    eventually(lambda: not (e.get("orders").get("status") or {}).get("subscribers"), 30, "status entry removed")
+    eventually(lambda: knative.gone("subscriptions", "orders-sub"), 30, "Subscription deleted")
+    eventually(lambda: not knative.dispatchers[0].dispatcher.status_document()["subscriptions"], 30,
+               "the dispatcher's consumer for the Subscription stopped")
+
+
+def test_channel_with_a_kafkachannel_template(knative: Knative, http: Subscriber) -> None:
+    e = knative.env
+    e.start_controller()
+    knative.create("channels", "Channel", "events", {"channelTemplate": {
+        "apiVersion": f"{MESSAGING}/v1beta1", "kind": "KafkaChannel", "spec": {"numPartitions": 3}}})
+    # Knative's Channel reconciler creates the KafkaChannel (owned by the Channel) from the template.
+    backing = eventually(lambda: e.get("events"), 60, "the KafkaChannel created by Knative")
+    assert backing["spec"]["numPartitions"] == 3
+    (owner,) = backing["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("Channel", "events", True)
+    eventually(lambda: e.topic(f"{e.namespace}.events") is not None and e.topic(f"{e.namespace}.events")[0] == 3,
+               what="its topic, 3 partitions")
+    knative.ready_channel("events")
+
+    # Knative propagates the KafkaChannel's status: Ready, addressable at the KafkaChannel's address.
+    channel = knative.wait_ready("channels", "events")
+    address = f"http://events-kn-channel.{e.namespace}.svc.cluster.local"
+    assert channel["status"]["address"]["url"] == address == e.get("events")["status"]["address"]["url"]
+    assert channel["status"]["channel"] == {"apiVersion": f"{MESSAGING}/v1beta1", "kind": "KafkaChannel",
+                                            "name": "events", "namespace": e.namespace}
+    conditions = {c["type"]: c["status"] for c in channel["status"]["conditions"]}
+    assert conditions["BackingChannelReady"] == conditions["Addressable"] == "True"
+
+    # A Subscription to the generic Channel lands in the KafkaChannel, and is Ready once dispatched.
+    ref = {"apiVersion": f"{MESSAGING}/v1", "kind": "Channel", "name": "events"}
+    sub = knative.subscription("events-sub", ref, subscriber={"uri": http.url("/events")})
+    eventually(lambda: [s["uid"] for s in e.get("events")["spec"].get("subscribers") or []] == [
+        sub["metadata"]["uid"]], 60, "the Subscription in the KafkaChannel's spec.subscribers")
+    knative.serve("events")
+    knative.wait_ready("subscriptions", "events-sub")
+    assert [s["uid"] for s in knative.get("channels", "events")["status"]["subscribers"]] == [sub["metadata"]["uid"]]
+
+    # Deleting the Channel: the garbage collector deletes its KafkaChannel, whose finalizer deletes the topic.
+    e.custom.delete_namespaced_custom_object(MESSAGING, "v1", e.namespace, "channels", "events")
+    eventually(lambda: e.gone("events"), 60, "the KafkaChannel deleted with its Channel")
+    assert e.topic(f"{e.namespace}.events") is None
+
+
+def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subscriber,
+                                                   start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                   kube_control_plane: KubeControlPlane) -> None:
+    e = knative.env
+    brokers = Brokers(e)
+    e.start_controller(brokers=True)
+    # A Broker of another class, as Knative's MT channel broker would own: neither controller here touches it.
+    brokers.create(kb.BROKERS, "mt", {}, {kb.ANNOTATION_BROKER_CLASS: "MTChannelBasedBroker"})
+    brokers.ready_broker("default")
+    brokers.trigger("all", {"broker": "default", "subscriber": {"uri": http.url("/all")}})
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    ingress = f"{receiver.url}/{e.namespace}/default"
+    # Ready once the Broker's dispatcher reports the Trigger's consumer group joined; then events flow.
+    knative.serve("default", broker=True, reply_uri=ingress)
+    brokers.wait(kb.TRIGGERS, "all", "Ready", "True", timeout=60)
+    got = brokers.get(kb.TRIGGERS, "all")
+    assert got["status"]["subscriberUri"] == http.url("/all")
+    answer = httpx.post(ingress, content=b"{}", headers=binary_headers("b-1"), timeout=20)
+    assert answer.status_code == 202, answer.text
+    wait_for(lambda: http.ids("/all") == ["b-1"], 60, "the event through the Kafka Broker at the Trigger")
+
+    # Knative's controller runs beside ours and leaves Brokers and Triggers alone: no field of them is its own.
+    theirs = knative.eventing.field_manager()
+    for obj in (brokers.get(kb.BROKERS, "default"), got, brokers.get(kb.BROKERS, "mt")):
+        managers = {m["manager"] for m in obj["metadata"].get("managedFields") or ()}
+        assert managers and theirs not in managers, (obj["metadata"]["name"], managers)
+    assert "status" not in brokers.get(kb.BROKERS, "mt")
