@@ -41,7 +41,7 @@ esac
 log() { echo "base-image($FLAVOUR): $*" >&2; }
 
 digest="$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)"
-# Not kafka-eventing-base: that name belongs to images/base (this OS image + the venv).
+# Not kafka-eventing-<role>-base: those names belong to images/base (this OS image + a role's venv).
 TAG="${BASE_TAG:-kafka-eventing-debian:${NAME}-${digest}}"
 
 if docker image inspect "$TAG" >/dev/null 2>&1; then

@@ -11,8 +11,12 @@ every pod Running and Ready → a KafkaChannel (3 partitions) with two subscribe
 namespace → events sent to the receiver pods reach both through the dispatcher Deployment the controller created →
 channel Ready and every status.subscribers entry ready → (helm) `helm test` → dispatcher scaled to the partition
 count and back → a receiver pod and a dispatcher pod deleted mid-load, and every accepted event still reaches both
-subscribers (ledger) → channel deleted: dispatcher Deployment and topic gone → uninstall leaves no pod, Deployment,
-Service, ConfigMap or ServiceAccount of the release.
+subscribers (ledger) → channel deleted: dispatcher Deployment and topic gone → (helm, with the chart's Broker and
+Trigger CRDs) a Kafka Broker with two Triggers of different filters, one per subscriber: Broker Ready, the
+controller-made Broker dispatcher Ready, events POSTed to /<namespace>/<broker> fanned out by filter, Broker deleted:
+its dispatcher and topic gone → uninstall leaves none of the release's objects, namespaced (pods, Deployments,
+Services, ConfigMaps, Secrets, ServiceAccounts, RBAC, PodDisruptionBudgets, NetworkPolicies) or cluster-scoped
+(ClusterRoles, ClusterRoleBindings, selected by the release's instance label).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import pytest
 import yaml
 
 from e2e import _netns_clients as clients
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.localstack import cluster as kc
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.tools import tool_path
@@ -148,10 +153,12 @@ class Install:
     """How one variant installs and removes kafka-eventing, and what it can do beyond that."""
 
     name: str
+    instance: str  # the app.kubernetes.io/instance label of every object it installs
     install: Callable[[Cluster], None]
     uninstall: Callable[[Cluster], None]
     set_dispatcher_replicas: Callable[[Cluster, int], None]
     helm_test: Callable[[Cluster, str], None] | None = None
+    brokers: bool = False  # installs the Broker and Trigger CRDs: the Broker scenario runs too
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 300, interval: float = 1.0) -> Any:
@@ -236,6 +243,77 @@ def _send(cl: Cluster, ids: list[str], pace: float = 0.0) -> list[str]:
     return accepted
 
 
+# ---------------------------------------------------------------------------------------------- the Broker
+
+BROKER = "default"
+CREATED, SHIPPED, AUDIT = "com.example.order.created", "com.example.order.shipped", "com.example.audit"
+
+
+def _broker_dispatcher(cl: Cluster) -> list[dict[str, Any]]:
+    owner = "kafka.eventing.knative.dev/broker"
+    return [d for d in _dispatcher(cl) if (d["metadata"].get("annotations") or {}).get(owner) == f"{APP_NS}/{BROKER}"]
+
+
+def _send_to_broker(cl: Cluster, ids: list[str], event_type: str) -> None:
+    host = f"kafka-eventing-receiver.{SYSTEM_NS}.svc.cluster.local"  # the path, not the Host, names the Broker
+    accepted = cl.in_netns(clients.send_events, cl.kubectl_cmd, SYSTEM_NS, host, ids, 0.0, 300.0,
+                           f"/{APP_NS}/{BROKER}", event_type)
+    assert accepted == ids, f"{len(accepted)} of {len(ids)} {event_type} events accepted"
+
+
+def run_broker_scenario(cl: Cluster, pod_sink: str, ns_sink: str, ledger: Path) -> None:
+    """A Kafka Broker whose two Triggers filter differently: the pod takes order.created only (``filter``), the
+    namespace process every order event (``filters``, prefix); an audit event matches neither."""
+    api = f"{kb.GROUP}/{kb.VERSION}"
+    cl.apply(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "broker-config", "namespace": APP_NS},
+         "data": {kb.KEY_PARTITIONS: "2", kb.KEY_REPLICATION: "1"}},
+        {"apiVersion": api, "kind": "Broker",
+         "metadata": {"name": BROKER, "namespace": APP_NS,
+                      "annotations": {kb.ANNOTATION_BROKER_CLASS: kb.BROKER_CLASS}},
+         "spec": {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "broker-config"}}},
+        {"apiVersion": api, "kind": "Trigger", "metadata": {"name": "created", "namespace": APP_NS},
+         "spec": {"broker": BROKER, "filter": {"attributes": {"type": CREATED}}, "subscriber": {"uri": pod_sink}}},
+        {"apiVersion": api, "kind": "Trigger", "metadata": {"name": "orders", "namespace": APP_NS},
+         "spec": {"broker": BROKER, "filters": [{"prefix": {"type": "com.example.order."}}],
+                  "subscriber": {"uri": ns_sink}}},
+    )
+    cl.kubectl("wait", "--for=condition=Ready", f"broker/{BROKER}", "trigger/created", "trigger/orders",
+               "-n", APP_NS, "--timeout=600s", timeout=660)
+    broker = cl.get("broker", BROKER, "-n", APP_NS)
+    assert broker["status"]["address"]["url"].endswith(f"/{APP_NS}/{BROKER}"), broker["status"]
+    _wait("Broker dispatcher ready", lambda: [d for d in _broker_dispatcher(cl)
+                                              if d["status"].get("readyReplicas") == d["spec"].get("replicas")],
+          timeout=600, interval=2)
+    assert kb.broker_topic(APP_NS, BROKER) in cl.in_netns(clients.topics, cl.state["bootstrap_servers"])
+
+    # A Trigger's consumer group starts at the latest offset once it has joined; until then events pass it by.
+    # Whatever reached both subscribers after a warm-up event did, the groups had joined for.
+    warm: list[str] = []
+
+    def joined() -> bool:
+        warm.append(f"warm-{uuid.uuid4()}")
+        _send_to_broker(cl, warm[-1:], CREATED)
+        time.sleep(1)
+        return bool(set(warm) & _ledger_ids(ledger) & _sink_pod_ids(cl))
+
+    _wait("both Triggers' consumer groups joined", joined, timeout=300, interval=1)
+    batches = {t: [f"{t.rsplit('.', 1)[-1]}-{uuid.uuid4()}" for _ in range(10)] for t in (CREATED, SHIPPED, AUDIT)}
+    for event_type in (AUDIT, SHIPPED, CREATED):  # the matches last: once they are in, the rest was filtered
+        _send_to_broker(cl, batches[event_type], event_type)
+    want_pod, want_ns = set(batches[CREATED]), set(batches[CREATED]) | set(batches[SHIPPED])
+    _wait("fan-out by filter", lambda: want_pod <= _sink_pod_ids(cl) and want_ns <= _ledger_ids(ledger),
+          timeout=300, interval=2)
+    assert not (set(batches[SHIPPED]) | set(batches[AUDIT])) & _sink_pod_ids(cl), "the pod got what its filter refuses"
+    assert not set(batches[AUDIT]) & _ledger_ids(ledger), "the namespace process got what its filter refuses"
+
+    # Deleting the Broker removes its dispatcher and its topic (the finalizer's work).
+    cl.kubectl("delete", "broker", BROKER, "-n", APP_NS, "--timeout=300s", timeout=360)
+    _wait("Broker dispatcher gone", lambda: not _broker_dispatcher(cl))
+    _wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in cl.in_netns(
+        clients.topics, cl.state["bootstrap_servers"]))
+
+
 def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
     variant.install(cl)
     _pods_ready(cl, SYSTEM_NS)
@@ -306,19 +384,33 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         _wait("dispatcher Deployment gone", lambda: not _dispatcher(cl))
         _wait("topic gone", lambda: f"{APP_NS}.orders" not in cl.in_netns(clients.topics,
                                                                            cl.state["bootstrap_servers"]))
+
+        if variant.brokers:
+            run_broker_scenario(cl, f"http://{pod_ip}:8080/", f"http://{kc.NODE_IP}:{port}/", ledger)
     finally:
         sink.terminate()
         sink.join(10)
         cl.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
 
+    # The label selects the release's cluster-scoped objects: some exist before the uninstall, or the check below
+    # would prove nothing.
+    release = f"app.kubernetes.io/instance={variant.instance}"
+    assert cl.get(CLUSTER_KINDS, "-l", release)["items"], f"no {CLUSTER_KINDS} labelled {release}"
     variant.uninstall(cl)
     # Deleted Deployments' pods terminate gracefully (the receiver's grace period is 30 s): wait them out.
     cl.kubectl("wait", "--for=delete", "pod", "--all", "-n", SYSTEM_NS, "--timeout=300s", timeout=360)
-    kinds = "pods,deployments,replicasets,services,configmaps,secrets,serviceaccounts,roles,rolebindings"
-    left = [i["metadata"]["name"] for i in cl.get(kinds, "-n", SYSTEM_NS)["items"]
+    left = [f"{i['kind']}/{i['metadata']['name']}" for i in cl.get(NAMESPACED_KINDS, "-n", SYSTEM_NS)["items"]
             if i["metadata"]["name"] not in ("kube-root-ca.crt", "default")]
+    left += [f"{i['kind']}/{i['metadata']['name']}" for i in cl.get(CLUSTER_KINDS, "-l", release)["items"]]
     assert left == [], f"{variant.name} uninstall left {left}"
     cl.kubectl("delete", "namespace", SYSTEM_NS, "--ignore-not-found", "--timeout=300s", timeout=360)
+
+
+# What an uninstall must leave none of: in the system namespace, everything but what Kubernetes itself puts there;
+# cluster-wide, what carries the release's instance label (CRDs stay on purpose: crds.keep).
+NAMESPACED_KINDS = ("pods,deployments,replicasets,services,configmaps,secrets,serviceaccounts,roles,rolebindings,"
+                    "poddisruptionbudgets,networkpolicies")
+CLUSTER_KINDS = "clusterroles,clusterrolebindings"
 
 
 # ---------------------------------------------------------------------------------------------- helm
@@ -329,7 +421,7 @@ def _helm_install(cl: Cluster) -> None:
             "-f", str(CHART / "ci" / "cluster-values.yaml"),
             "--set", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
             "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}",
-            "--set", f"tests.image={cl.images['curl']}", "--wait", "--timeout=10m")
+            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true", "--wait", "--timeout=10m")
 
 
 def _helm_set(cl: Cluster, *values: str) -> None:
@@ -348,8 +440,8 @@ def _helm_uninstall(cl: Cluster) -> None:
     cl.helm("uninstall", "ke", "-n", SYSTEM_NS, "--wait", "--timeout=5m")
 
 
-HELM = Install("helm", _helm_install, _helm_uninstall,
-               lambda cl, n: _helm_set(cl, f"dispatcher.replicas={n}"), _helm_test)
+HELM = Install("helm", "ke", _helm_install, _helm_uninstall,
+               lambda cl, n: _helm_set(cl, f"dispatcher.replicas={n}"), _helm_test, brokers=True)
 
 
 def test_chart_on_real_pods(cluster: Cluster, tmp_path: Path) -> None:
@@ -399,4 +491,4 @@ def test_overlay_on_real_pods(cluster: Cluster, tmp_path: Path) -> None:
         cl.kubectl("delete", "configmap", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/instance=kafka-eventing")
 
     # A new KE_DISPATCHER_REPLICAS makes a new hashed ConfigMap, which rolls the controller, which rescales.
-    run_scenario(cluster, Install("kustomize", apply, uninstall, apply), tmp_path)
+    run_scenario(cluster, Install("kustomize", "kafka-eventing", apply, uninstall, apply), tmp_path)
