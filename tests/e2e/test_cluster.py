@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -37,6 +36,27 @@ import pytest
 import yaml
 
 from e2e import _netns_clients as clients
+from e2e._scenario import (
+    APP_NS,
+    AUDIT,
+    BROKER,
+    CREATED,
+    RESTRICTED_POD,
+    SHIPPED,
+    SYSTEM_NS,
+    assert_release_objects,
+    assert_uninstalled,
+    broker_dispatcher,
+    broker_ready,
+    broker_with_triggers,
+    dispatcher_ready,
+    dispatchers,
+    kafka_channel,
+    pods_ready,
+    sink_container,
+    sink_ids,
+    wait,
+)
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.localstack import cluster as kc
 from kafka_eventing.localstack._proc import free_port
@@ -46,29 +66,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kafka-eventing"
-SYSTEM_NS = "knative-eventing"
-APP_NS = "e2e"
 PARTITIONS = 3
-RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                  "seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}
-# The pod subscriber: stdlib HTTP server from the receiver image, one JSON line per event on stdout.
-SINK = """
-import http.server, json, sys, threading
-lock = threading.Lock()
-class Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length") or 0))
-        with lock:
-            sys.stdout.write(json.dumps({"id": self.headers.get("ce-id")}) + "\\n")
-            sys.stdout.flush()
-        self.send_response(200)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("", 8080), Sink).serve_forever()
-"""
 
 
 @dataclass
@@ -161,45 +159,14 @@ class Install:
     brokers: bool = False  # installs the Broker and Trigger CRDs: the Broker scenario runs too
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 300, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not reached in {timeout:.0f}s (last: {last!r})")
-
-
-def _pods_ready(cl: Cluster, namespace: str) -> None:
-    _wait(f"pods in {namespace}", lambda: cl.get("pods", "-n", namespace)["items"], timeout=120)
-    cl.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", namespace, "--timeout=600s", timeout=660)
-    for pod in cl.get("pods", "-n", namespace)["items"]:
-        assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
-
-
 def _sink_pod(cl: Cluster) -> str:
     cl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}}, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sink", "namespace": APP_NS},
-        "spec": {
-            "securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
-            "containers": [{
-                "name": "sink", "image": cl.images["receiver"], "imagePullPolicy": "Never",
-                "command": ["python", "-c", SINK], "securityContext": RESTRICTED_CONTAINER,
-                "ports": [{"containerPort": 8080}],
-                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2},
-                "resources": {"limits": {"memory": "64Mi"}},
-            }],
-        },
+        "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                 "containers": [sink_container(cl.images["receiver"], "Never")]},
     })
     cl.kubectl("wait", "--for=condition=Ready", "pod/sink", "-n", APP_NS, "--timeout=300s", timeout=360)
     return str(cl.get("pod", "sink", "-n", APP_NS)["status"]["podIP"])
-
-
-def _sink_pod_ids(cl: Cluster) -> set[str]:
-    logs = cl.kubectl("logs", "sink", "-n", APP_NS).stdout
-    return set(re.findall(r'\{"id": "([^"]*)"\}', logs))
 
 
 def _ledger_ids(path: Path) -> set[str]:
@@ -208,31 +175,17 @@ def _ledger_ids(path: Path) -> set[str]:
     return {json.loads(line)["id"] for line in path.read_text().splitlines() if line}
 
 
-def _dispatcher(cl: Cluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cl.get("deployments", "-n", SYSTEM_NS, "-l",
-                                         "app.kubernetes.io/name=kafka-channel-dispatcher")["items"]
-    return items
-
-
-def _dispatcher_ready(cl: Cluster, replicas: int) -> bool:
-    deps = _dispatcher(cl)
-    return (len(deps) == 1 and deps[0]["spec"].get("replicas") == replicas
-            and deps[0]["status"].get("readyReplicas") == replicas
-            and deps[0]["status"].get("updatedReplicas") == replicas
-            and deps[0]["status"].get("replicas") == replicas)
-
-
 def _delivered(cl: Cluster, ledger: Path, ids: list[str], timeout: float = 300) -> None:
     want = set(ids)
 
     def both() -> bool:
-        return want <= _ledger_ids(ledger) and want <= _sink_pod_ids(cl)
+        return want <= _ledger_ids(ledger) and want <= sink_ids(cl, "sink")
 
     try:
-        _wait("every accepted event at both subscribers", both, timeout=timeout, interval=2)
+        wait("every accepted event at both subscribers", both, timeout=timeout, interval=2)
     except AssertionError as exc:
         missing_loop = want - _ledger_ids(ledger)
-        missing_pod = want - _sink_pod_ids(cl)
+        missing_pod = want - sink_ids(cl, "sink")
         raise AssertionError(f"{exc}: {len(missing_loop)} missing at the namespace process, "
                              f"{len(missing_pod)} at the pod (of {len(want)})") from None
 
@@ -245,14 +198,6 @@ def _send(cl: Cluster, ids: list[str], pace: float = 0.0) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- the Broker
 
-BROKER = "default"
-CREATED, SHIPPED, AUDIT = "com.example.order.created", "com.example.order.shipped", "com.example.audit"
-
-
-def _broker_dispatcher(cl: Cluster) -> list[dict[str, Any]]:
-    owner = "kafka.eventing.knative.dev/broker"
-    return [d for d in _dispatcher(cl) if (d["metadata"].get("annotations") or {}).get(owner) == f"{APP_NS}/{BROKER}"]
-
 
 def _send_to_broker(cl: Cluster, ids: list[str], event_type: str) -> None:
     host = f"kafka-eventing-receiver.{SYSTEM_NS}.svc.cluster.local"  # the path, not the Host, names the Broker
@@ -264,27 +209,8 @@ def _send_to_broker(cl: Cluster, ids: list[str], event_type: str) -> None:
 def run_broker_scenario(cl: Cluster, pod_sink: str, ns_sink: str, ledger: Path) -> None:
     """A Kafka Broker whose two Triggers filter differently: the pod takes order.created only (``filter``), the
     namespace process every order event (``filters``, prefix); an audit event matches neither."""
-    api = f"{kb.GROUP}/{kb.VERSION}"
-    cl.apply(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "broker-config", "namespace": APP_NS},
-         "data": {kb.KEY_PARTITIONS: "2", kb.KEY_REPLICATION: "1"}},
-        {"apiVersion": api, "kind": "Broker",
-         "metadata": {"name": BROKER, "namespace": APP_NS,
-                      "annotations": {kb.ANNOTATION_BROKER_CLASS: kb.BROKER_CLASS}},
-         "spec": {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "broker-config"}}},
-        {"apiVersion": api, "kind": "Trigger", "metadata": {"name": "created", "namespace": APP_NS},
-         "spec": {"broker": BROKER, "filter": {"attributes": {"type": CREATED}}, "subscriber": {"uri": pod_sink}}},
-        {"apiVersion": api, "kind": "Trigger", "metadata": {"name": "orders", "namespace": APP_NS},
-         "spec": {"broker": BROKER, "filters": [{"prefix": {"type": "com.example.order."}}],
-                  "subscriber": {"uri": ns_sink}}},
-    )
-    cl.kubectl("wait", "--for=condition=Ready", f"broker/{BROKER}", "trigger/created", "trigger/orders",
-               "-n", APP_NS, "--timeout=600s", timeout=660)
-    broker = cl.get("broker", BROKER, "-n", APP_NS)
-    assert broker["status"]["address"]["url"].endswith(f"/{APP_NS}/{BROKER}"), broker["status"]
-    _wait("Broker dispatcher ready", lambda: [d for d in _broker_dispatcher(cl)
-                                              if d["status"].get("readyReplicas") == d["spec"].get("replicas")],
-          timeout=600, interval=2)
+    cl.apply(*broker_with_triggers(pod_sink, ns_sink))
+    broker_ready(cl)
     assert kb.broker_topic(APP_NS, BROKER) in cl.in_netns(clients.topics, cl.state["bootstrap_servers"])
 
     # A Trigger's consumer group starts at the latest offset once it has joined; until then events pass it by.
@@ -295,28 +221,29 @@ def run_broker_scenario(cl: Cluster, pod_sink: str, ns_sink: str, ledger: Path) 
         warm.append(f"warm-{uuid.uuid4()}")
         _send_to_broker(cl, warm[-1:], CREATED)
         time.sleep(1)
-        return bool(set(warm) & _ledger_ids(ledger) & _sink_pod_ids(cl))
+        return bool(set(warm) & _ledger_ids(ledger) & sink_ids(cl, "sink"))
 
-    _wait("both Triggers' consumer groups joined", joined, timeout=300, interval=1)
+    wait("both Triggers' consumer groups joined", joined, timeout=300, interval=1)
     batches = {t: [f"{t.rsplit('.', 1)[-1]}-{uuid.uuid4()}" for _ in range(10)] for t in (CREATED, SHIPPED, AUDIT)}
     for event_type in (AUDIT, SHIPPED, CREATED):  # the matches last: once they are in, the rest was filtered
         _send_to_broker(cl, batches[event_type], event_type)
     want_pod, want_ns = set(batches[CREATED]), set(batches[CREATED]) | set(batches[SHIPPED])
-    _wait("fan-out by filter", lambda: want_pod <= _sink_pod_ids(cl) and want_ns <= _ledger_ids(ledger),
-          timeout=300, interval=2)
-    assert not (set(batches[SHIPPED]) | set(batches[AUDIT])) & _sink_pod_ids(cl), "the pod got what its filter refuses"
+    wait("fan-out by filter", lambda: want_pod <= sink_ids(cl, "sink") and want_ns <= _ledger_ids(ledger),
+         timeout=300, interval=2)
+    refused = set(batches[SHIPPED]) | set(batches[AUDIT])
+    assert not refused & sink_ids(cl, "sink"), "the pod got what its filter refuses"
     assert not set(batches[AUDIT]) & _ledger_ids(ledger), "the namespace process got what its filter refuses"
 
     # Deleting the Broker removes its dispatcher and its topic (the finalizer's work).
     cl.kubectl("delete", "broker", BROKER, "-n", APP_NS, "--timeout=300s", timeout=360)
-    _wait("Broker dispatcher gone", lambda: not _broker_dispatcher(cl))
-    _wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in cl.in_netns(
+    wait("Broker dispatcher gone", lambda: not broker_dispatcher(cl))
+    wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in cl.in_netns(
         clients.topics, cl.state["bootstrap_servers"]))
 
 
 def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
     variant.install(cl)
-    _pods_ready(cl, SYSTEM_NS)
+    pods_ready(cl, SYSTEM_NS)
 
     pod_ip = _sink_pod(cl)
     port = free_port()  # a free port in the namespace is free: nothing else listens in it but the cluster
@@ -325,14 +252,8 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         target=clients.run_sink, args=(cl.pid, kc.NODE_IP, port, str(ledger), 1800), daemon=True)
     sink.start()
     try:
-        cl.apply({
-            "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
-            "metadata": {"name": "orders", "namespace": APP_NS},
-            "spec": {"numPartitions": PARTITIONS, "replicationFactor": 1, "subscribers": [
-                {"uid": "sub-pod", "generation": 1, "subscriberUri": f"http://{pod_ip}:8080/"},
-                {"uid": "sub-ns", "generation": 1, "subscriberUri": f"http://{kc.NODE_IP}:{port}/"},
-            ]},
-        })
+        cl.apply(kafka_channel("orders", {"sub-pod": f"http://{pod_ip}:8080/",
+                                          "sub-ns": f"http://{kc.NODE_IP}:{port}/"}, PARTITIONS))
         cl.kubectl("wait", "--for=condition=Ready", "kafkachannel/orders", "-n", APP_NS, "--timeout=600s",
                    timeout=660)
 
@@ -340,11 +261,11 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
             subs = cl.get("kafkachannel", "orders", "-n", APP_NS).get("status", {}).get("subscribers") or []
             return {s.get("uid") for s in subs if s.get("ready") == "True"} == {"sub-pod", "sub-ns"}
 
-        _wait("status.subscribers ready", subscribers_ready)
-        deps = _dispatcher(cl)
+        wait("status.subscribers ready", subscribers_ready)
+        deps = dispatchers(cl)
         assert len(deps) == 1, [d["metadata"]["name"] for d in deps]
         assert deps[0]["metadata"]["annotations"]["kafka.eventing.knative.dev/channel"] == f"{APP_NS}/orders"
-        _wait("dispatcher pod ready", lambda: _dispatcher_ready(cl, 1))
+        wait("dispatcher pod ready", lambda: dispatcher_ready(cl, 1))
 
         # Events to the receiver pods reach both subscribers through the controller-made dispatcher.
         first = [f"first-{uuid.uuid4()}" for _ in range(20)]
@@ -357,7 +278,7 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         # Dispatcher up to the partition count and back; delivery goes on at each size.
         for replicas in (PARTITIONS, 1):
             variant.set_dispatcher_replicas(cl, replicas)
-            _wait(f"dispatcher at {replicas} ready replicas", lambda r=replicas: _dispatcher_ready(cl, r),
+            wait(f"dispatcher at {replicas} ready replicas", lambda r=replicas: dispatcher_ready(cl, r),
                   timeout=600, interval=2)
             batch = [f"scale{replicas}-{uuid.uuid4()}" for _ in range(10)]
             assert _send(cl, batch) == batch
@@ -377,12 +298,12 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         accepted = pending.get(900)
         assert len(accepted) == len(load), f"only {len(accepted)} of {len(load)} events were accepted"
         _delivered(cl, ledger, accepted, timeout=600)
-        _pods_ready(cl, SYSTEM_NS)
+        pods_ready(cl, SYSTEM_NS)
 
         # Deleting the channel removes its dispatcher and its topic.
         cl.kubectl("delete", "kafkachannel", "orders", "-n", APP_NS, "--timeout=300s", timeout=360)
-        _wait("dispatcher Deployment gone", lambda: not _dispatcher(cl))
-        _wait("topic gone", lambda: f"{APP_NS}.orders" not in cl.in_netns(clients.topics,
+        wait("dispatcher Deployment gone", lambda: not dispatchers(cl))
+        wait("topic gone", lambda: f"{APP_NS}.orders" not in cl.in_netns(clients.topics,
                                                                            cl.state["bootstrap_servers"]))
 
         if variant.brokers:
@@ -392,25 +313,10 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         sink.join(10)
         cl.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
 
-    # The label selects the release's cluster-scoped objects: some exist before the uninstall, or the check below
-    # would prove nothing.
-    release = f"app.kubernetes.io/instance={variant.instance}"
-    assert cl.get(CLUSTER_KINDS, "-l", release)["items"], f"no {CLUSTER_KINDS} labelled {release}"
+    assert_release_objects(cl, variant.instance)
     variant.uninstall(cl)
-    # Deleted Deployments' pods terminate gracefully (the receiver's grace period is 30 s): wait them out.
-    cl.kubectl("wait", "--for=delete", "pod", "--all", "-n", SYSTEM_NS, "--timeout=300s", timeout=360)
-    left = [f"{i['kind']}/{i['metadata']['name']}" for i in cl.get(NAMESPACED_KINDS, "-n", SYSTEM_NS)["items"]
-            if i["metadata"]["name"] not in ("kube-root-ca.crt", "default")]
-    left += [f"{i['kind']}/{i['metadata']['name']}" for i in cl.get(CLUSTER_KINDS, "-l", release)["items"]]
-    assert left == [], f"{variant.name} uninstall left {left}"
+    assert_uninstalled(cl, variant.instance, variant.name)
     cl.kubectl("delete", "namespace", SYSTEM_NS, "--ignore-not-found", "--timeout=300s", timeout=360)
-
-
-# What an uninstall must leave none of: in the system namespace, everything but what Kubernetes itself puts there;
-# cluster-wide, what carries the release's instance label (CRDs stay on purpose: crds.keep).
-NAMESPACED_KINDS = ("pods,deployments,replicasets,services,configmaps,secrets,serviceaccounts,roles,rolebindings,"
-                    "poddisruptionbudgets,networkpolicies")
-CLUSTER_KINDS = "clusterroles,clusterrolebindings"
 
 
 # ---------------------------------------------------------------------------------------------- helm
