@@ -2,7 +2,8 @@
 
 Run by images/base/Dockerfile with the venv's own interpreter:
 
-    python slim_venv.py trim        # venv stage: files no role reads (see TRIM below)
+    python slim_venv.py trim        # venv stage: files no role reads
+    python slim_venv.py elf         # strip stage: the shared objects to strip, NUL-separated (for xargs -0)
     python slim_venv.py extensions  # strip stage, after `strip`: every extension module still loads
 
 Each step is generic (no role's name appears here): a role that lacks a package simply has nothing to trim there.
@@ -76,6 +77,15 @@ def trim() -> None:
     exec("\n".join(check), {})  # noqa: S102 - fixed statements: fail the build if the trim went too far
 
 
+def elf() -> None:
+    # By content, not name: wheels ship data files whose names contain ".so" (pyarrow's test Parquet files).
+    for path in sorted(SITE.rglob("*.so*")):
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    sys.stdout.write(f"{path}\0")
+
+
 def extensions() -> None:
     names = sorted(".".join(p.relative_to(SITE).with_suffix("").with_suffix("").parts) for p in SITE.rglob("*.so")
                    if re.search(r"\.(cpython-[^.]+|abi3)\.so$", p.name))
@@ -85,4 +95,4 @@ def extensions() -> None:
 
 
 if __name__ == "__main__":
-    {"trim": trim, "extensions": extensions}[sys.argv[1]]()
+    {"trim": trim, "elf": elf, "extensions": extensions}[sys.argv[1]]()
