@@ -2,9 +2,10 @@
 
 Run by images/base/Dockerfile with the venv's own interpreter:
 
-    python slim_venv.py trim        # venv stage: files no role reads
-    python slim_venv.py elf         # strip stage: the shared objects to strip, NUL-separated (for xargs -0)
-    python slim_venv.py extensions  # strip stage, after `strip`: every extension module still loads
+    python slim_venv.py trim                         # venv stage: files no role reads
+    python slim_venv.py extensions --record FILE     # venv stage: the extension modules that import
+    python slim_venv.py elf                          # strip stage: the shared objects, NUL-separated (xargs -0)
+    python slim_venv.py extensions --check FILE      # strip stage, after `strip`: each of them still imports
 
 Each step is generic (no role's name appears here): a role that lacks a package simply has nothing to trim there.
 """
@@ -86,13 +87,33 @@ def elf() -> None:
                     sys.stdout.write(f"{path}\0")
 
 
-def extensions() -> None:
-    names = sorted(".".join(p.relative_to(SITE).with_suffix("").with_suffix("").parts) for p in SITE.rglob("*.so")
-                   if re.search(r"\.(cpython-[^.]+|abi3)\.so$", p.name))
+def _extension_modules() -> list[str]:
+    return sorted(".".join(p.relative_to(SITE).with_suffix("").with_suffix("").parts) for p in SITE.rglob("*.so")
+                  if re.search(r"\.(cpython-[^.]+|abi3)\.so$", p.name))
+
+
+def extensions(mode: str, listing: str) -> None:
+    """``--record``: write the extension modules that import now; ``--check``: every one of them must still import.
+
+    Recorded before `strip` and checked after it, so that a module which never loaded here (PIL's Tk bridge, with
+    no tkinter in the image) is no reason to fail, and one that `strip` broke is.
+    """
+    if mode == "--record":
+        loadable = []
+        for name in _extension_modules():
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+            loadable.append(name)
+        Path(listing).write_text("\n".join(loadable) + "\n")
+        print(f"{len(loadable)} extension modules load")
+        return
+    names = Path(listing).read_text().split()
     for name in names:
         importlib.import_module(name)
-    print(f"{len(names)} extension modules load")
+    print(f"{len(names)} extension modules still load")
 
 
 if __name__ == "__main__":
-    {"trim": trim, "elf": elf, "extensions": extensions}[sys.argv[1]]()
+    {"trim": trim, "elf": elf, "extensions": extensions}[sys.argv[1]](*sys.argv[2:])
