@@ -79,8 +79,13 @@ def trim() -> None:
 
 
 def elf() -> None:
-    # By content, not name: wheels ship data files whose names contain ".so" (pyarrow's test Parquet files).
+    """The shared objects `strip` may rewrite: ELF by content, not by name (wheels ship data files whose names contain
+    ".so", such as pyarrow's test Parquet files), outside auditwheel's ``<dist>.libs`` folders. Those hold external
+    libraries that patchelf rewrote (soname, RPATH), and binutils' strip can leave such a file unloadable (numpy's
+    OpenBLAS: "ELF load command address/offset not page-aligned")."""
     for path in sorted(SITE.rglob("*.so*")):
+        if any(part.endswith(".libs") for part in path.relative_to(SITE).parts[:-1]):
+            continue
         if path.is_file() and not path.is_symlink():
             with path.open("rb") as f:
                 if f.read(4) == b"\x7fELF":
