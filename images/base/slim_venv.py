@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -121,4 +122,5 @@ def extensions(mode: str, listing: str) -> None:
 
 
 if __name__ == "__main__":
-    {"trim": trim, "elf": elf, "extensions": extensions}[sys.argv[1]](*sys.argv[2:])
+    commands: dict[str, Callable[..., None]] = {"trim": trim, "elf": elf, "extensions": extensions}
+    commands[sys.argv[1]](*sys.argv[2:])
