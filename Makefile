@@ -92,7 +92,7 @@ test-e2e: ## Whole-system tests that need a Docker engine (and kind).
 
 .PHONY: lint
 lint: ## ruff, mypy, import layers (roles import core, not each other), yamllint.
-	$(PY) -m ruff check src tests bench hack
+	$(PY) -m ruff check src tests bench hack images
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m yamllint -c .yamllint.yaml .

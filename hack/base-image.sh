@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build a Debian bookworm + python3 (3.11) OS image from Debian's archive alone — no container registry.
 #
-#   hack/base-image.sh [py|jre|curl]   prints the tag of the OS image, building it first if the engine lacks it
+#   hack/base-image.sh [py|build|jre|curl]   prints the tag of the OS image, building it first if the engine lacks it
 #
 #   py   (default) python3, python3-venv, ca-certificates: the BASE_IMAGE of images/base (role images)
+#   build  the same plus binutils: the BUILDER_IMAGE of images/base, whose `strip` takes the debug symbols out of
+#        the wheels' shared objects (they never reach a runtime image, so the role images stay on `py`)
 #   jre  the same plus openjdk-17-jre-headless (Spark 4 runs on Java 17) and tini: the BASE_IMAGE of the spark
 #        image's base. Debian's JRE is installed here, on the host, because build containers have no network.
 #
@@ -27,18 +29,19 @@ PACKAGES=python3,python3-venv,ca-certificates
 FLAVOUR="${1:-py}"
 case "$FLAVOUR" in
   py)  NAME="${SUITE}-py3"; EXTRA_DESC="" ;;
+  build) NAME="${SUITE}-py3-build"; EXTRA_DESC=" + binutils"; PACKAGES="$PACKAGES,binutils" ;;
   # tini: the Spark entrypoint's init (reaps the JVM's and Python workers' children, forwards signals).
   jre) NAME="${SUITE}-py3-jre17"; EXTRA_DESC=" + openjdk-17-jre-headless, tini"
        PACKAGES="$PACKAGES,openjdk-17-jre-headless,tini" ;;
   # curl: the image of the chart's `helm test` Pod on a cluster without registry access (make cluster-images).
   curl) NAME="${SUITE}-py3-curl"; EXTRA_DESC=" + curl"; PACKAGES="$PACKAGES,curl" ;;
-  *) echo "usage: hack/base-image.sh [py|jre|curl]" >&2; exit 2 ;;
+  *) echo "usage: hack/base-image.sh [py|build|jre|curl]" >&2; exit 2 ;;
 esac
 
 log() { echo "base-image($FLAVOUR): $*" >&2; }
 
 digest="$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)"
-# Not kafka-eventing-base: that name belongs to images/base (this OS image + the venv).
+# Not kafka-eventing-<role>-base: those names belong to images/base (this OS image + a role's venv).
 TAG="${BASE_TAG:-kafka-eventing-debian:${NAME}-${digest}}"
 
 if docker image inspect "$TAG" >/dev/null 2>&1; then

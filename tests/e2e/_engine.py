@@ -124,12 +124,13 @@ def build_role_images(engine: Engine, tag: str, roles: tuple[str, ...] = ROLES,
                       extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Build ``roles`` with ``hack/images.sh`` (the very script ``make images`` runs); returns role → image ref.
 
-    The script builds ``kafka-eventing-base:<tag>`` (``kafka-eventing-spark-base:<tag>`` for spark) first, and
-    before that, without ``BASE_IMAGE`` (``JRE_BASE_IMAGE``) in the environment, the local Debian OS base, which
-    needs root and debootstrap; their absence is a skip, a failing build is a test failure.
+    The script builds each role's ``kafka-eventing-<role>-base:<tag>`` first, and before that, without
+    ``BASE_IMAGE`` (``JRE_BASE_IMAGE``, ``BUILDER_IMAGE``) in the environment, the local Debian OS bases, which need
+    root and debootstrap; their absence is a skip, a failing build is a test failure.
     """
     env = {**engine.env, "IMAGE_PREFIX": "kafka-eventing-", **(extra_env or {})}
-    needs = [var for var, wanted in (("BASE_IMAGE", set(roles) - {"spark"}), ("JRE_BASE_IMAGE", {"spark"} & set(roles)))
+    needs = [var for var, wanted in (("BASE_IMAGE", set(roles) - {"spark"}), ("JRE_BASE_IMAGE", {"spark"} & set(roles)),
+                                     ("BUILDER_IMAGE", set(roles)))
              if wanted and not env.get(var)]
     if needs and (os.geteuid() != 0 or shutil.which("debootstrap") is None):
         pytest.skip(f"{' and '.join(needs)} unset and hack/base-image.sh needs root and debootstrap to build one")
@@ -140,5 +141,5 @@ def build_role_images(engine: Engine, tag: str, roles: tuple[str, ...] = ROLES,
 
 
 def base_image(tag: str, role: str) -> str:
-    """The images/base build a role image is ``FROM`` (hack/images.sh names it)."""
-    return f"kafka-eventing-{'spark-base' if role == 'spark' else 'base'}:{tag}"
+    """The images/base build (with ``ROLE=<role>``) a role image is ``FROM`` (hack/images.sh names it)."""
+    return f"kafka-eventing-{role}-base:{tag}"

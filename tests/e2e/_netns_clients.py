@@ -53,9 +53,10 @@ def receiver_ips(kubectl: list[str], namespace: str) -> list[str]:
 
 
 def send_events(kubectl: list[str], namespace: str, channel_host: str, ids: list[str], pace: float = 0.0,
-                deadline: float = 300.0) -> list[str]:
-    """POST each id as a binary CloudEvent to a ready receiver pod, as a client would: an event that gets no 202
-    (pod gone, 503) is sent again, to a receiver found afresh. Returns the ids that were accepted (202)."""
+                deadline: float = 300.0, path: str = "/", event_type: str = "dev.kafka-eventing.e2e") -> list[str]:
+    """POST each id as a binary CloudEvent of ``event_type`` to ``path`` on a ready receiver pod, as a client would:
+    an event that gets no 202 (pod gone, 503) is sent again, to a receiver found afresh. Returns the ids that were
+    accepted (202). A channel is addressed by ``channel_host`` (the Host header), a Broker by ``path``."""
     accepted: list[str] = []
     ips: list[str] = []
     end = time.monotonic() + deadline
@@ -67,11 +68,11 @@ def send_events(kubectl: list[str], namespace: str, channel_host: str, ids: list
                     if not ips:
                         time.sleep(0.5)
                         continue
-                url = f"http://{ips[n % len(ips)]}:8080/"
+                url = f"http://{ips[n % len(ips)]}:8080{path}"
                 try:
                     resp = client.post(url, content=json.dumps({"n": n}).encode(), headers={
                         "host": channel_host, "ce-specversion": "1.0", "ce-id": event_id,
-                        "ce-source": "e2e/cluster", "ce-type": "dev.kafka-eventing.e2e",
+                        "ce-source": "e2e/cluster", "ce-type": event_type,
                         "content-type": "application/json"})
                     if resp.status_code == 202:
                         accepted.append(event_id)

@@ -11,8 +11,12 @@ every pod Running and Ready → a KafkaChannel (3 partitions) with two subscribe
 namespace → events sent to the receiver pods reach both through the dispatcher Deployment the controller created →
 channel Ready and every status.subscribers entry ready → (helm) `helm test` → dispatcher scaled to the partition
 count and back → a receiver pod and a dispatcher pod deleted mid-load, and every accepted event still reaches both
-subscribers (ledger) → channel deleted: dispatcher Deployment and topic gone → uninstall leaves no pod, Deployment,
-Service, ConfigMap or ServiceAccount of the release.
+subscribers (ledger) → channel deleted: dispatcher Deployment and topic gone → (helm, with the chart's Broker and
+Trigger CRDs) a Kafka Broker with two Triggers of different filters, one per subscriber: Broker Ready, the
+controller-made Broker dispatcher Ready, events POSTed to /<namespace>/<broker> fanned out by filter, Broker deleted:
+its dispatcher and topic gone → uninstall leaves none of the release's objects, namespaced (pods, Deployments,
+Services, ConfigMaps, Secrets, ServiceAccounts, RBAC, PodDisruptionBudgets, NetworkPolicies) or cluster-scoped
+(ClusterRoles, ClusterRoleBindings, selected by the release's instance label).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -33,6 +36,28 @@ import pytest
 import yaml
 
 from e2e import _netns_clients as clients
+from e2e._scenario import (
+    APP_NS,
+    AUDIT,
+    BROKER,
+    CREATED,
+    RESTRICTED_POD,
+    SHIPPED,
+    SYSTEM_NS,
+    assert_release_objects,
+    assert_uninstalled,
+    broker_dispatcher,
+    broker_ready,
+    broker_with_triggers,
+    dispatcher_ready,
+    dispatchers,
+    kafka_channel,
+    pods_ready,
+    sink_container,
+    sink_ids,
+    wait,
+)
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.localstack import cluster as kc
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.tools import tool_path
@@ -41,29 +66,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kafka-eventing"
-SYSTEM_NS = "knative-eventing"
-APP_NS = "e2e"
 PARTITIONS = 3
-RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                  "seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}
-# The pod subscriber: stdlib HTTP server from the receiver image, one JSON line per event on stdout.
-SINK = """
-import http.server, json, sys, threading
-lock = threading.Lock()
-class Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length") or 0))
-        with lock:
-            sys.stdout.write(json.dumps({"id": self.headers.get("ce-id")}) + "\\n")
-            sys.stdout.flush()
-        self.send_response(200)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("", 8080), Sink).serve_forever()
-"""
 
 
 @dataclass
@@ -148,51 +151,22 @@ class Install:
     """How one variant installs and removes kafka-eventing, and what it can do beyond that."""
 
     name: str
+    instance: str  # the app.kubernetes.io/instance label of every object it installs
     install: Callable[[Cluster], None]
     uninstall: Callable[[Cluster], None]
     set_dispatcher_replicas: Callable[[Cluster, int], None]
     helm_test: Callable[[Cluster, str], None] | None = None
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float = 300, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not reached in {timeout:.0f}s (last: {last!r})")
-
-
-def _pods_ready(cl: Cluster, namespace: str) -> None:
-    _wait(f"pods in {namespace}", lambda: cl.get("pods", "-n", namespace)["items"], timeout=120)
-    cl.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", namespace, "--timeout=600s", timeout=660)
-    for pod in cl.get("pods", "-n", namespace)["items"]:
-        assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
+    brokers: bool = False  # installs the Broker and Trigger CRDs: the Broker scenario runs too
 
 
 def _sink_pod(cl: Cluster) -> str:
     cl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}}, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sink", "namespace": APP_NS},
-        "spec": {
-            "securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
-            "containers": [{
-                "name": "sink", "image": cl.images["receiver"], "imagePullPolicy": "Never",
-                "command": ["python", "-c", SINK], "securityContext": RESTRICTED_CONTAINER,
-                "ports": [{"containerPort": 8080}],
-                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2},
-                "resources": {"limits": {"memory": "64Mi"}},
-            }],
-        },
+        "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                 "containers": [sink_container(cl.images["receiver"], "Never")]},
     })
     cl.kubectl("wait", "--for=condition=Ready", "pod/sink", "-n", APP_NS, "--timeout=300s", timeout=360)
     return str(cl.get("pod", "sink", "-n", APP_NS)["status"]["podIP"])
-
-
-def _sink_pod_ids(cl: Cluster) -> set[str]:
-    logs = cl.kubectl("logs", "sink", "-n", APP_NS).stdout
-    return set(re.findall(r'\{"id": "([^"]*)"\}', logs))
 
 
 def _ledger_ids(path: Path) -> set[str]:
@@ -201,31 +175,17 @@ def _ledger_ids(path: Path) -> set[str]:
     return {json.loads(line)["id"] for line in path.read_text().splitlines() if line}
 
 
-def _dispatcher(cl: Cluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cl.get("deployments", "-n", SYSTEM_NS, "-l",
-                                         "app.kubernetes.io/name=kafka-channel-dispatcher")["items"]
-    return items
-
-
-def _dispatcher_ready(cl: Cluster, replicas: int) -> bool:
-    deps = _dispatcher(cl)
-    return (len(deps) == 1 and deps[0]["spec"].get("replicas") == replicas
-            and deps[0]["status"].get("readyReplicas") == replicas
-            and deps[0]["status"].get("updatedReplicas") == replicas
-            and deps[0]["status"].get("replicas") == replicas)
-
-
 def _delivered(cl: Cluster, ledger: Path, ids: list[str], timeout: float = 300) -> None:
     want = set(ids)
 
     def both() -> bool:
-        return want <= _ledger_ids(ledger) and want <= _sink_pod_ids(cl)
+        return want <= _ledger_ids(ledger) and want <= sink_ids(cl, "sink")
 
     try:
-        _wait("every accepted event at both subscribers", both, timeout=timeout, interval=2)
+        wait("every accepted event at both subscribers", both, timeout=timeout, interval=2)
     except AssertionError as exc:
         missing_loop = want - _ledger_ids(ledger)
-        missing_pod = want - _sink_pod_ids(cl)
+        missing_pod = want - sink_ids(cl, "sink")
         raise AssertionError(f"{exc}: {len(missing_loop)} missing at the namespace process, "
                              f"{len(missing_pod)} at the pod (of {len(want)})") from None
 
@@ -236,9 +196,54 @@ def _send(cl: Cluster, ids: list[str], pace: float = 0.0) -> list[str]:
     return accepted
 
 
+# ---------------------------------------------------------------------------------------------- the Broker
+
+
+def _send_to_broker(cl: Cluster, ids: list[str], event_type: str) -> None:
+    host = f"kafka-eventing-receiver.{SYSTEM_NS}.svc.cluster.local"  # the path, not the Host, names the Broker
+    accepted = cl.in_netns(clients.send_events, cl.kubectl_cmd, SYSTEM_NS, host, ids, 0.0, 300.0,
+                           f"/{APP_NS}/{BROKER}", event_type)
+    assert accepted == ids, f"{len(accepted)} of {len(ids)} {event_type} events accepted"
+
+
+def run_broker_scenario(cl: Cluster, pod_sink: str, ns_sink: str, ledger: Path) -> None:
+    """A Kafka Broker whose two Triggers filter differently: the pod takes order.created only (``filter``), the
+    namespace process every order event (``filters``, prefix); an audit event matches neither."""
+    cl.apply(*broker_with_triggers(pod_sink, ns_sink))
+    broker_ready(cl)
+    assert kb.broker_topic(APP_NS, BROKER) in cl.in_netns(clients.topics, cl.state["bootstrap_servers"])
+
+    # A Trigger's consumer group starts at the latest offset once it has joined; until then events pass it by.
+    # Whatever reached both subscribers after a warm-up event did, the groups had joined for.
+    warm: list[str] = []
+
+    def joined() -> bool:
+        warm.append(f"warm-{uuid.uuid4()}")
+        _send_to_broker(cl, warm[-1:], CREATED)
+        time.sleep(1)
+        return bool(set(warm) & _ledger_ids(ledger) & sink_ids(cl, "sink"))
+
+    wait("both Triggers' consumer groups joined", joined, timeout=300, interval=1)
+    batches = {t: [f"{t.rsplit('.', 1)[-1]}-{uuid.uuid4()}" for _ in range(10)] for t in (CREATED, SHIPPED, AUDIT)}
+    for event_type in (AUDIT, SHIPPED, CREATED):  # the matches last: once they are in, the rest was filtered
+        _send_to_broker(cl, batches[event_type], event_type)
+    want_pod, want_ns = set(batches[CREATED]), set(batches[CREATED]) | set(batches[SHIPPED])
+    wait("fan-out by filter", lambda: want_pod <= sink_ids(cl, "sink") and want_ns <= _ledger_ids(ledger),
+         timeout=300, interval=2)
+    refused = set(batches[SHIPPED]) | set(batches[AUDIT])
+    assert not refused & sink_ids(cl, "sink"), "the pod got what its filter refuses"
+    assert not set(batches[AUDIT]) & _ledger_ids(ledger), "the namespace process got what its filter refuses"
+
+    # Deleting the Broker removes its dispatcher and its topic (the finalizer's work).
+    cl.kubectl("delete", "broker", BROKER, "-n", APP_NS, "--timeout=300s", timeout=360)
+    wait("Broker dispatcher gone", lambda: not broker_dispatcher(cl))
+    wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in cl.in_netns(
+        clients.topics, cl.state["bootstrap_servers"]))
+
+
 def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
     variant.install(cl)
-    _pods_ready(cl, SYSTEM_NS)
+    pods_ready(cl, SYSTEM_NS)
 
     pod_ip = _sink_pod(cl)
     port = free_port()  # a free port in the namespace is free: nothing else listens in it but the cluster
@@ -247,14 +252,8 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         target=clients.run_sink, args=(cl.pid, kc.NODE_IP, port, str(ledger), 1800), daemon=True)
     sink.start()
     try:
-        cl.apply({
-            "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
-            "metadata": {"name": "orders", "namespace": APP_NS},
-            "spec": {"numPartitions": PARTITIONS, "replicationFactor": 1, "subscribers": [
-                {"uid": "sub-pod", "generation": 1, "subscriberUri": f"http://{pod_ip}:8080/"},
-                {"uid": "sub-ns", "generation": 1, "subscriberUri": f"http://{kc.NODE_IP}:{port}/"},
-            ]},
-        })
+        cl.apply(kafka_channel("orders", {"sub-pod": f"http://{pod_ip}:8080/",
+                                          "sub-ns": f"http://{kc.NODE_IP}:{port}/"}, PARTITIONS))
         cl.kubectl("wait", "--for=condition=Ready", "kafkachannel/orders", "-n", APP_NS, "--timeout=600s",
                    timeout=660)
 
@@ -262,11 +261,11 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
             subs = cl.get("kafkachannel", "orders", "-n", APP_NS).get("status", {}).get("subscribers") or []
             return {s.get("uid") for s in subs if s.get("ready") == "True"} == {"sub-pod", "sub-ns"}
 
-        _wait("status.subscribers ready", subscribers_ready)
-        deps = _dispatcher(cl)
+        wait("status.subscribers ready", subscribers_ready)
+        deps = dispatchers(cl)
         assert len(deps) == 1, [d["metadata"]["name"] for d in deps]
         assert deps[0]["metadata"]["annotations"]["kafka.eventing.knative.dev/channel"] == f"{APP_NS}/orders"
-        _wait("dispatcher pod ready", lambda: _dispatcher_ready(cl, 1))
+        wait("dispatcher pod ready", lambda: dispatcher_ready(cl, 1))
 
         # Events to the receiver pods reach both subscribers through the controller-made dispatcher.
         first = [f"first-{uuid.uuid4()}" for _ in range(20)]
@@ -279,7 +278,7 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         # Dispatcher up to the partition count and back; delivery goes on at each size.
         for replicas in (PARTITIONS, 1):
             variant.set_dispatcher_replicas(cl, replicas)
-            _wait(f"dispatcher at {replicas} ready replicas", lambda r=replicas: _dispatcher_ready(cl, r),
+            wait(f"dispatcher at {replicas} ready replicas", lambda r=replicas: dispatcher_ready(cl, r),
                   timeout=600, interval=2)
             batch = [f"scale{replicas}-{uuid.uuid4()}" for _ in range(10)]
             assert _send(cl, batch) == batch
@@ -299,25 +298,24 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
         accepted = pending.get(900)
         assert len(accepted) == len(load), f"only {len(accepted)} of {len(load)} events were accepted"
         _delivered(cl, ledger, accepted, timeout=600)
-        _pods_ready(cl, SYSTEM_NS)
+        pods_ready(cl, SYSTEM_NS)
 
         # Deleting the channel removes its dispatcher and its topic.
         cl.kubectl("delete", "kafkachannel", "orders", "-n", APP_NS, "--timeout=300s", timeout=360)
-        _wait("dispatcher Deployment gone", lambda: not _dispatcher(cl))
-        _wait("topic gone", lambda: f"{APP_NS}.orders" not in cl.in_netns(clients.topics,
+        wait("dispatcher Deployment gone", lambda: not dispatchers(cl))
+        wait("topic gone", lambda: f"{APP_NS}.orders" not in cl.in_netns(clients.topics,
                                                                            cl.state["bootstrap_servers"]))
+
+        if variant.brokers:
+            run_broker_scenario(cl, f"http://{pod_ip}:8080/", f"http://{kc.NODE_IP}:{port}/", ledger)
     finally:
         sink.terminate()
         sink.join(10)
         cl.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
 
+    assert_release_objects(cl, variant.instance)
     variant.uninstall(cl)
-    # Deleted Deployments' pods terminate gracefully (the receiver's grace period is 30 s): wait them out.
-    cl.kubectl("wait", "--for=delete", "pod", "--all", "-n", SYSTEM_NS, "--timeout=300s", timeout=360)
-    kinds = "pods,deployments,replicasets,services,configmaps,secrets,serviceaccounts,roles,rolebindings"
-    left = [i["metadata"]["name"] for i in cl.get(kinds, "-n", SYSTEM_NS)["items"]
-            if i["metadata"]["name"] not in ("kube-root-ca.crt", "default")]
-    assert left == [], f"{variant.name} uninstall left {left}"
+    assert_uninstalled(cl, variant.instance, variant.name)
     cl.kubectl("delete", "namespace", SYSTEM_NS, "--ignore-not-found", "--timeout=300s", timeout=360)
 
 
@@ -329,7 +327,7 @@ def _helm_install(cl: Cluster) -> None:
             "-f", str(CHART / "ci" / "cluster-values.yaml"),
             "--set", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
             "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}",
-            "--set", f"tests.image={cl.images['curl']}", "--wait", "--timeout=10m")
+            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true", "--wait", "--timeout=10m")
 
 
 def _helm_set(cl: Cluster, *values: str) -> None:
@@ -348,8 +346,8 @@ def _helm_uninstall(cl: Cluster) -> None:
     cl.helm("uninstall", "ke", "-n", SYSTEM_NS, "--wait", "--timeout=5m")
 
 
-HELM = Install("helm", _helm_install, _helm_uninstall,
-               lambda cl, n: _helm_set(cl, f"dispatcher.replicas={n}"), _helm_test)
+HELM = Install("helm", "ke", _helm_install, _helm_uninstall,
+               lambda cl, n: _helm_set(cl, f"dispatcher.replicas={n}"), _helm_test, brokers=True)
 
 
 def test_chart_on_real_pods(cluster: Cluster, tmp_path: Path) -> None:
@@ -399,4 +397,4 @@ def test_overlay_on_real_pods(cluster: Cluster, tmp_path: Path) -> None:
         cl.kubectl("delete", "configmap", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/instance=kafka-eventing")
 
     # A new KE_DISPATCHER_REPLICAS makes a new hashed ConfigMap, which rolls the controller, which rescales.
-    run_scenario(cluster, Install("kustomize", apply, uninstall, apply), tmp_path)
+    run_scenario(cluster, Install("kustomize", "kafka-eventing", apply, uninstall, apply), tmp_path)

@@ -8,14 +8,18 @@ the numeric non-root UID that ``runAsNonRoot`` verifies.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 import tomllib
 import uuid
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
+import grimp
 import pytest
 
 from e2e._engine import ROLES, ROOT, Engine, base_image, build_role_images, docker_engine, git_sha
@@ -26,6 +30,14 @@ UID = "65532"
 RUN_FLAGS = ("--network", "none", "--read-only", "--tmpfs", "/tmp", "--user", UID)
 # What the role images must not carry: the [spark] extra and the dev tools that requirements.lock also pins.
 NOT_IN_ROLE_IMAGES = ("pyspark", "pyarrow", "pandas", "matplotlib", "pytest", "mypy", "ruff", "hypothesis", "pip")
+# What a role loads by name rather than by an import of ours: gunicorn (`python -m gunicorn`), uvloop (uvicorn's
+# loop="auto"), httptools (uvicorn's protocol, under receiver/server.py), cryptography (PyJWT's RSA/EC algorithms
+# exist only when it imports).
+LOADED_BY_NAME = {"receiver": ("gunicorn", "uvloop", "httptools", "cryptography")}
+# Another role's import that a role's own dependencies bring along: the Kubernetes client requires aiohttp (v35+).
+BROUGHT_ALONG = {"aiohttp"}
+# Issue #20's budget: what a role's image adds to the Python base it runs on.
+BUDGET_OVER_OS_BASE_MB = 80
 INSTRUCTION = re.compile(r"^([A-Z]+)\s", re.MULTILINE)
 
 PROBE = """
@@ -59,6 +71,7 @@ def test_role_dockerfiles_are_the_base_plus_labels_and_entrypoint() -> None:
     # only by build arg, for the spark flavour), no BuildKit-only syntax (a bare dockerd builds it).
     assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in base
     assert "installed but not pinned by requirements.lock" in base
+    assert "ARG ROLE\n" in base and "ARG BUILDER_IMAGE=python:3.11-bookworm" in base
     assert "ARG APP_UID=65532" in base and "USER ${APP_UID}:${APP_UID}" in base
     assert not re.search(r"^# syntax=|--mount=|--chmod=|^COPY <<|^RUN <<", base, re.MULTILINE)
     for role in ROLES:
@@ -87,15 +100,63 @@ def images(engine: Engine) -> dict[str, str]:
     return build_role_images(engine, TAG)
 
 
-def test_role_images_share_every_layer_of_the_base(engine: Engine, images: dict[str, str]) -> None:
-    """A node stores and pulls the venv once: a role image adds configuration (labels, entrypoint), no layer."""
+def test_role_images_share_every_layer_of_their_base(engine: Engine, images: dict[str, str]) -> None:
+    """A role image adds configuration (labels, entrypoint) to its role base, no layer; every role base starts with
+    the same OS base layer, which a node stores once."""
     def layers(ref: str) -> list[str]:
         return list(json.loads(engine.docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref).stdout))
 
-    base = layers(base_image(TAG, "receiver"))
-    assert len(base) >= 2  # the OS base, then the user and the venv
     for role, image in images.items():
+        base = layers(base_image(TAG, role))
+        assert len(base) >= 3, role  # the OS base, the user, the venv, the package
         assert layers(image) == base, role
+    assert len({layers(image)[0] for image in images.values()}) == 1
+
+
+@cache
+def _imports_of(role: str) -> frozenset[str]:
+    """The third-party top-level modules a role imports: the static import graph from kafka_eventing.<role>'s
+    modules through every kafka_eventing module they import, function-level imports included."""
+    graph = grimp.build_graph("kafka_eventing", include_external_packages=True)
+    seen = {m for m in graph.modules if m == f"kafka_eventing.{role}" or m.startswith(f"kafka_eventing.{role}.")}
+    todo = list(seen)
+    while todo:
+        for imported in graph.find_modules_directly_imported_by(todo.pop()):
+            if imported not in seen:
+                seen.add(imported)
+                if imported.startswith("kafka_eventing."):
+                    todo.append(imported)
+    third_party = {m for m in seen if not m.startswith("kafka_eventing") and m not in sys.stdlib_module_names}
+    return frozenset(third_party | set(LOADED_BY_NAME.get(role, ())))
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_image_carries_what_its_role_imports_and_nothing_another_role_does(
+        engine: Engine, images: dict[str, str], role: str) -> None:
+    """Each role's image imports every module its code imports, and lacks what only the other roles import."""
+    needs = sorted(_imports_of(role))
+    others = set().union(*(_imports_of(r) for r in ROLES if r != role)) - _imports_of(role) - BROUGHT_ALONG
+    assert {"kubernetes", "confluent_kafka"} <= set(needs)  # the graph really was read
+    proc = engine.docker(
+        "run", "--rm", *RUN_FLAGS, "--entrypoint", "python", images[role], "-c",
+        "import importlib, importlib.util, json, sys; needs, others = json.loads(sys.argv[1]); "
+        "[importlib.import_module(m) for m in needs]; "
+        "print(json.dumps([m for m in others if importlib.util.find_spec(m) is not None]))",
+        json.dumps([needs, sorted(others)]), check=False)
+    assert proc.returncode == 0, f"{role} image cannot import what its role imports:\n{proc.stderr[-3000:]}"
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], f"{role} image carries another role's imports"
+
+
+def test_each_role_adds_at_most_its_budget_to_the_python_base(engine: Engine, images: dict[str, str]) -> None:
+    os_base = os.environ.get("BASE_IMAGE") or subprocess.run(
+        [str(ROOT / "hack" / "base-image.sh"), "py"], env=engine.env, capture_output=True, text=True,
+        check=True).stdout.strip()
+
+    def size(ref: str) -> int:
+        return int(engine.docker("image", "inspect", "--format", "{{.Size}}", ref).stdout)
+
+    over = {role: (size(image) - size(os_base)) / 1e6 for role, image in images.items()}
+    assert all(mb <= BUDGET_OVER_OS_BASE_MB for mb in over.values()), over
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -3,7 +3,9 @@
 For Docker hosts with registry access (kind pulls ``kindest/node``; the cluster pulls ``apache/kafka``). Steps:
 a kind cluster; the role images from hack/images.sh loaded into it; a single-node KRaft Kafka (the Apache image,
 no Strimzi); ``helm install`` of the chart; a KafkaChannel whose subscriber is a small HTTP sink; one CloudEvent
-POSTed to the channel address; the sink must log it. Every pod runs the restricted security context.
+POSTed to the channel address; the sink must log it; ``helm uninstall`` leaves none of the release's objects. Every
+pod runs the restricted security context. The subscriber pod, the KafkaChannel and the checks are those of
+tests/e2e/test_cluster.py (tests/e2e/_scenario.py).
 
 Knobs: ``KE_KIND_NODE_IMAGE`` (default: a local ``kindest/node`` image, else ``docker pull`` of DEFAULT_NODE_IMAGE),
 ``KE_KAFKA_IMAGE``, ``KE_E2E_KEEP_CLUSTER=1`` to leave the cluster up for debugging.
@@ -15,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,33 +26,26 @@ import pytest
 import yaml
 
 from e2e._engine import CACHE, ROOT, Engine, build_role_images, docker_engine, git_sha
+from e2e._scenario import (
+    APP_NS,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    SYSTEM_NS,
+    assert_release_objects,
+    assert_uninstalled,
+    kafka_channel,
+    pods_ready,
+    sink_container,
+    sink_events,
+    wait,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 DEFAULT_NODE_IMAGE = "kindest/node:v1.34.0"
 KAFKA_IMAGE = os.environ.get("KE_KAFKA_IMAGE", "apache/kafka:3.9.1")
-SYSTEM_NS = "knative-eventing"
 KAFKA_NS = "kafka"
-APP_NS = "e2e"
-RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                  "seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}
-
-# The subscriber: a few lines of stdlib HTTP server run from the receiver image, so the test pulls no sink image.
-SINK = """
-import http.server, json
-class Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        print(json.dumps({"id": self.headers.get("ce-id"), "type": self.headers.get("ce-type"),
-                          "data": body.decode(errors="replace")}), flush=True)
-        self.send_response(202)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("", 8080), Sink).serve_forever()
-"""
+RELEASE = "kafka-eventing"
 
 # The sender: POST one binary-mode CloudEvent to the channel address until the receiver answers 202 (the event is
 # in Kafka); 404/503 while the channel is not ready yet are retried up to the Job's deadline.
@@ -89,8 +83,8 @@ class Cluster:
     tools: Tools
     env: dict[str, str]
 
-    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 300,
-                check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return _run([self.tools.kubectl, "--kubeconfig", str(self.kubeconfig), *args],
                     self.env, stdin=stdin, timeout=timeout, check=check)
 
@@ -195,26 +189,16 @@ def _sink_manifests(image: str) -> list[dict[str, object]]:
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sink", "namespace": APP_NS},
          "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
              "metadata": {"labels": labels},
-             "spec": {"securityContext": RESTRICTED_POD, "containers": [{
-                 "name": "sink", "image": image, "imagePullPolicy": "IfNotPresent",
-                 "command": ["python", "-c", SINK], "ports": [{"containerPort": 8080}],
-                 "securityContext": RESTRICTED_CONTAINER,
-                 "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-             }]}}}},
+             "spec": {"securityContext": RESTRICTED_POD,
+                      "containers": [sink_container(image, "IfNotPresent")]}}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sink", "namespace": APP_NS},
          "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
     ]
 
 
 def _channel(uid: str) -> dict[str, object]:
-    # No Knative core in the cluster: the subscriber is written into spec.subscribers directly, as a user would.
-    return {
-        "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
-        "metadata": {"name": "demo", "namespace": APP_NS},
-        "spec": {"numPartitions": 1, "replicationFactor": 1, "subscribers": [{
-            "uid": uid, "generation": 1, "subscriberUri": f"http://sink.{APP_NS}.svc.cluster.local/",
-            "delivery": {"retry": 5, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S"}}]},
-    }
+    return kafka_channel("demo", {uid: f"http://sink.{APP_NS}.svc.cluster.local/"}, 1,
+                         delivery={"retry": 5, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S"})
 
 
 def _send_job(image: str, event_id: str) -> dict[str, object]:
@@ -254,9 +238,10 @@ def test_event_sent_to_a_kafkachannel_reaches_its_subscriber(engine: Engine, clu
         "kafka": {"provider": "apache", "bootstrapServers": f"kafka.{KAFKA_NS}.svc.cluster.local:9092"},
         "receiver": {"replicas": 1, "workers": 1},
     }
-    _run([cluster.tools.helm, "install", "kafka-eventing", str(ROOT / "charts" / "kafka-eventing"),
-          "--kubeconfig", str(cluster.kubeconfig), "--namespace", SYSTEM_NS, "--create-namespace",
+    helm = [cluster.tools.helm, "--kubeconfig", str(cluster.kubeconfig), "--namespace", SYSTEM_NS]
+    _run([*helm, "install", RELEASE, str(ROOT / "charts" / "kafka-eventing"), "--create-namespace",
           "--values", "-", "--wait", "--timeout", "5m"], cluster.env, stdin=json.dumps(values), timeout=360)
+    pods_ready(cluster, SYSTEM_NS)
 
     cluster.apply(*_sink_manifests(images["receiver"]))
     cluster.kubectl("rollout", "status", "deployment/sink", "-n", APP_NS, "--timeout=180s", timeout=200)
@@ -273,15 +258,17 @@ def test_event_sent_to_a_kafkachannel_reaches_its_subscriber(engine: Engine, clu
     assert sent.returncode == 0, f"the receiver never answered 202:\n{send_log}\n{_debug(cluster)}"
 
     # Delivery is asynchronous (dispatcher consumer → sink): poll the sink's log up to a deadline.
-    deadline = time.monotonic() + 180
-    delivered: list[dict[str, str]] = []
-    while time.monotonic() < deadline:
-        logs = cluster.kubectl("logs", "deployment/sink", "-n", APP_NS, check=False).stdout
-        delivered = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
-        if any(event["id"] == event_id for event in delivered):
-            break
-        time.sleep(2)
-    matching = [event for event in delivered if event["id"] == event_id]
-    assert matching, f"event {event_id} not delivered to the sink (saw {delivered}):\n{_debug(cluster)}"
-    assert matching[0]["type"] == "dev.kafka-eventing.e2e"
-    assert json.loads(matching[0]["data"]) == {"hello": "kind"}
+    def matching() -> list[dict[str, str]]:
+        return [event for event in sink_events(cluster, "deployment/sink") if event["id"] == event_id]
+
+    try:
+        delivered = wait(f"event {event_id} at the sink", matching, timeout=180, interval=2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{_debug(cluster)}") from None
+    assert delivered[0]["type"] == "dev.kafka-eventing.e2e"
+    assert json.loads(delivered[0]["data"]) == {"hello": "kind"}
+
+    cluster.kubectl("delete", "namespace", APP_NS, "--timeout=300s", timeout=360)
+    assert_release_objects(cluster, RELEASE)
+    _run([*helm, "uninstall", RELEASE, "--wait", "--timeout", "5m"], cluster.env, timeout=360)
+    assert_uninstalled(cluster, RELEASE, "helm")
