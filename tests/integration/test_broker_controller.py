@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
 
+from fixtures.kube import gone
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
@@ -70,11 +71,7 @@ class Brokers:
         self.custom.delete_namespaced_custom_object(kb.GROUP, kb.VERSION, self.ns, plural, name)
 
     def gone(self, plural: str, name: str) -> bool:
-        try:
-            self.get(plural, name)
-        except ApiException as exc:
-            return exc.status == 404
-        return False
+        return gone(lambda: self.get(plural, name))
 
     def condition(self, plural: str, name: str, kind: str) -> dict[str, Any] | None:
         for c in (self.get(plural, name).get("status") or {}).get("conditions") or ():

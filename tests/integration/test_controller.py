@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from fixtures.kube import gone
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import SECRET_LABEL
 from kafka_eventing.controller.controller import Controller, ControllerOptions
@@ -106,11 +107,7 @@ class Env:
                           timeout, f"{name} {kind}={status}")
 
     def gone(self, name: str) -> bool:
-        try:
-            self.get(name)
-        except ApiException as exc:
-            return exc.status == 404
-        return False
+        return gone(lambda: self.get(name))
 
     # Kafka
     def topic(self, name: str) -> tuple[int, int] | None:

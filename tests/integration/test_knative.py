@@ -26,6 +26,7 @@ from test_dispatcher import Received, Subscriber
 from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401 - a fixture
 
 from fixtures.knative import KnativeEventing
+from fixtures.kube import gone
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.crd import install_crd
 from kafka_eventing.core import brokers as kb
@@ -143,11 +144,7 @@ class Knative:
         return "no Ready condition"
 
     def gone(self, plural: str, name: str) -> bool:
-        try:
-            self.get(plural, name)
-        except ApiException as exc:
-            return exc.status == 404
-        return False
+        return gone(lambda: self.get(plural, name))
 
     def subscription(self, name: str, channel: dict[str, str], **spec: Any) -> dict[str, Any]:
         return self.create("subscriptions", "Subscription", name, {"channel": channel, **spec})
