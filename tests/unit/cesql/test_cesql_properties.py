@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kafka_eventing.cesql import CesqlError, ErrorKind, compile_expression
+from kafka_eventing.cesql import CesqlError, CesqlParseError, ErrorKind, compile_expression
 from kafka_eventing.cesql import _runtime as rt
 from kafka_eventing.cesql import ast as cst
 from kafka_eventing.cesql.functions import BUILTINS, Type, resolve
@@ -229,3 +229,24 @@ def test_compiled_code_agrees_with_a_reference_interpreter(tree: cst.Node, event
     expected_value, expected_kinds = reference(tree, event)
     assert (result.value.__class__, result.value) == (expected_value.__class__, expected_value)
     assert [error.kind for error in result.errors] == expected_kinds
+
+
+# Raw text, not only printed trees: mostly CESQL's own tokens glued together (with stray quotes, escapes and
+# operators), so that many inputs get past the lexer, plus arbitrary characters.
+_tokens = st.sampled_from(["AND", "or", "XOR", "NOT", "LIKE", "IN", "EXISTS", "TRUE", "false", "(", ")", ",", "'",
+                           '"', "\\", "=", "!=", "<>", "<=", ">", "+", "-", "*", "/", "%", "1", "2147483648",
+                           "type", "LENGTH(", "SUBSTRING(", "CONCAT_WS(", "'a%_'", '"b\\""', " ", "\n", "\t", "é"])
+raw_texts = st.one_of(st.lists(_tokens, max_size=12).map("".join), st.text(max_size=40))
+
+
+@FAST
+@given(raw_texts, events)
+def test_any_text_compiles_or_is_a_parse_error_and_then_never_raises(text: str, event: Mapping[str, object]) -> None:
+    try:
+        expr = compile_expression(text)
+    except CesqlParseError as exc:
+        assert exc.kind is ErrorKind.PARSE
+        return
+    result = expr.evaluate(event)
+    assert all(isinstance(error, CesqlError) for error in result.errors)
+    assert isinstance(expr.matches(event), bool)
