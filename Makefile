@@ -84,7 +84,7 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 
 .PHONY: test-cluster
 test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py); fails if the cluster cannot start.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py -q -m cluster
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_crash.py -q -m cluster
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

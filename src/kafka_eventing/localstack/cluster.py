@@ -632,6 +632,10 @@ def down(timeout: float = 120.0) -> None:
             time.sleep(0.3)
         # Whatever outlived the supervisor in its namespace (it was killed, or its stop() timed out).
         kill_netns_processes(inode, keep={os.getpid()})
+    # A supervisor that died without stopping the cluster (SIGKILL) leaves no live pid to find its namespace by:
+    # containerd, its shims and the kubelet still name the cluster's folder in their arguments, and run in another
+    # network namespace than ours (a shell here reading the folder's logs does not).
+    _kill_until_gone(lambda: {p for p in _workdir_processes() if _netns_of(p) not in (None, _netns_inode())}, 20.0)
     if state.get("cgroup_root"):
         kill_cgroup_tree(str(state["cgroup_root"]))
         remove_cgroup_tree(str(state["cgroup_root"]))
@@ -644,11 +648,28 @@ def leftovers() -> list[str]:
     found += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob("kafka-eventing-*")]
     mounts = Path("/proc/self/mountinfo").read_text()
     found += [f"mount {line.split()[4]}" for line in mounts.splitlines() if "kafka-eventing-rt" in line]
-    # containerd, its shims and the kubelet name the cluster's folder in their arguments (config, socket); other
-    # engines' containerd (a Docker engine's) do not.
-    out = subprocess.run(["pgrep", "-af", str(workdir())], check=False, capture_output=True, text=True).stdout
-    found += [f"process {line}" for line in out.splitlines() if str(os.getpid()) != line.split()[0]]
+    found += [f"process {pid} {_cmdline(pid)}" for pid in sorted(_workdir_processes())]
     return found
+
+
+def _netns_of(pid: int) -> int | None:
+    with contextlib.suppress(OSError):
+        return _netns_inode(pid)
+    return None
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def _workdir_processes() -> set[int]:
+    """Processes of this cluster but this one: containerd, its shims and the kubelet name the cluster's folder in
+    their arguments (config, socket); other engines' containerd (a Docker engine's) do not."""
+    folder = str(workdir())
+    return {int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and int(e.name) != os.getpid() and folder in _cmdline(int(e.name))}
 
 
 def main(argv: list[str] | None = None) -> int:
