@@ -231,34 +231,14 @@ build_knative_eventing_controller() {
   knative_build "$BIN/knative-eventing-controller" knative.dev/eventing/cmd/controller
 }
 
-check_knative_mod() {
-  local pinned
-  pinned=$(awk '$1 == "knative.dev/eventing" { print $2; exit }' "$KNATIVE_MOD/go.mod")
-  if [[ $pinned != "$KNATIVE_EVENTING_VERSION" ]]; then
-    echo "[go-tools] hack/tools/knative/go.mod has knative.dev/eventing $pinned but" \
-      "KNATIVE_EVENTING_VERSION=$KNATIVE_EVENTING_VERSION" >&2
+# check_pinned DIR MODULE WANT: the tool module in DIR pins MODULE at WANT (the version named above), or stop.
+check_pinned() {
+  local dir=$1 module=$2 want=$3 pinned
+  pinned=$(awk -v m="$module" '$1 == m { print $2; exit }' "$dir/go.mod")
+  if [[ $pinned != "$want" ]]; then
+    echo "[go-tools] ${dir#"$ROOT"/}/go.mod has $module $pinned but the version set here is $want" >&2
     exit 1
   fi
-}
-
-check_otelcol_mod() {
-  local pinned
-  pinned=$(awk '$1 == "go.opentelemetry.io/collector/otelcol" { print $2; exit }' "$OTELCOL_MOD/go.mod")
-  if [[ $pinned != "$OTELCOL_VERSION" ]]; then
-    echo "[go-tools] hack/tools/otelcol/go.mod has go.opentelemetry.io/collector/otelcol $pinned but" \
-      "OTELCOL_VERSION=$OTELCOL_VERSION" >&2
-    exit 1
-  fi
-}
-
-check_kube_mod() {
-  local pinned
-  pinned=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$KUBE_MOD/go.mod")
-  if [[ $pinned != "$KUBE_VERSION" ]]; then
-    echo "[go-tools] hack/tools/kube/go.mod has k8s.io/kubernetes $pinned but KUBE_VERSION=$KUBE_VERSION" >&2
-    exit 1
-  fi
-  ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
 }
 
 ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
@@ -266,11 +246,13 @@ ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-c
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
-check_kube_mod
+check_pinned "$KUBE_MOD" k8s.io/kubernetes "$KUBE_VERSION"
+# etcd is built at the version kube-apiserver's own module requires.
+ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
 KUBE_KEY="$KUBE_VERSION $(kube_inputs_hash)"
-check_knative_mod
+check_pinned "$KNATIVE_MOD" knative.dev/eventing "$KNATIVE_EVENTING_VERSION"
 KNATIVE_KEY="$KNATIVE_EVENTING_VERSION $(hash_of "$KNATIVE_MOD/go.mod" "$KNATIVE_MOD/go.sum")"
-check_otelcol_mod
+check_pinned "$OTELCOL_MOD" go.opentelemetry.io/collector/otelcol "$OTELCOL_VERSION"
 OTELCOL_KEY="$OTELCOL_VERSION $(hash_of "$OTELCOL_MOD/go.mod" "$OTELCOL_MOD/go.sum" "$OTELCOL_MOD/main.go")"
 
 for tool in "${WANT[@]}"; do
