@@ -3,19 +3,18 @@ the chart's CRD toggles."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+
+from scripts import load_script
 
 from .render import (
     CANONICAL_CRD,
     CHART,
     CRDS,
     KUSTOMIZE,
-    ROOT,
     helm,
     of_kind,
     one,
@@ -66,17 +65,9 @@ def test_chart_crd_toggles() -> None:
     assert not of_kind(helm(sets=("crds.install=false",)), "CustomResourceDefinition")
 
 
-def _generate_module() -> Any:
-    spec = importlib.util.spec_from_file_location("generate", ROOT / "hack" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_make_generate_writes_the_crd_copies_and_removes_stale_ones(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    generate = _generate_module()
+    generate = load_script("hack/generate.py", "generate")
     sources, chart, kustomize = tmp_path / "crds", tmp_path / "chart", tmp_path / "kustomize"
     for name, value in (("ROOT", tmp_path), ("CRDS", sources), ("CHART", chart), ("KUSTOMIZE", kustomize)):
         monkeypatch.setattr(generate, name, value)

@@ -138,6 +138,14 @@ def start(environment: Env, **settings: Any) -> None:
     environment.start_controller(environment.settings(**settings), brokers=True)
 
 
+def start_with_a_ready_trigger(brokers: Brokers) -> None:
+    """The controller, a Ready Broker "b" and a Ready Trigger "t" on it (subscriber by URI)."""
+    start(brokers.env)
+    brokers.ready_broker("b")
+    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
+    brokers.ready_trigger("t")
+
+
 def ready_gauges(environment: Env, metric: str) -> dict[str, tuple[str, float]]:
     """``kafka_broker_ready``/``kafka_trigger_ready`` of the test namespace by name: (reason, value)."""
     (ctl,) = environment.controllers
@@ -286,10 +294,7 @@ def test_trigger_readiness_follows_broker_and_subscriber(brokers: Brokers) -> No
 
 def test_trigger_ready_follows_the_dispatchers_consumer_group_condition(brokers: Brokers) -> None:
     e = brokers.env
-    start(e)
-    brokers.ready_broker("b")
-    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
-    brokers.ready_trigger("t")
+    start_with_a_ready_trigger(brokers)
     writer = KubeTriggerStatusWriter(e.api)
     generation = int(brokers.get(kb.TRIGGERS, "t")["metadata"]["generation"])
     down = SubscriberStatus("t", generation, False, "Kafka: all brokers down", "KafkaError")
@@ -352,10 +357,7 @@ def test_trigger_dependency_and_dead_letter_sink(brokers: Brokers) -> None:
 
 def test_deleting_a_trigger_deletes_its_consumer_group(brokers: Brokers) -> None:
     e = brokers.env
-    start(e)
-    brokers.ready_broker("b")
-    brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"}})
-    brokers.ready_trigger("t")
+    start_with_a_ready_trigger(brokers)
     assert TRIGGER_FINALIZER in brokers.get(kb.TRIGGERS, "t")["metadata"]["finalizers"]
     # What a dispatcher leaves behind: the group's committed offsets.
     topic, group = kb.broker_topic(e.namespace, "b"), kb.trigger_group(e.namespace, "t")

@@ -4,7 +4,6 @@ session writes every scenario's numbers, its result and the machine it ran on as
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ import pytest
 from rig import Rig, Row
 
 from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
+from scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS: list[tuple[str, Row]] = []  # (test node id, row), in the order the scenarios ran
@@ -57,11 +57,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _bench_common() -> ModuleType:
     """bench/_common.py, the one place that describes the machine a measurement ran on."""
-    spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "_common.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/_common.py", "bench_common")
 
 
 def _cell(text: str) -> str:

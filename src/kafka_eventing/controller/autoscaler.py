@@ -15,8 +15,8 @@ from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import HTTP_NOT_FOUND, CustomObjects, Writer, api_error
-from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import ResolvedConnection
+from kafka_eventing.core.conditions import Condition
 from kafka_eventing.core.settings import Settings
 
 #: How long an answer to "does the API server serve keda.sh/v1alpha1?" is reused.

@@ -34,7 +34,6 @@ from kafka_eventing.broker.filters import FilterError, TriggerFilters
 from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
-from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import (
     KEY_BOOTSTRAP,
     KEY_SECRET_NAME,
@@ -46,7 +45,7 @@ from kafka_eventing.controller.destinations import Unresolved, resolve_destinati
 from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
-from kafka_eventing.core.conditions import find, from_dict
+from kafka_eventing.core.conditions import Condition, find, from_dict
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret

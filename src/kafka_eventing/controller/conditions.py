@@ -1,12 +1,10 @@
-"""Knative-style status conditions: a set that keeps ``lastTransitionTime`` unless the status changes."""
+"""The KafkaChannel's condition types and its Ready rule (``core.conditions`` holds the Condition type itself)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kafka_eventing.core.conditions import Condition, merge, now_rfc3339
-
-__all__ = ["Condition", "merge", "now_rfc3339", "ready_condition"]
+from kafka_eventing.core.conditions import Condition
 
 READY = "Ready"
 ADDRESSABLE = "Addressable"

@@ -26,11 +26,11 @@ from kafka_eventing.controller.api import (
     api_error,
 )
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
-from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
+from kafka_eventing.core.conditions import Condition, merge
 from kafka_eventing.core.durations import DurationError, parse_duration
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError
@@ -313,7 +313,7 @@ class Reconciler:
         meta = obj["metadata"]
         old: Mapping[str, Any] = obj.get("status") or {}
         kept = [dict(c) for c in old.get("conditions") or () if isinstance(c, Mapping) and c.get("type") in foreign]
-        merged = sorted([*cond.merge(old.get("conditions"), conditions), *kept], key=lambda c: str(c["type"]))
+        merged = sorted([*merge(old.get("conditions"), conditions), *kept], key=lambda c: str(c["type"]))
         status = {**status, "conditions": merged}
         if all(old.get(k) == v for k, v in status.items()):
             return  # nothing changed (None matches an absent field)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_eventing.core.channels import Channel
+from kafka_eventing.core.channels import Channel, knative_audience
 
 GROUP = "eventing.knative.dev"
 VERSION = "v1"
@@ -64,9 +64,9 @@ def trigger_broker(trigger: Mapping[str, Any]) -> str:
 
 
 def broker_audience(namespace: str, name: str) -> str:
-    """Knative's audience of a Broker (``<group>/<kind>/<namespace>/<name>``, lower-cased): what senders ask tokens
-    for when the Broker publishes no ``status.address.audience`` of its own."""
-    return f"{GROUP}/broker/{namespace}/{name}".lower()
+    """A Broker's audience (``knative_audience``): what senders ask tokens for when the Broker publishes no
+    ``status.address.audience`` of its own."""
+    return knative_audience(GROUP, "Broker", namespace, name)
 
 
 def ingress_url(receiver_host: str, namespace: str, name: str) -> str:

@@ -81,10 +81,15 @@ class Channel:
         return f"{self.name}{CHANNEL_HOST_SUFFIX}.{self.namespace}.svc.cluster.local"
 
 
-def default_audience(namespace: str, name: str) -> str:
+def knative_audience(group: str, kind: str, namespace: str, name: str) -> str:
     """Knative's audience of an addressable: ``<group>/<kind>/<namespace>/<name>``, lower-cased — what upstream
     publishes in ``status.address.audience`` when OIDC authentication is on."""
-    return f"{GROUP}/{KIND}/{namespace}/{name}".lower()
+    return f"{group}/{kind}/{namespace}/{name}".lower()
+
+
+def default_audience(namespace: str, name: str) -> str:
+    """A KafkaChannel's audience (``knative_audience``)."""
+    return knative_audience(GROUP, KIND, namespace, name)
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

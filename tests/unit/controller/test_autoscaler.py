@@ -14,8 +14,8 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import Writer
 from kafka_eventing.controller.autoscaler import KedaAutoscaler
-from kafka_eventing.controller.conditions import Condition
 from kafka_eventing.controller.connection import ResolvedConnection
+from kafka_eventing.core.conditions import Condition
 
 from .fakes import SETTINGS, _keda_connection
 

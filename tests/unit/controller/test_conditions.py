@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from kafka_eventing.controller import conditions as cond
-from kafka_eventing.controller.conditions import Condition
+from kafka_eventing.core.conditions import Condition, merge
 
 
 def test_merge_keeps_transition_time_unless_status_changes() -> None:
-    first = cond.merge(None, [Condition.false(cond.TOPIC_READY, "KafkaUnreachable", "down")], now="t1")
-    same = cond.merge(first, [Condition.false(cond.TOPIC_READY, "KafkaUnreachable", "still down")], now="t2")
+    first = merge(None, [Condition.false(cond.TOPIC_READY, "KafkaUnreachable", "down")], now="t1")
+    same = merge(first, [Condition.false(cond.TOPIC_READY, "KafkaUnreachable", "still down")], now="t2")
     assert same[0]["lastTransitionTime"] == "t1" and same[0]["message"] == "still down"
-    flipped = cond.merge(same, [Condition.true(cond.TOPIC_READY)], now="t3")
+    flipped = merge(same, [Condition.true(cond.TOPIC_READY)], now="t3")
     assert flipped[0]["lastTransitionTime"] == "t3" and flipped[0]["status"] == "True"
 
 
