@@ -132,7 +132,7 @@ bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .ca
 	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
-bench: bench-receiver bench-dispatcher bench-controller bench-tracing bench-spark bench-cesql bench-broker ## All benchmarks.
+bench: bench-receiver bench-dispatcher bench-e2e bench-controller bench-tracing bench-spark bench-cesql bench-broker ## All benchmarks.
 
 .PHONY: bench-receiver
 bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.
@@ -141,6 +141,14 @@ bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, si
 .PHONY: bench-dispatcher
 bench-dispatcher: setup ## Dispatcher vs bare HTTP client vs raw consumer; RSS under a large backlog.
 	$(PY) bench/dispatcher.py
+
+.PHONY: bench-e2e
+bench-e2e: setup ## Receiver → Kafka → dispatcher → subscriber at 1,000 events/s, open loop; ours and the peer side by side.
+	$(PY) bench/e2e.py
+
+.PHONY: peer
+peer: ## Build the peer the benchmarks compare with (Knative's Java data plane) from KNATIVE_KAFKA_SRC (hack/peer/README.md).
+	hack/peer/build.sh
 
 .PHONY: bench-controller
 bench-controller: setup ## 500 KafkaChannels to Ready on the real apiserver + Kafka.

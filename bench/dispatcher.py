@@ -106,6 +106,8 @@ class _Sink(asyncio.Protocol):
     stats: dict[str, list[float]] = {}
     #: Per path: seconds from the request's last byte to the answer's write (the subscriber's service time).
     service: dict[str, list[float]] = {}
+    #: Per ``/e2e...`` path: (event id, ms from its ``ce-benchsent`` stamp to its arrival here).
+    arrivals: dict[str, list[tuple[str, float]]] = {}
     delayed: _Delayed | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -130,13 +132,15 @@ class _Sink(asyncio.Protocol):
                 return
             self.buf = self.buf[end + 4 + length:]
             method, path = head.split(b" ", 2)[:2]
-            self._answer(method.decode(), path.decode())
+            self._answer(method.decode(), path.decode(), head)
 
-    def _answer(self, method: str, path: str) -> None:
+    def _answer(self, method: str, path: str, head: bytes) -> None:
         if method == "GET":
-            if path.startswith("/service/"):
+            if path.startswith("/arrivals/"):
+                payload: Any = self.arrivals.get(path[len("/arrivals"):], [])
+            elif path.startswith("/service/"):
                 times = self.service.get(path[len("/service"):], [])
-                payload: Any = {"count": len(times), "median_ms": median(times) * 1e3,
+                payload = {"count": len(times), "median_ms": median(times) * 1e3,
                                 "p99_ms": percentile(times, 99) * 1e3}
             else:
                 payload = self.stats
@@ -145,6 +149,8 @@ class _Sink(asyncio.Protocol):
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
             return
         now = time.monotonic()
+        if path.startswith("/e2e"):
+            self._arrived(path, head)
         entry = self.stats.get(path)
         if entry is None:
             self.stats[path] = [1, now, now]
@@ -159,6 +165,17 @@ class _Sink(asyncio.Protocol):
             self.delayed.at(now + delay, lambda: self._reply_now(path, now))
         else:
             self._reply(path, now)
+
+    def _arrived(self, path: str, head: bytes) -> None:
+        """Record the event's id and its latency from the ``ce-benchsent`` stamp (``time.monotonic_ns()``,
+        one clock for every process on the machine)."""
+        now = time.monotonic_ns()
+        fields = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            fields[name.strip().lower()] = value.strip()
+        sent = int(fields.get(b"ce-benchsent", b"0"))
+        self.arrivals.setdefault(path, []).append((fields.get(b"ce-id", b"").decode(), (now - sent) / 1e6))
 
     def _reply(self, path: str, received: float) -> None:
         if self.transport.is_closing():
@@ -224,6 +241,11 @@ class SinkProcess:
         with urllib.request.urlopen(self.url("/service" + path), timeout=5) as resp:  # noqa: S310 - 127.0.0.1
             data: dict[str, float] = json.loads(resp.read())
             return data
+
+    def arrivals(self, path: str) -> list[tuple[str, float]]:
+        """Each event that reached an ``/e2e...`` path: its id and latency in ms, in order of arrival."""
+        with urllib.request.urlopen(self.url("/arrivals" + path), timeout=10) as resp:  # noqa: S310 - 127.0.0.1
+            return [(i, ms) for i, ms in json.loads(resp.read())]
 
     def first(self, path: str, timeout: float) -> int:
         """Wait for the first request on ``path``; returns the count seen then."""
@@ -358,7 +380,7 @@ class DispatcherRun:
     def __init__(self, node: KafkaNode, workdir: Path, topic: str, subscribers: list[tuple[str, str]], *,
                  ordered: bool, max_in_flight: int, partitions: int) -> None:
         self.name = f"c{uuid.uuid4().hex[:8]}"
-        channels = workdir / f"{self.name}.yaml"
+        self.channels = channels = workdir / f"{self.name}.yaml"
         channels.write_text(yaml.safe_dump({
             "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
             "metadata": {"name": self.name, "namespace": NS, "annotations": {

@@ -85,7 +85,12 @@ class Settings:
     #: connection must start one as quickly; slower clients are cut off so they cannot hold connections forever.
     request_timeout_seconds: float = 30.0
     compression_type: str = "none"
-    linger_ms: int = 5
+    #: linger.ms of the producer that batches, used while a worker takes over ``batch_above_rate`` requests/s.
+    linger_ms: float = 5.0
+    #: requests/s per receiver worker above which records are batched; below it a second producer sends each
+    #: record at once (linger.ms 0), so a lightly loaded receiver answers in about one broker round trip.
+    #: 0: always batch (one producer).
+    batch_above_rate: float = 4000.0
     #: ingress authentication, off while empty: the OIDC issuer whose JWTs (Kubernetes service-account tokens
     #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience.
     auth_issuer: str = ""

@@ -38,7 +38,7 @@ from kafka_eventing.receiver.ingress import (
     JsonErrors,
 )
 from kafka_eventing.receiver.metrics import LoopTally, exposition
-from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, LoopPoller, Producer
+from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, Linger, LoopPoller, Producer
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -67,7 +67,7 @@ class ChannelResource:
             if poller is not None:
                 poller.stop()
             self.close_tally()
-            poller = self._poller = LoopPoller(self.ingress.sender.producer, loop)
+            poller = self._poller = LoopPoller(self.ingress.sender.producers, loop)
             poller.start()
             # The request metrics are updated on this loop's thread only: buffered without a lock.
             self.ingress.tally = LoopTally(loop)
@@ -244,13 +244,14 @@ class Runtime:
 _runtime: Runtime | None = None
 
 
-def producer_config(settings: Settings) -> dict[str, Any]:
+def producer_config(settings: Settings, linger_ms: float | None = None) -> dict[str, Any]:
+    """The receiver's producer: ``linger_ms`` (default ``KE_LINGER_MS``) is 0 for the one that sends at once."""
     from kafka_eventing.core.kafka_config import connection_from_settings
 
     connection = connection_from_settings(settings)
     return connection.producer_config(**{
         "compression.type": settings.compression_type,
-        "linger.ms": settings.linger_ms,
+        "linger.ms": settings.linger_ms if linger_ms is None else linger_ms,
         # librdkafka gives up on a record when the HTTP answer does: a 503 then means "not written".
         "message.timeout.ms": max(1, int(settings.produce_timeout_seconds * 1000)),
         "logger": logging.getLogger("librdkafka"),
@@ -281,7 +282,10 @@ def build_runtime() -> Runtime:
     brokers = broker_source(settings, api)
     if brokers is not None:
         brokers.start()
-    sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds)
+    immediate, linger = None, None
+    if settings.batch_above_rate > 0:
+        immediate, linger = KafkaProducer(producer_config(settings, linger_ms=0)), Linger(settings.batch_above_rate)
+    sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds, immediate=immediate, linger=linger)
     _runtime = Runtime(settings, producer, channels, sender,
                        int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
                        tracing.setup(settings, "kafka-eventing-receiver"), brokers)

@@ -5,6 +5,11 @@ directly — no lock, no cross-thread wake-up, no GIL hand-off per report (that 
 cost per event in the profile, docs/receiver.md). Many requests wait for Kafka at once while librdkafka batches
 their records, and the answer is decided by the delivery report alone — a record is "accepted" only after the
 broker acknowledged it (acks=all).
+
+``Linger`` picks the producer per request: librdkafka's ``linger.ms`` is fixed per producer, and a record
+produced into an idle producer would still wait it out, so a worker has two — one that sends each record at once
+(``linger.ms`` 0) while the worker is lightly loaded, and one that batches (``KE_LINGER_MS``) while it is busy,
+where batching saves CPU on both sides and costs little latency beside the queueing it prevents.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import enum
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,9 +69,9 @@ class LoopPoller:
     long to be seen); otherwise every ``idle_interval``, for librdkafka's error and log callbacks.
     """
 
-    def __init__(self, producer: Producer, loop: asyncio.AbstractEventLoop,
+    def __init__(self, producers: Sequence[Producer], loop: asyncio.AbstractEventLoop,
                  busy_interval: float = 0.001, idle_interval: float = 0.1) -> None:
-        self.producer, self.loop = producer, loop
+        self.producers, self.loop = tuple(producers), loop
         self.busy_interval, self.idle_interval = busy_interval, idle_interval
         self.outstanding = 0  # records produced whose report has not been served yet
         self.thread_id = threading.get_ident()
@@ -97,10 +103,11 @@ class LoopPoller:
         self._waiting.append((deadline, pending))
 
     def _tick(self) -> None:
-        try:
-            self.producer.poll(0)
-        except Exception:  # a callback bug must not stop delivery reports for everyone else
-            log.exception("producer poll failed")
+        for producer in self.producers:
+            try:
+                producer.poll(0)
+            except Exception:  # a callback bug must not stop delivery reports for everyone else
+                log.exception("producer poll failed")
         waiting = self._waiting
         if waiting:
             now = self.loop.time()
@@ -148,23 +155,67 @@ class AsyncPending:
         return DELIVERED
 
 
-class KafkaSender:
-    """Produces a request's records for the event loop's ``LoopPoller`` to collect the reports of."""
+class Linger:
+    """Which producer takes the next request: the immediate one below ``batch_above`` requests/s, else the
+    batching one.
 
-    def __init__(self, producer: Producer, timeout: float) -> None:
+    The rate is counted per window of ``window`` seconds (loop time) and decided at its end; the way back needs
+    the rate below three quarters of ``batch_above``, so a rate near the threshold does not flip every window.
+    A request's records all go to one producer, so a batch keeps its order; requests in flight at the same time
+    have no order between them anyway, and a client that waits for its 202 before sending again finds its
+    earlier event written before the next one is produced, whichever producer takes it.
+    """
+
+    __slots__ = ("batch_above", "batching", "count", "started", "window")
+
+    def __init__(self, batch_above: float, window: float = 0.1) -> None:
+        self.batch_above, self.window = batch_above, window
+        self.batching = False
+        self.count = 0
+        self.started = 0.0
+
+    def batch(self, now: float) -> bool:
+        """Count one request at ``now``; True when it should go to the batching producer."""
+        self.count += 1
+        elapsed = now - self.started
+        if elapsed >= self.window:
+            rate = self.count / elapsed
+            self.batching = rate > (0.75 * self.batch_above if self.batching else self.batch_above)
+            self.count, self.started = 0, now
+        return self.batching
+
+
+class KafkaSender:
+    """Produces a request's records for the event loop's ``LoopPoller`` to collect the reports of.
+
+    ``producer`` batches (``linger.ms`` > 0). With ``immediate`` and a ``linger``, requests go to ``immediate``
+    (``linger.ms`` 0) while the rate is below the linger's threshold (``Linger``).
+    """
+
+    def __init__(self, producer: Producer, timeout: float, *, immediate: Producer | None = None,
+                 linger: Linger | None = None) -> None:
         self.producer = producer
+        self.immediate = immediate if linger is not None else None
+        self.linger = linger
+        self.producers: tuple[Producer, ...] = (producer,) if self.immediate is None else (producer, self.immediate)
         self.timeout = timeout
         self.closing = False
+
+    def _pick(self, poller: LoopPoller) -> Producer:
+        if self.immediate is None or self.linger is None or self.linger.batch(poller.loop.time()):
+            return self.producer
+        return self.immediate
 
     def submit_async(self, topic: str, records: Sequence[KafkaRecord], poller: LoopPoller) -> AsyncPending | Result:
         """Produce every record, in order; a Result when the request failed before any report could come."""
         if self.closing:
             return Result(Outcome.CLOSED, "receiver is shutting down")
         pending = AsyncPending(len(records), poller)
+        producer = self._pick(poller)
         if len(records) == 1:  # one event, as nearly every request: no loop, no tuple to unpack
             try:
                 record = records[0]
-                self.producer.produce(topic, record.value, record.key, headers=record.headers,
+                producer.produce(topic, record.value, record.key, headers=record.headers,
                                       on_delivery=pending.on_delivery)
             except Exception as exc:
                 return _produce_error(exc)
@@ -175,7 +226,7 @@ class KafkaSender:
         failed: Result | None = None
         for record in records:  # stop at the first failure
             try:
-                self.producer.produce(topic, record.value, record.key, headers=record.headers,
+                producer.produce(topic, record.value, record.key, headers=record.headers,
                                       on_delivery=pending.on_delivery)
             except Exception as exc:
                 failed = _produce_error(exc)
@@ -191,7 +242,8 @@ class KafkaSender:
         """Accept nothing new and flush what is produced (the ASGI lifespan shutdown runs this once every
         request has its answer). Returns the number of records still undelivered."""
         self.closing = True
-        left = self.producer.flush(timeout)
+        deadline = time.monotonic() + timeout
+        left = sum(producer.flush(max(0.0, deadline - time.monotonic())) for producer in self.producers)
         if left:
             log.error("records not delivered at shutdown", extra={"records": left})
         return left

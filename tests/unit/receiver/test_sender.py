@@ -71,7 +71,7 @@ def test_reports_are_served_on_the_event_loop_thread() -> None:
     async def run() -> tuple[list[int], Outcome, Outcome, int]:
         producer = FakeProducer(modes=["ok", "hold"])
         sender = KafkaSender(producer, timeout=1.0)
-        poller = LoopPoller(producer, asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05)
+        poller = LoopPoller([producer], asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05)
         poller.start()
         threads: list[int] = []
         record = KafkaRecord(None, b"v", [])
@@ -112,7 +112,7 @@ def test_a_report_served_by_another_thread_still_resolves_on_the_loop() -> None:
     async def run() -> Outcome:
         producer = FakeProducer(mode="ok")
         sender = KafkaSender(producer, timeout=1.0)
-        poller = LoopPoller(producer, asyncio.get_running_loop(), busy_interval=10, idle_interval=10)
+        poller = LoopPoller([producer], asyncio.get_running_loop(), busy_interval=10, idle_interval=10)
         pending = sender.submit_async("t", [KafkaRecord(None, b"v", [])], poller)
         assert isinstance(pending, AsyncPending)
         await asyncio.to_thread(producer.flush, 1.0)
@@ -121,3 +121,52 @@ def test_a_report_served_by_another_thread_still_resolves_on_the_loop() -> None:
         return pending.result().outcome
 
     assert asyncio.run(run()) is Outcome.DELIVERED
+
+
+def test_linger_batches_only_above_its_rate_and_comes_back_below_three_quarters() -> None:
+    from kafka_eventing.receiver.sender import Linger
+
+    linger = Linger(batch_above=1000, window=0.1)
+
+    def run(rate: float, start: float, seconds: float) -> list[bool]:
+        return [linger.batch(start + i / rate) for i in range(int(rate * seconds))]
+
+    assert not any(run(500, 0.0, 1.0))  # lightly loaded: every request goes out at once
+    assert run(2000, 1.0, 1.0)[-100:] == [True] * 100  # busy: batched once a window has seen the rate
+    assert all(run(900, 2.0, 1.0)[100:])  # 900/s is over three quarters of 1,000: still batching
+    assert not any(run(600, 3.0, 1.0)[100:])  # below three quarters: back to sending at once
+    assert not linger.batch(60.0)  # the first request after a quiet minute goes out at once
+
+
+def test_two_producers_take_requests_by_rate_and_both_are_polled_and_flushed() -> None:
+    import asyncio
+
+    from kafka_eventing.core.binding import KafkaRecord
+    from kafka_eventing.receiver.sender import AsyncPending, Linger, LoopPoller
+
+    batching, immediate = FakeProducer(), FakeProducer()
+    linger = Linger(batch_above=1000, window=0.1)
+    sender = KafkaSender(batching, timeout=1.0, immediate=immediate, linger=linger)
+    assert sender.producers == (batching, immediate)
+
+    async def main() -> None:
+        poller = LoopPoller(sender.producers, asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05)
+        poller.start()
+        try:
+            pending = sender.submit_async("t", [KafkaRecord(key=None, value=b"quiet", headers=[])], poller)
+            assert isinstance(pending, AsyncPending)
+            await asyncio.wait_for(pending.future, 1.0)  # reported through the immediate producer's poll
+            assert pending.result().ok
+            linger.batching = True  # as after a busy window
+            linger.started = poller.loop.time()
+            pending = sender.submit_async("t", [KafkaRecord(key=None, value=b"busy", headers=[])], poller)
+            assert isinstance(pending, AsyncPending)
+            await asyncio.wait_for(pending.future, 1.0)
+        finally:
+            poller.stop()
+
+    asyncio.run(main())
+    assert [r.value for r in immediate.produced] == [b"quiet"]
+    assert [r.value for r in batching.produced] == [b"busy"]
+    assert sender.close(0.5) == 0
+    assert batching.flushed and immediate.flushed
