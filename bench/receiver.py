@@ -3,10 +3,14 @@
 (a) the raw confluent-kafka producer in one process (acks=all),
 (b) a bare falcon ASGI endpoint answering 202 without Kafka, under the same gunicorn workers (uvicorn, 2),
 (c) the receiver,
+(d) at 1 KB, the peer: Knative's Java receiver (``bench/peer.py``, built by ``make peer``; left out, and said so,
+    when it is not built),
 
 for 1 KB and 20 KB binary-mode events, loaded at saturation by ``wrk`` (closed loop, Lua script) and at half of
 that rate by ``oha`` (open loop: requests are sent on a fixed schedule whatever the answers' latency, and latency
 is counted from each request's scheduled time, so a stall is not hidden by the client waiting).
+At 1 KB each server is also loaded by ``oha`` at fixed rates (``FIXED_RATES``: 1,000 and 3,000 events/s), where
+latency and CPU per event are compared with the peer's.
 Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported.
 Results: docs/benchmarks/receiver.json and receiver.png. Not a test.
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import peer
 from _common import (
     ROOT,
     busy_percent,
@@ -46,6 +51,10 @@ from _common import (
 from kafka_eventing.receiver.__main__ import WORKER as RECEIVER_WORKER
 
 SIZES = (1024, 20 * 1024)
+#: open-loop rates (events/s) at which every 1 KB server's latency and CPU per event are measured
+FIXED_RATES = (1000, 3000)
+#: warm-up at saturation before the measured runs: long enough for the peer's JIT compiler (and our caches)
+WARMUP_SECONDS = 4
 WORKERS = 2
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
 # acknowledgement, so by Little's law the rate is capped at connections / latency. 256 left ~20 % of the CPU
@@ -222,12 +231,18 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdir: Path, *,
                    broker_pid: int) -> dict[str, Any]:
-    proc, url = start_server(model, kind, env, workdir)
+    if kind == "peer":
+        port = free_port()
+        proc = peer.start_peer_receiver(env["KE_BOOTSTRAP_SERVERS"], "bench.events", port, workdir)
+        url, stop = f"http://127.0.0.1:{port}", peer.stop
+    else:
+        proc, url = start_server(model, kind, env, workdir)
+        stop = stop_server
     try:
         target = url + "/bench/events"
         full = lua_script(workdir / f"full-{size}.lua", size)
-        # warm-up: connections, JIT-less caches, metadata
-        run_wrk(target, full, SATURATION_CONNECTIONS, 2, proc.pid, broker_pid=broker_pid)
+        # warm-up: connections, caches, metadata, the peer's JIT
+        run_wrk(target, full, SATURATION_CONNECTIONS, WARMUP_SECONDS, proc.pid, broker_pid=broker_pid)
         saturated = run_wrk(target, full, SATURATION_CONNECTIONS, DURATION, proc.pid, broker_pid=broker_pid)
         half_rate = saturated["events_per_s"] / 2
         body = workdir / f"body-{size}"
@@ -239,9 +254,11 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
             print(f"half-rate run failed: {exc}", flush=True)
             half = {"failed": str(exc), "p99_ms": None}
         half["target_events_per_s"] = round(half_rate, 1)
-        return {"saturated": saturated, "half_saturation": half}
+        fixed = {str(rate): run_oha(target, body, rate, connections=HALF_CONNECTIONS, seconds=DURATION,
+                                    server_pid=proc.pid) for rate in (FIXED_RATES if size == 1024 else ())}
+        return {"saturated": saturated, "half_saturation": half, "fixed_rate": fixed}
     finally:
-        stop_server(proc)
+        stop(proc)
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,6 +273,10 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     # median over the repeats, not the p99 of the run chosen for its rate.
     measured = [p for p in chosen["half_saturation_p99_ms_all"] if p is not None]
     chosen["half_saturation_p99_ms_median"] = statistics.median(measured) if measured else None
+    chosen["fixed_rate_median"] = {
+        rate: {field: statistics.median(r["fixed_rate"][rate][field] for r in runs)
+               for field in ("p50_ms", "p99_ms", "cpu_s_per_1000", "machine_busy_percent")}
+        for rate in chosen.get("fixed_rate", {})}
     return chosen
 
 
@@ -330,13 +351,19 @@ def main() -> None:
             raise SystemExit(f"{tool} not found: `make bench-tools` installs it")
     generator = (f"saturation: wrk (Debian), 1 thread, Lua script; half: oha {oha_version()}, open loop, "
                  "--latency-correction")
+    missing = peer.peer_available()
+    if missing:
+        print(f"Java peer not measured: {missing}", flush=True)
+        KINDS_1KB.remove("peer")
     facts = machine_facts(["confluent-kafka", "falcon", "gunicorn", "uvicorn", "uvloop", "httptools",
-                           "cloudevents"], kafka=KAFKA_VERSION, load_generator=generator)
+                           "cloudevents"], kafka=KAFKA_VERSION, load_generator=generator,
+                          peer=None if missing else peer.build_info())
     results: dict[str, Any] = {"machine": facts, "config": {
         "workers": WORKERS, "saturation_connections": SATURATION_CONNECTIONS,
         "half_connections": HALF_CONNECTIONS, "duration_s": DURATION, "sizes": list(SIZES), "repeats": REPEATS,
         "producer": "acks=all, idempotent, linger.ms=5, compression none",
         "topic": f"3 partitions, segment.bytes {SEGMENT_BYTES} (recreated before each run that writes)"},
+        "fixed_rates": list(FIXED_RATES), "peer_missing": missing,
         "runs": {}, "raw_producer_at_receiver_half_rate": {}}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
@@ -366,12 +393,12 @@ def main() -> None:
                 floors: list[dict[str, Any]] = []
                 for rep in range(REPEATS):
                     for model in MODELS:
-                        for kind in ("bare", "receiver"):
+                        for kind in kinds_for(size):
                             print(f"[{time.monotonic() - began:5.0f}s] {model} {kind} {label} #{rep + 1}", flush=True)
                             if kind == "receiver":
                                 fresh_topic(admin)
                             run = measure_server(model, kind, size, env, workdir, broker_pid=node.pid)
-                            repeats.setdefault(f"{model}/{kind}/{label}", []).append(run)
+                            repeats.setdefault(run_name(model, kind, label), []).append(run)
                             if model == "uvicorn" and kind == "receiver":
                                 # Kafka's own latency at the receiver's half rate, on the same broker right after:
                                 # the floor under the receiver's p99 (it cannot answer before Kafka does).
@@ -426,8 +453,41 @@ def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
             time.sleep(0.5)
 
 
+KINDS_1KB = ["bare", "receiver", "peer"]
+
+
+def kinds_for(size: int) -> list[str]:
+    return KINDS_1KB if size == 1024 else ["bare", "receiver"]
+
+
+def run_name(model: str, kind: str, label: str) -> str:
+    return f"java-peer/{label}" if kind == "peer" else f"{model}/{kind}/{label}"
+
+
+def versus_peer(runs: dict[str, Any]) -> dict[str, Any]:
+    """Ours over the peer's, at 1 KB: the ratios the receiver's targets are set in."""
+    ours, java = runs.get("uvicorn/receiver/1KB"), runs.get("java-peer/1KB")
+    if not ours or not java:
+        return {}
+    sat_a, sat_b = ours["saturated"], java["saturated"]
+    out: dict[str, Any] = {
+        "saturated_rate": round(sat_a["events_per_s"] / sat_b["events_per_s"], 3),
+        "cpu_per_event_at_saturation": round(sat_a["cpu_s_per_1000"] / sat_b["cpu_s_per_1000"], 3),
+        "rss": round(sat_a["rss_mib"] / sat_b["rss_mib"], 3),
+    }
+    for rate in FIXED_RATES:
+        a, b = ours["fixed_rate_median"][str(rate)], java["fixed_rate_median"][str(rate)]
+        out[str(rate)] = {
+            "ours_p50_ms": a["p50_ms"], "peer_p50_ms": b["p50_ms"],
+            "ours_p99_ms": a["p99_ms"], "peer_p99_ms": b["p99_ms"], "p99_ratio": round(a["p99_ms"] / b["p99_ms"], 3),
+            "ours_cpu_us_per_event": round(a["cpu_s_per_1000"] * 1000),
+            "peer_cpu_us_per_event": round(b["cpu_s_per_1000"] * 1000),
+            "cpu_ratio": round(a["cpu_s_per_1000"] / b["cpu_s_per_1000"], 3)}
+    return out
+
+
 def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"vs_peer_1KB": versus_peer(runs)}
     for model in MODELS:
         for size in SIZES:
             label = f"{size // 1024}KB"
@@ -470,7 +530,7 @@ def print_table(results: dict[str, Any]) -> None:
 def plot(results: dict[str, Any]) -> None:
     runs = results["runs"]
     fig, axes = new_figure(ncols=3, width=5.2, height=4.2)
-    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver"))]
+    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver")), "java-peer"]
     p99_title = "p99 at half saturation, open loop (ms, median);\nraw producer: at the receiver's half rate"
     for col, (metric, title) in enumerate([("events_per_s", "events/s at saturation"),
                                            ("cpu_s_per_1000", "server CPU s per 1,000 events"),
@@ -481,7 +541,10 @@ def plot(results: dict[str, Any]) -> None:
             label = f"{size // 1024}KB"
             values = []
             for name in names:
-                run = runs[f"{name}/{label}"]
+                run = runs.get(f"{name}/{label}")
+                if run is None:  # the peer runs at 1 KB only
+                    values.append(0)
+                    continue
                 floor = results["raw_producer_at_receiver_half_rate"].get(label)
                 if metric == "p99_ms" and name == "raw_producer" and floor:
                     values.append(floor["p99_ms_median"])  # paced at the receiver's half rate, not its own
