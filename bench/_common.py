@@ -165,6 +165,21 @@ def rss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
+def pss_bytes(pids: Iterable[int]) -> int:
+    """Proportional set size: a page shared by n of the processes counts 1/n in each, so over a forked server
+    (gunicorn's master and its workers share their copy-on-write pages) the sum counts each page once, as the
+    pod's memory cgroup does, where summed RSS counts the shared pages once per process."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
 # -- output -------------------------------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ from _common import (
     new_figure,
     percentile,
     process_tree,
+    pss_bytes,
     rss_bytes,
     save_png,
     write_json,
@@ -178,6 +179,7 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: 
         else None, "p50_ms": pct.get("50"), "p99_ms": pct.get("99"),
         "cpu_s_per_1000": round(cpu / max(ok, 1) * 1000, 4), "server_cpu_s": round(cpu, 2),
         "server_cores_busy": round(cpu / seconds, 2), "rss_mib": round(rss_bytes(pids) / 2**20, 1),
+        "pss_mib": round(pss_bytes(pids) / 2**20, 1),
         # The broker shares the machine's cores with the servers: what it spent meanwhile, per 1,000 answers.
         "broker_cpu_s_per_1000": round(broker / max(ok, 1) * 1000, 4), "machine_busy_percent": machine_busy,
     }
@@ -473,7 +475,7 @@ def versus_peer(runs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "saturated_rate": round(sat_a["events_per_s"] / sat_b["events_per_s"], 3),
         "cpu_per_event_at_saturation": round(sat_a["cpu_s_per_1000"] / sat_b["cpu_s_per_1000"], 3),
-        "rss": round(sat_a["rss_mib"] / sat_b["rss_mib"], 3),
+        "pss": round(sat_a["pss_mib"] / sat_b["pss_mib"], 3),
     }
     for rate in FIXED_RATES:
         a, b = ours["fixed_rate_median"][str(rate)], java["fixed_rate_median"][str(rate)]

@@ -294,11 +294,11 @@ class KubeBrokerSource(KubeChannelSource):
 
 def broker_source(settings: Settings, api_client: Any) -> ChannelSource | None:
     """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
     if settings.channel_source != "kube":
         return FileBrokerSource(settings.channels_file, settings) if settings.channels_file else None
+    # Only here: the kubernetes client is ~35 MB of every receiver worker that runs from a file.
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
     try:
         found = client.CustomObjectsApi(api_client).get_api_resources(kb.GROUP, kb.VERSION)
     except ApiException as exc:
