@@ -220,7 +220,7 @@ class _Generator:
         elif not wildcards:
             test = f"({src} == {literals[0]!r})"
         elif not literals:  # only '%': anything matches, but the operand is still evaluated
-            test = f"({src}).__class__ is str"
+            test = f"(({src}).__class__ is str)"
         elif parts == [literals[0], any_]:
             test = f"{src}.startswith({literals[0]!r})"
         elif parts == [any_, literals[0]]:

@@ -245,3 +245,10 @@ def test_compiled_code_folds_constants_and_reads_attributes_inline() -> None:
     assert "CONCAT" not in expr.source and "'com.example'" in expr.source
     assert "e['type']" in expr.source
     assert "_divide(1, 0, None)" in compile_expression("1 / 0").source  # the error is not folded away
+
+
+@pytest.mark.parametrize("text", ["TRUE IN (EXISTS type LIKE '%')", "TRUE = (EXISTS type LIKE '%')"])
+def test_a_like_of_only_a_percent_sign_compares_as_one_boolean(text: str) -> None:
+    # Found by the reference-interpreter property: Python chains `==` and `is`, so an unparenthesised
+    # `x.__class__ is str` inside a comparison compared the wrong things.
+    assert compile_expression(text).evaluate({}).value is True
