@@ -6,7 +6,10 @@ Measured in one run on one local Kafka node, against the same subscriber process
 2. a bare aiohttp client posting the same events with the same concurrency, no Kafka (the real ceiling);
 3. the dispatcher (``python -m kafka_eventing.dispatcher``) to that instant subscriber, unordered and ordered;
 4. the dispatcher to a subscriber answering after a fixed 10 ms, unordered and ordered;
-5. RSS of one dispatcher process with 15 subscriptions × 4 partitions × 10 KB events under growing backlogs.
+5. RSS of one dispatcher process with 15 subscriptions × 4 partitions × 10 KB events under growing backlogs;
+6. the peer, Knative's Java dispatcher (``bench/peer.py``, built by ``make peer``; left out, and said so, when it is
+   not built), on the same backlog and subscriber: its default ``max.poll.records`` (50) and 500, unordered and
+   ordered, and unordered to the 10 ms subscriber.
 
 Rates are taken at the subscriber (first to last request), so startup is excluded the same way everywhere.
 The subscriber is a minimal asyncio HTTP/1.1 server in its own process (``--serve``), so it is not the
@@ -37,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import peer
 import yaml
 from _common import (
     ROOT,
@@ -247,15 +251,15 @@ class SinkProcess:
         with urllib.request.urlopen(self.url("/arrivals" + path), timeout=10) as resp:  # noqa: S310 - 127.0.0.1
             return [(i, ms) for i, ms in json.loads(resp.read())]
 
-    def first(self, path: str, timeout: float) -> int:
-        """Wait for the first request on ``path``; returns the count seen then."""
+    def wait_for(self, path: str, count: int, timeout: float) -> int:
+        """Wait until ``path`` got at least ``count`` requests; returns the count seen then."""
         deadline = time.monotonic() + timeout
         while True:
-            count = int(self.stats().get(path, [0])[0])
-            if count > 0:
-                return count
+            seen = int(self.stats().get(path, [0])[0])
+            if seen >= count:
+                return seen
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no request on {path}")
+                raise TimeoutError(f"{seen} of {count} requests on {path}")
             time.sleep(0.01)
 
     def wait(self, paths: list[str], count: int, timeout: float) -> dict[str, float]:
@@ -409,9 +413,30 @@ class DispatcherRun:
         terminate(self.proc, timeout=30)  # type: ignore[arg-type]
 
 
+class PeerRun:
+    """Knative's Java dispatcher for one Trigger-like egress over ``topic`` (a fresh consumer group)."""
+
+    def __init__(self, node: KafkaNode, workdir: Path, topic: str, subscribers: list[tuple[str, str]], *,
+                 ordered: bool, max_poll_records: int, **_ignored: Any) -> None:
+        (_, url), = subscribers
+        self.proc = peer.start_peer_dispatcher(node.bootstrap_servers, topic, url, workdir, ordered=ordered,
+                                               max_poll_records=max_poll_records,
+                                               group=f"bench-peer-{uuid.uuid4().hex[:8]}")
+
+    def rss(self) -> int:
+        return rss_bytes([self.proc.pid])
+
+    def cpu(self) -> float:
+        return cpu_seconds([self.proc.pid])
+
+    def stop(self) -> None:
+        peer.stop(self.proc)
+
+
 @contextlib.contextmanager
-def dispatcher(*args: Any, **kwargs: Any) -> Iterator[DispatcherRun]:
-    run = DispatcherRun(*args, **kwargs)
+def dispatcher(*args: Any, plane: type[DispatcherRun] | type[PeerRun] = DispatcherRun,
+               **kwargs: Any) -> Iterator[DispatcherRun | PeerRun]:
+    run = plane(*args, **kwargs)
     try:
         yield run
     finally:
@@ -419,17 +444,24 @@ def dispatcher(*args: Any, **kwargs: Any) -> Iterator[DispatcherRun]:
 
 
 def dispatcher_rate(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: str, count: int, *, ordered: bool,
-                    max_in_flight: int, partitions: int, delay_ms: int = 0) -> dict[str, float]:
+                    max_in_flight: int, partitions: int, delay_ms: int = 0,
+                    peer_max_poll_records: int | None = None) -> dict[str, float]:
+    """Ours, or with ``peer_max_poll_records`` the Java peer at that ``max.poll.records``."""
     path = (f"/slow{delay_ms}" if delay_ms else "") + f"/disp-{uuid.uuid4().hex[:8]}"
-    with dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered,
-                    max_in_flight=max_in_flight, partitions=partitions) as run:
-        # CPU from the first event at the subscriber on: interpreter start, imports and the group join are not
-        # per-event costs (they used to be counted, about 1 s of CPU over 8000 events).
-        seen0 = sink.first(path, 120)
-        cpu0 = run.cpu()
-        rate = sink.wait([path], count, 300)[path]
+    plane: dict[str, Any] = ({"plane": DispatcherRun} if peer_max_poll_records is None else
+                             {"plane": PeerRun, "max_poll_records": peer_max_poll_records})
+    with dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered, max_in_flight=max_in_flight,
+                    partitions=partitions, **plane) as run:
+        # Rate and CPU over the last 80 % of the events: interpreter start, imports, the group join and the peer's
+        # JIT compilation are not per-event costs (the first 20 % of a run is its warm-up, for ours and the peer).
+        sink.wait_for(path, 1, 120)
+        seen0 = sink.wait_for(path, count // 5, 300)
+        began, cpu0 = time.monotonic(), run.cpu()
+        sink.wait([path], count, float(os.environ.get("BENCH_WAIT", "300")))
         cpu = run.cpu() - cpu0
-        out = {"rate": rate, "cpu_us_per_event": cpu / max(1, count - seen0) * 1e6, "rss_mib": run.rss() / 2**20}
+        last = sink.stats()[path][2]  # the subscriber's time of the last arrival (one monotonic clock)
+        out = {"rate": (count - seen0) / max(1e-9, last - began), "cpu_us_per_event": cpu / max(1, count - seen0) * 1e6,
+               "rss_mib": run.rss() / 2**20}
         if delay_ms:
             out.update({f"service_{k}": v for k, v in sink.service(path).items() if k != "count"})
         return out
@@ -452,6 +484,22 @@ def rss_under_backlog(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: 
 
 
 # -- main ---------------------------------------------------------------------------------------------------
+#: the peer's runs: key → (ordered, max.poll.records, subscriber delay ms, events or None for the rate runs' count)
+PEER_RUNS: dict[str, tuple[bool, int, int, int | None]] = {
+    "peer_unordered": (False, 50, 0, None),
+    "peer_unordered_500": (False, 500, 0, None),
+    "peer_ordered": (True, 50, 0, None),
+    "peer_ordered_500": (True, 500, 0, None),
+}
+
+
+def peer_count(count: int | None, ordered: bool, polls: int, args: argparse.Namespace) -> int:
+    """Events for a peer run: its ordered consumer polls every 200 ms, so at most ``polls`` × 5 events/s — a
+    backlog drained in about 8 s at that rate, not the 40,000 of the other runs (160 s at 250/s)."""
+    if count is not None:
+        return count
+    return min(args.count, polls * 5 * 8) if ordered else args.count
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -480,7 +528,12 @@ def main() -> int:
     facts = machine_facts(["confluent-kafka", "aiohttp", "uvloop", "tenacity", "cloudevents"],
                           kafka=KAFKA_VERSION,
                           event_bytes=args.size, partitions=partitions)
-    result: dict[str, Any] = {"machine": facts, "settings": vars(args)}
+    peer_missing = peer.peer_available()
+    if peer_missing:
+        print(f"Java peer not measured: {peer_missing}", flush=True)
+    else:
+        facts["peer"] = peer.build_info()
+    result: dict[str, Any] = {"machine": facts, "settings": vars(args), "peer_missing": peer_missing}
     node = KafkaNode(workdir / "kafka", heap="1g")
     node.start()
     sink = SinkProcess()
@@ -496,7 +549,8 @@ def main() -> int:
 
         runs: dict[str, list[float]] = {k: [] for k in (
             "raw_consumer", "bare_http", "bare_http_uvloop", "bare_http_10ms", "dispatcher_unordered",
-            "dispatcher_ordered", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms")}
+            "dispatcher_ordered", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms",
+            *(PEER_RUNS if peer_missing is None else ()))}
         details: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
         for rep in range(args.repeats):
             runs["raw_consumer"].append(raw_consumer_rate(node, topic, args.count))
@@ -514,6 +568,12 @@ def main() -> int:
                     ("dispatcher_ordered_10ms", True, args.slow_in_flight, 10, 2000)):
                 out = dispatcher_rate(node, workdir, sink, topic, count, ordered=ordered, max_in_flight=inflight,
                                       partitions=partitions, delay_ms=delay)
+                runs[key].append(out["rate"])
+                details[key].append(out)
+            for key, (ordered, polls, delay, count) in (PEER_RUNS if peer_missing is None else {}).items():
+                out = dispatcher_rate(node, workdir, sink, topic, peer_count(count, ordered, polls, args),
+                                      ordered=ordered, max_in_flight=args.in_flight, partitions=partitions,
+                                      delay_ms=delay, peer_max_poll_records=polls)
                 runs[key].append(out["rate"])
                 details[key].append(out)
             print(f"repeat {rep + 1}: " + ", ".join(f"{k}={v[-1]:.0f}/s" for k, v in runs.items()), flush=True)
@@ -541,6 +601,18 @@ def main() -> int:
             "dispatcher_ordered_cpu_vs_bare_http":
                 cpu_med.get("dispatcher_ordered", nan) / cpu_med.get("bare_http", nan),
         }
+        if peer_missing is None:  # ours over the peer's: the dispatcher's targets are set in these ratios
+            rss_med = {k: med_of(k, "rss_mib") for k in ("dispatcher_unordered", "peer_unordered_500")}
+            result["vs_peer"] = {
+                "unordered_rate_vs_peer_500": med["dispatcher_unordered"] / med["peer_unordered_500"],
+                "unordered_rate_vs_peer_default": med["dispatcher_unordered"] / med["peer_unordered"],
+                "unordered_cpu_vs_peer_500": cpu_med["dispatcher_unordered"] / cpu_med["peer_unordered_500"],
+                "unordered_cpu_vs_peer_default": cpu_med["dispatcher_unordered"] / cpu_med["peer_unordered"],
+                "ordered_rate_vs_peer_500": med["dispatcher_ordered"] / med["peer_ordered_500"],
+                "ordered_cpu_vs_peer_500": cpu_med["dispatcher_ordered"] / cpu_med["peer_ordered_500"],
+                "ordered_cpu_vs_peer_default": cpu_med["dispatcher_ordered"] / cpu_med["peer_ordered"],
+                "rss_draining_vs_peer_500": rss_med["dispatcher_unordered"] / rss_med["peer_unordered_500"],
+            }
         # The 10 ms subscriber: its own service time (request complete → answer) and what the bare client saw.
         result["slow_subscriber"] = {
             "configured_ms": 10.0,
@@ -594,7 +666,7 @@ def main() -> int:
     write_json(NAME, result)
     plot(result)
     print(json.dumps({k: result[k] for k in ("ratios", "targets")}, indent=2))
-    print({k: round(v["median"]) for k, v in result["rates"].items()})
+    print(json.dumps({k: result[k] for k in ("ratios", "targets", "vs_peer") if k in result}, indent=2))
     return 0
 
 
