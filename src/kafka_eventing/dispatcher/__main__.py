@@ -29,7 +29,6 @@ from kafka_eventing.dispatcher.status import (
     MemoryStatusWriter,
     StatusWriter,
 )
-from kafka_eventing.dispatcher.triggers import FileTriggerSource, KubeTriggerSource
 
 log = logging.getLogger("kafka_eventing.dispatcher")
 
@@ -40,6 +39,10 @@ async def _run(settings: Settings) -> None:
     source: ChannelSource
     if settings.broker_name:
         # A Broker's dispatcher reports each Trigger's ConsumerGroupReady condition; the controller the rest.
+        # Imported here: a channel's dispatcher has no use for the Trigger filters (CESQL's grammar) or their
+        # informer.
+        from kafka_eventing.dispatcher.triggers import FileTriggerSource, KubeTriggerSource
+
         if settings.channel_source == "kube":
             api_client = kube_api_client(settings.kubeconfig)
             source = KubeTriggerSource(api_client, settings.broker_namespace, settings.broker_name)

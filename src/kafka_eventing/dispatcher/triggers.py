@@ -24,7 +24,6 @@ from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cac
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import find
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
-from kafka_eventing.core.informer import Informer
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -102,6 +101,8 @@ class KubeTriggerSource(_Cache):
                  watch_timeout_seconds: int = 240) -> None:
         super().__init__()
         from kubernetes import client
+
+        from kafka_eventing.core.informer import Informer
 
         api = client.CustomObjectsApi(api_client)
         self.namespace, self.name, self.reply_uri = namespace, name, reply_uri
