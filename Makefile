@@ -123,8 +123,10 @@ images: ## Build images/base, then every role image FROM it (needs a Docker engi
 ##@ Benchmarks (results and plots under docs/benchmarks/)
 .PHONY: bench-tools
 OHA_VERSION := 1.16.0
-bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .cache) for open-loop latency.
+GRANIAN_VERSION := 2.8.7
+bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .cache) for open-loop latency; granian (PyPI), the compiled HTTP server bench-receiver measures.
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+	@$(PY) -c 'import granian' 2>/dev/null || $(PY) -m pip install -q granian==$(GRANIAN_VERSION)
 	@test -x $(BIN)/oha && $(BIN)/oha --version | grep -q ' $(OHA_VERSION)' || { \
 	  echo "building oha $(OHA_VERSION) with cargo (~10 min once)"; \
 	  cargo install oha --locked --version $(OHA_VERSION) --root $(KE_CACHE)/cargo >$(KE_CACHE)/oha-build.log 2>&1 \

@@ -17,6 +17,7 @@ Results: docs/benchmarks/receiver.json and receiver.png. Not a test.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -198,10 +199,15 @@ def free_port() -> int:
 
 def start_server(model: str, kind: str, env: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    spec = MODELS[model]
-    cmd = [sys.executable, "-m", "gunicorn", "-c", "python:kafka_eventing.receiver.gunicorn_conf",
-           "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS), *spec["args"],
-           "--pythonpath", str(Path(__file__).resolve().parent), spec[kind]]
+    if model == "granian":  # the bare endpoint under a compiled (Rust) HTTP server, same app, same workers
+        cmd = [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port),
+               "--workers", str(WORKERS), "--loop", "uvloop", "--no-ws", "--log-level", "warning",
+               "--working-dir", str(Path(__file__).resolve().parent), "--factory", "receiver:bare_asgi"]
+    else:
+        spec = MODELS[model]
+        cmd = [sys.executable, "-m", "gunicorn", "-c", "python:kafka_eventing.receiver.gunicorn_conf",
+               "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS), *spec["args"],
+               "--pythonpath", str(Path(__file__).resolve().parent), spec[kind]]
     log = (workdir / f"{model}-{kind}.log").open("ab")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -237,6 +243,9 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
         port = free_port()
         proc = peer.start_peer_receiver(env["KE_BOOTSTRAP_SERVERS"], "bench.events", port, workdir)
         url, stop = f"http://127.0.0.1:{port}", peer.stop
+    elif kind == "granian":
+        proc, url = start_server("granian", "bare", env, workdir)
+        stop = stop_server
     else:
         proc, url = start_server(model, kind, env, workdir)
         stop = stop_server
@@ -357,7 +366,10 @@ def main() -> None:
     if missing:
         print(f"Java peer not measured: {missing}", flush=True)
         KINDS_1KB.remove("peer")
-    facts = machine_facts(["confluent-kafka", "falcon", "gunicorn", "uvicorn", "uvloop", "httptools",
+    if importlib.util.find_spec("granian") is None:
+        print("granian not measured: `make bench-tools` installs it", flush=True)
+        KINDS_1KB.remove("granian")
+    facts = machine_facts(["confluent-kafka", "falcon", "gunicorn", "uvicorn", "uvloop", "httptools", "granian",
                            "cloudevents"], kafka=KAFKA_VERSION, load_generator=generator,
                           peer=None if missing else peer.build_info())
     results: dict[str, Any] = {"machine": facts, "config": {
@@ -455,7 +467,8 @@ def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
             time.sleep(0.5)
 
 
-KINDS_1KB = ["bare", "receiver", "peer"]
+#: at 1 KB also the peer, and the bare endpoint under granian (``make bench-tools`` installs it)
+KINDS_1KB = ["bare", "granian", "receiver", "peer"]
 
 
 def kinds_for(size: int) -> list[str]:
@@ -463,7 +476,7 @@ def kinds_for(size: int) -> list[str]:
 
 
 def run_name(model: str, kind: str, label: str) -> str:
-    return f"java-peer/{label}" if kind == "peer" else f"{model}/{kind}/{label}"
+    return {"peer": f"java-peer/{label}", "granian": f"granian/bare/{label}"}.get(kind, f"{model}/{kind}/{label}")
 
 
 def versus_peer(runs: dict[str, Any]) -> dict[str, Any]:
@@ -490,6 +503,11 @@ def versus_peer(runs: dict[str, Any]) -> dict[str, Any]:
 
 def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"vs_peer_1KB": versus_peer(runs)}
+    uv, gr = runs.get("uvicorn/bare/1KB"), runs.get("granian/bare/1KB")
+    if uv and gr:  # the HTTP floor under each server: what a compiled server would save the receiver
+        out["bare_1KB_granian_vs_uvicorn"] = {
+            "rate": round(gr["saturated"]["events_per_s"] / uv["saturated"]["events_per_s"], 3),
+            "cpu_per_event": round(gr["saturated"]["cpu_s_per_1000"] / uv["saturated"]["cpu_s_per_1000"], 3)}
     for model in MODELS:
         for size in SIZES:
             label = f"{size // 1024}KB"
@@ -532,7 +550,7 @@ def print_table(results: dict[str, Any]) -> None:
 def plot(results: dict[str, Any]) -> None:
     runs = results["runs"]
     fig, axes = new_figure(ncols=3, width=5.2, height=4.2)
-    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver")), "java-peer"]
+    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver")), "granian/bare", "java-peer"]
     p99_title = "p99 at half saturation, open loop (ms, median);\nraw producer: at the receiver's half rate"
     for col, (metric, title) in enumerate([("events_per_s", "events/s at saturation"),
                                            ("cpu_s_per_1000", "server CPU s per 1,000 events"),
