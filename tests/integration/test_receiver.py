@@ -230,6 +230,24 @@ def test_channels_added_and_removed_at_runtime(kafka_running: KafkaNode, topic: 
     assert receiver.post("/ns/b", b"x", binary_headers("4")).status_code == 202
 
 
+@pytest.mark.parametrize(("batch_above_rate", "waits_out_the_linger"), [("4000", False), ("0", True)])
+def test_a_lone_event_waits_out_the_linger_only_without_the_immediate_producer(
+        kafka_running: KafkaNode, topic: str, start_receiver: Callable[..., Receiver], batch_above_rate: str,
+        waits_out_the_linger: bool) -> None:
+    """With ``linger.ms`` at 1.5 s, a lightly loaded receiver still answers a lone event in one broker round trip
+    (its immediate producer took it); with the immediate producer off, the event waits out the linger."""
+    receiver = start_receiver(channels_yaml(("ns", "a", topic, "binary")), bootstrap=kafka_running.bootstrap_servers,
+                              env={"KE_LINGER_MS": "1500", "KE_BATCH_ABOVE_RATE": batch_above_rate})
+    assert receiver.post("/ns/a", b"warm", binary_headers("w")).status_code == 202  # connections and metadata
+    for i in range(3):
+        began = time.monotonic()
+        assert receiver.post("/ns/a", b"x", binary_headers(f"lone-{i}")).status_code == 202
+        took = time.monotonic() - began
+        assert (took >= 1.5) is waits_out_the_linger, f"lone event answered in {took:.3f} s"
+        time.sleep(0.3)  # a quiet gap: the next one is alone again
+    assert {m.value() for m in read_topic(kafka_running, topic, 4)} == {b"warm", b"x"}
+
+
 def test_sigterm_loses_no_accepted_event(kafka_running: KafkaNode, topic: str,
                                          start_receiver: Callable[..., Receiver]) -> None:
     receiver = start_receiver(channels_yaml(("ns", "a", topic, "binary")), bootstrap=kafka_running.bootstrap_servers)
