@@ -246,6 +246,9 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
     elif kind == "granian":
         proc, url = start_server("granian", "bare", env, workdir)
         stop = stop_server
+    elif kind == "receiver-batching":  # the receiver as it was: every record waits out linger.ms
+        proc, url = start_server(model, "receiver", {**env, "KE_BATCH_ABOVE_RATE": "0"}, workdir)
+        stop = stop_server
     else:
         proc, url = start_server(model, kind, env, workdir)
         stop = stop_server
@@ -294,12 +297,13 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # -- (a) the raw producer -----------------------------------------------------------------------------------
 
 
-def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: float | None = None) -> dict[str, Any]:
+def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: float | None = None, *,
+                 linger_ms: float = 5) -> dict[str, Any]:
     """Produce flat out (``rate`` None) or paced at ``rate`` events/s; latency = produce() to delivery report."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 5})
+                         "linger.ms": linger_ms})
     value = b"x" * size
     headers = [(f"ce_{k[3:]}" if k.startswith("ce-") else k, v.encode()) for k, v in CE_HEADERS.items()]
     # Metadata and the idempotent producer id first: otherwise the first records' latency is that handshake.
@@ -378,7 +382,7 @@ def main() -> None:
         "producer": "acks=all, idempotent, linger.ms=5, compression none",
         "topic": f"3 partitions, segment.bytes {SEGMENT_BYTES} (recreated before each run that writes)"},
         "fixed_rates": list(FIXED_RATES), "peer_missing": missing,
-        "runs": {}, "raw_producer_at_receiver_half_rate": {}}
+        "runs": {}, "raw_producer_at_receiver_half_rate": {}, "raw_producer_linger0_at_fixed_rate": {}}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
         workdir = Path(tmp)
@@ -405,11 +409,12 @@ def main() -> None:
                                                                                   "bench.events", size)
                 repeats: dict[str, list[dict[str, Any]]] = {}
                 floors: list[dict[str, Any]] = []
+                fixed_floors: dict[str, list[dict[str, Any]]] = {}
                 for rep in range(REPEATS):
                     for model in MODELS:
                         for kind in kinds_for(size):
                             print(f"[{time.monotonic() - began:5.0f}s] {model} {kind} {label} #{rep + 1}", flush=True)
-                            if kind == "receiver":
+                            if kind.startswith("receiver") or kind == "peer":
                                 fresh_topic(admin)
                             run = measure_server(model, kind, size, env, workdir, broker_pid=node.pid)
                             repeats.setdefault(run_name(model, kind, label), []).append(run)
@@ -419,8 +424,17 @@ def main() -> None:
                                 fresh_topic(admin)
                                 floors.append(raw_producer(node.bootstrap_servers, "bench.events", size, DURATION,
                                                            rate=run["half_saturation"]["target_events_per_s"]))
+                    if size == 1024:  # Kafka's floor at the fixed rates: the raw producer sending at once
+                        for rate in FIXED_RATES:
+                            fresh_topic(admin)
+                            fixed_floors.setdefault(str(rate), []).append(raw_producer(
+                                node.bootstrap_servers, "bench.events", size, DURATION, rate=rate, linger_ms=0))
                 for name, runs in repeats.items():
                     results["runs"][name] = median_run(runs)
+                for rate, runs_at in fixed_floors.items():
+                    results["raw_producer_linger0_at_fixed_rate"][rate] = {
+                        "runs": runs_at, "p50_ms_median": statistics.median(f["p50_ms"] for f in runs_at),
+                        "p99_ms_median": statistics.median(f["p99_ms"] for f in runs_at)}
                 if floors:
                     results["raw_producer_at_receiver_half_rate"][label] = {
                         "runs": floors, "p99_ms_all": [f["p99_ms"] for f in floors],
@@ -429,6 +443,9 @@ def main() -> None:
             node.stop()
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["summary"] = summarize(results["runs"], results["raw_producer_at_receiver_half_rate"])
+    results["summary"]["kafka_floor_1KB_linger0"] = {
+        rate: {k: v for k, v in floor.items() if k != "runs"}
+        for rate, floor in results["raw_producer_linger0_at_fixed_rate"].items()}
     results["elapsed_s"] = round(time.monotonic() - began)
     path = write_json("receiver", results)
     plot(results)
@@ -467,8 +484,9 @@ def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
             time.sleep(0.5)
 
 
-#: at 1 KB also the peer, and the bare endpoint under granian (``make bench-tools`` installs it)
-KINDS_1KB = ["bare", "granian", "receiver", "peer"]
+#: at 1 KB also the peer, the bare endpoint under granian (``make bench-tools`` installs it), and the receiver with
+#: one batching producer only (``KE_BATCH_ABOVE_RATE=0``: what the immediate producer changes)
+KINDS_1KB = ["bare", "granian", "receiver", "receiver-batching", "peer"]
 
 
 def kinds_for(size: int) -> list[str]:
@@ -498,6 +516,11 @@ def versus_peer(runs: dict[str, Any]) -> dict[str, Any]:
             "ours_cpu_us_per_event": round(a["cpu_s_per_1000"] * 1000),
             "peer_cpu_us_per_event": round(b["cpu_s_per_1000"] * 1000),
             "cpu_ratio": round(a["cpu_s_per_1000"] / b["cpu_s_per_1000"], 3)}
+        batching = runs.get("uvicorn/receiver-batching/1KB")
+        if batching:  # the same receiver with every record waiting out linger.ms
+            c = batching["fixed_rate_median"][str(rate)]
+            out[str(rate)].update({"always_batching_p50_ms": c["p50_ms"], "always_batching_p99_ms": c["p99_ms"],
+                                   "always_batching_cpu_us_per_event": round(c["cpu_s_per_1000"] * 1000)})
     return out
 
 
