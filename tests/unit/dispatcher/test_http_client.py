@@ -1,0 +1,234 @@
+"""The dispatcher's plain-HTTP client (dispatcher/http_client.py) against a real aiohttp server: each answer
+gives the same ``Attempt`` as the aiohttp path (``HttpSender``), and connections are reused only when whole."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kafka_eventing.core.http_delivery import ERROR_BODY_BYTES, MAX_REPLY_BYTES, Attempt, HttpSender
+from kafka_eventing.dispatcher import http_client
+from kafka_eventing.dispatcher.http_client import PooledSender
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Server:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.peers: list[Any] = []
+        self.routes: dict[str, Handler] = {}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append((request.raw_path, dict(request.headers), body))
+        self.peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return await self.routes.get(request.path, _ok)(request)
+
+
+async def _ok(_request: web.Request) -> web.StreamResponse:
+    return web.Response(status=202)
+
+
+Body = Callable[[Server, str, PooledSender, HttpSender], Awaitable[None]]
+
+
+def run(body: Body) -> None:
+    """``body(server, base_url, pooled_sender, aiohttp_sender)`` on a fresh loop with a real aiohttp server."""
+
+    async def main() -> None:
+        srv = Server()
+        app = web.Application(client_max_size=16 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", srv.handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                pooled = PooledSender(session)
+                try:
+                    await body(srv, f"http://127.0.0.1:{port}", pooled, HttpSender(session))
+                finally:
+                    pooled.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def same(a: Attempt, b: Attempt) -> None:
+    assert (a.status, a.body, a.oversized, a.ok) == (b.status, b.body, b.oversized, b.ok)
+    for name in ("Content-Type", "ce-id", "Retry-After"):
+        assert a.headers.get(name) == b.headers.get(name)
+        assert a.headers.get(name.lower()) == b.headers.get(name)
+
+
+def test_request_headers_and_body_as_aiohttp_sends_them() -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+        headers = {"ce-id": "1", "ce-source": "/s%20x", "content-type": "application/json", "Prefer": "reply"}
+        for sender in (pooled, plain):
+            same(await sender.post(f"{base}/a/b?x=1&y=%2F", headers, b'{"a": 1}', 5), Attempt(202))
+        (p1, h1, b1), (p2, h2, b2) = srv.requests
+        assert (p1, b1) == (p2, b2)  # the same target (yarl's normalisation of the URL on both) and body
+        assert p1.startswith("/a/b?x=1&y=") and b1 == b'{"a": 1}'
+        for name in ("Host", "Content-Length", "Content-Type", "ce-id", "ce-source", "Prefer"):
+            assert h1[name] == h2[name]
+        # No Content-Type: application/octet-stream, as aiohttp's default.
+        for sender in (pooled, plain):
+            await sender.post(f"{base}/n", {"ce-id": "2"}, b"", 5)
+        assert srv.requests[2][1]["Content-Type"] == srv.requests[3][1]["Content-Type"] == "application/octet-stream"
+        assert srv.requests[2][1]["Content-Length"] == "0"
+
+    run(body)
+
+
+def test_connections_are_reused() -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+        for _ in range(5):
+            assert (await pooled.post(f"{base}/x", {}, b"x", 5)).ok
+        assert len(set(srv.peers)) == 1
+        await asyncio.gather(*(pooled.post(f"{base}/x", {}, b"x", 5) for _ in range(8)))
+        assert len(set(srv.peers)) == 8  # no connection limit: eight at once need eight
+
+    run(body)
+
+
+@pytest.mark.parametrize("case", ["reply", "chunked", "gzip", "error", "long_error", "huge_reply", "huge_chunked",
+                                  "retry_after", "no_length"])
+def test_answers_give_the_same_attempt(case: str) -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            if case == "reply":
+                return web.Response(body=b'{"r": 1}', headers={"ce-id": "r1", "Content-Type": "application/json"})
+            if case == "gzip":
+                return web.Response(body=gzip.compress(b"zipped" * 100), headers={"Content-Encoding": "gzip"})
+            if case == "error":
+                return web.Response(status=500, body=b"boom")
+            if case == "long_error":
+                return web.Response(status=502, body=b"e" * (ERROR_BODY_BYTES * 10))
+            if case == "huge_reply":
+                return web.Response(body=b"r" * (MAX_REPLY_BYTES + 10))
+            if case == "retry_after":
+                return web.Response(status=429, headers={"Retry-After": "3"})
+            resp = web.StreamResponse(status=200 if case != "no_length" else 503)
+            if case == "no_length":
+                resp.force_close()
+                resp.headers["Connection"] = "close"
+            else:
+                resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            size = MAX_REPLY_BYTES + 100 if case == "huge_chunked" else 3000
+            for i in range(0, size, 65536):
+                await resp.write(b"c" * min(65536, size - i))
+            await resp.write_eof()
+            return resp
+
+        srv.routes["/case"] = handler
+        a = await pooled.post(f"{base}/case", {}, b"", 5)
+        b = await plain.post(f"{base}/case", {}, b"", 5)
+        if case in ("huge_chunked",):  # aiohttp keeps the first part it read; neither forwards it
+            assert (a.status, a.oversized, b.oversized) == (200, True, True)
+        elif case == "no_length":  # read until the server closes; aiohttp's error body is its first 1 KiB
+            assert (a.status, a.body[:ERROR_BODY_BYTES]) == (b.status, b.body)
+        else:
+            same(a, b)
+        if case == "retry_after":
+            assert a.retry_after == 3.0
+        # The connection is still usable (or was replaced).
+        assert (await pooled.post(f"{base}/after", {}, b"", 5)).status == 202
+
+    run(body)
+
+
+def test_timeout_closes_the_connection() -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+
+        async def hang(_request: web.Request) -> web.StreamResponse:
+            await asyncio.sleep(2)
+            return web.Response()
+
+        srv.routes["/hang"] = hang
+        a = await pooled.post(f"{base}/hang", {}, b"", 0.2)
+        assert a.status is None and a.error.startswith("TimeoutError")
+        assert (await pooled.post(f"{base}/ok", {}, b"", 5)).status == 202
+
+    run(body)
+
+
+def test_cancelled_request_does_not_leave_its_connection_in_the_pool() -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+
+        async def slow(_request: web.Request) -> web.StreamResponse:
+            await asyncio.sleep(0.3)
+            return web.Response(body=b"late")
+
+        srv.routes["/slow"] = slow
+        task = asyncio.ensure_future(pooled.post(f"{base}/slow", {}, b"", 5))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.4)
+        assert (await pooled.post(f"{base}/ok", {}, b"", 5)).status == 202  # not the late answer of /slow
+
+    run(body)
+
+
+def test_refused_connection_and_header_injection_are_failed_attempts() -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+        from kafka_eventing.localstack._proc import free_port
+
+        url = f"http://127.0.0.1:{free_port()}/"
+        a = await pooled.post(url, {}, b"", 2)
+        assert a.status is None and a.error
+        for sender in (pooled, plain):
+            bad = await sender.post(f"{base}/x", {"ce-id": "1\r\nX-Injected: yes"}, b"", 2)
+            assert bad.status is None and bad.error.startswith("ValueError")
+        assert srv.requests == []
+
+    run(body)
+
+
+def test_server_closing_idle_connection_is_not_reused() -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+
+        async def close(_request: web.Request) -> web.StreamResponse:
+            resp = web.Response(status=200)
+            resp.force_close()
+            return resp
+
+        srv.routes["/close"] = close
+        assert (await pooled.post(f"{base}/close", {}, b"", 5)).status == 200
+        assert (await pooled.post(f"{base}/ok", {}, b"", 5)).status == 202
+        assert len(set(srv.peers)) == 2
+
+    run(body)
+
+
+def test_https_and_credentials_go_through_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
+        seen = []
+
+        async def fallback(self: HttpSender, url: str, *_args: Any) -> Attempt:
+            seen.append(url)
+            return Attempt(200)
+
+        monkeypatch.setattr(HttpSender, "post", fallback)
+        for url in ("https://example.invalid/x", "http://u:p@example.invalid/x", "ftp://example.invalid/"):
+            assert (await pooled.post(url, {}, b"", 1)).status == 200
+        assert seen == ["https://example.invalid/x", "http://u:p@example.invalid/x", "ftp://example.invalid/"]
+
+    run(body)
+
+
+def test_keepalive_matches_aiohttp() -> None:
+    assert http_client.KEEPALIVE_SECONDS == 15.0
