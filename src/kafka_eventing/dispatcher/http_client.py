@@ -20,6 +20,11 @@ What it keeps from the aiohttp path (``core.http_delivery.HttpSender``), so that
 * no connection limit (each subscription's in-flight budget is its limit); idle connections are closed after
   ``KEEPALIVE_SECONDS`` (aiohttp's 15 s).
 
+One thing it does that aiohttp does not: a request on a reused connection that the server closes before any byte
+of an answer (it had closed the idle connection, and its FIN was not read yet) is sent once more on a new
+connection, within the same timeout, instead of failing the attempt. At worst the subscriber sees the event
+twice (at-least-once allows it); the attempt counts once.
+
 Anything else — ``https://``, credentials in the URL, another scheme — goes through the aiohttp session.
 ``Accept-Encoding`` is not sent, so answers come uncompressed; a compressed one (gzip/deflate) is inflated.
 """
@@ -100,6 +105,8 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.idle_since = 0.0
+        #: Any byte of an answer received since the last request was sent.
+        self.answered = False
         self._reset()
 
     def _reset(self) -> None:
@@ -124,6 +131,7 @@ class _Connection(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        self.answered = True
         if self.waiter is None:
             self.close()  # nothing was asked: a server that talks out of turn is not reused
             return
@@ -191,6 +199,7 @@ class _Connection(asyncio.Protocol):
 
     # -- requests -----------------------------------------------------------------------------------
     def send(self, data: bytes, timeout: float) -> asyncio.Future[Attempt]:
+        self.answered = False
         waiter = self.waiter = self.loop.create_future()
         self.timer = self.loop.call_later(timeout, self._timed_out)
         assert self.transport is not None
@@ -285,18 +294,28 @@ class PooledSender(HttpSender):
             return Attempt(None, error=f"{type(exc).__name__}: {exc}")
         loop = asyncio.get_running_loop()
         conn = _checkout(target, loop.time())
-        try:
-            if conn is None:
-                deadline = loop.time() + seconds
-                conn = await _connect(target, loop, seconds)
-                seconds = max(0.0, deadline - loop.time())
-            return await conn.send(data, seconds)
-        except (OSError, TimeoutError, ValueError) as exc:
-            return Attempt(None, error=f"{type(exc).__name__}: {exc}")
-        except BaseException:
-            if conn is not None:  # cancelled half-way (a revoke, shutdown): the connection cannot be reused
-                conn.abort()
-            raise
+        reused = conn is not None
+        deadline = loop.time() + seconds
+        while True:
+            try:
+                if conn is None:
+                    conn = await _connect(target, loop, seconds)
+                    seconds = max(0.0, deadline - loop.time())
+                return await conn.send(data, seconds)
+            except ServerDisconnectedError as exc:
+                if reused and conn is not None and not conn.answered:
+                    # A kept-alive connection the server had closed while it sat idle (its FIN not read yet):
+                    # not an answer of the subscriber's. Once more on a new connection, within the same timeout.
+                    conn, reused = None, False
+                    seconds = max(0.0, deadline - loop.time())
+                    continue
+                return Attempt(None, error=f"{type(exc).__name__}: {exc}")
+            except (OSError, TimeoutError, ValueError) as exc:
+                return Attempt(None, error=f"{type(exc).__name__}: {exc}")
+            except BaseException:
+                if conn is not None:  # cancelled half-way (a revoke, shutdown): the connection cannot be reused
+                    conn.abort()
+                raise
 
     def _evict(self) -> None:
         for url, target in list(self._targets.items()):

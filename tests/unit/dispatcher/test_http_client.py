@@ -4,6 +4,7 @@ gives the same ``Attempt`` as the aiohttp path (``HttpSender``), and connections
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kafka_eventing.core.http_delivery import ERROR_BODY_BYTES, MAX_REPLY_BYTES, Attempt, HttpSender
 from kafka_eventing.dispatcher import http_client
@@ -232,3 +235,88 @@ def test_https_and_credentials_go_through_aiohttp(monkeypatch: pytest.MonkeyPatc
 
 def test_keepalive_matches_aiohttp() -> None:
     assert http_client.KEEPALIVE_SECONDS == 15.0
+
+
+# -- property: any answer a server may give, framed any way, is the Attempt the aiohttp path makes of it ----------
+_REPLY_LIMIT, _ERROR_LIMIT = 2000, 100
+
+
+def _response(status: int, body: bytes, framing: str, headers: list[tuple[str, str]]) -> bytes:
+    reason = {200: "OK", 204: "No Content"}.get(status, "X")
+    lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers)]
+    if status == 204:  # no body and no framing (a 204 with Transfer-Encoding is invalid: aiohttp refuses it)
+        payload = b""
+    elif framing == "length":
+        lines.append(f"Content-Length: {len(body)}")
+        payload = body
+    elif framing == "chunked":
+        lines.append("Transfer-Encoding: chunked")
+        step = max(1, len(body) // 3)
+        payload = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + step]), body[i:i + step])
+                           for i in range(0, len(body), step)) + b"0\r\n\r\n"
+    else:
+        lines.append("Connection: close")
+        payload = body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(status=st.sampled_from([200, 201, 202, 204, 400, 404, 408, 429, 500, 503]),
+       size=st.sampled_from([0, 1, 99, 100, 101, 1999, 2000, 2001, 5000]),
+       framing=st.sampled_from(["length", "chunked", "close"]),
+       retry_after=st.none() | st.integers(0, 100).map(str) | st.just("soon"),
+       ce=st.booleans())
+def test_any_answer_gives_the_attempt_aiohttp_gives(monkeypatch: pytest.MonkeyPatch, status: int, size: int,
+                                                    framing: str, retry_after: str | None, ce: bool) -> None:
+    from kafka_eventing.core import http_delivery
+
+    for module in (http_delivery, http_client):
+        monkeypatch.setattr(module, "MAX_REPLY_BYTES", _REPLY_LIMIT)
+        monkeypatch.setattr(module, "ERROR_BODY_BYTES", _ERROR_LIMIT)
+    body = bytes(i % 251 for i in range(size)) if status != 204 else b""
+    headers = [("Content-Type", "application/octet-stream")]
+    if retry_after is not None:
+        headers.append(("Retry-After", retry_after))
+    if ce:
+        headers += [("ce-id", "r"), ("ce-source", "/r"), ("ce-type", "t"), ("ce-specversion", "1.0")]
+    answer = _response(status, body, framing, headers)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+                await reader.readexactly(length)
+                writer.write(answer)
+                await writer.drain()
+                if framing == "close":
+                    break
+        writer.close()
+
+    async def main() -> tuple[Attempt, Attempt, Attempt]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/e"
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                pooled = PooledSender(session)
+                a = await pooled.post(url, {"ce-id": "1"}, b"event", 5)
+                again = await pooled.post(url, {"ce-id": "2"}, b"event", 5)  # a reused or a new connection
+                b = await HttpSender(session).post(url, {"ce-id": "1"}, b"event", 5)
+                pooled.close()
+                return a, again, b
+        finally:
+            server.close()
+
+    a, again, b = asyncio.run(main())
+    assert (a.status, a.ok, a.oversized, a.retry_after) == (b.status, b.ok, b.oversized, b.retry_after)
+    assert (again.status, again.oversized) == (a.status, a.oversized)
+    if a.oversized and a.ok:
+        assert a.body == b""  # a reply too large is not forwarded (aiohttp may hold its first part: unused)
+    elif a.oversized:
+        assert a.body.startswith(b.body) and len(a.body) == _ERROR_LIMIT  # aiohttp: what was buffered, ≤ the limit
+    else:
+        assert a.body == b.body
+    for name in ("content-type", "retry-after", "ce-id", "CE-SOURCE"):
+        assert a.headers.get(name) == b.headers.get(name)
+    assert {k.lower() for k in a.headers if k.lower().startswith("ce-")} == \
+        {k.lower() for k in b.headers if k.lower().startswith("ce-")}
