@@ -44,8 +44,8 @@ def threads_cpu(pid: int) -> dict[str, float]:
 
 
 def run_one(node: KafkaNode, workdir: Path, sink: bd.SinkProcess, topic: str, count: int, *, ordered: bool,
-            src: str, env: dict[str, str], profile: str | None) -> dict[str, Any]:
-    path = f"/ab-{uuid.uuid4().hex[:8]}"
+            src: str, env: dict[str, str], profile: str | None, delay_ms: int = 0) -> dict[str, Any]:
+    path = (f"/slow{delay_ms}" if delay_ms else "") + f"/ab-{uuid.uuid4().hex[:8]}"
     bd.DISPATCHER_ENV.clear()
     bd.DISPATCHER_ENV.update({"PYTHONPATH": src, **env})
     with bd.dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered, max_in_flight=64,
@@ -81,6 +81,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024, help="event data bytes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="unordered,ordered")
+    parser.add_argument("--delay-ms", type=int, default=0, help="the subscriber answers after this many ms")
     parser.add_argument("--profile", default="", metavar="PREFIX", help="py-spy raw profiles: PREFIX-NAME-MODE-N.txt")
     parser.add_argument("--out", default="", help="write the runs and medians as JSON here")
     args = parser.parse_args()
@@ -106,7 +107,7 @@ def main() -> int:
                 for name, src, env in trees:
                     profile = f"{args.profile}-{name}-{mode}-{rep}.txt" if args.profile else None
                     out = run_one(node, workdir, sink, topic, args.count, ordered=mode == "ordered", src=src,
-                                  env=env, profile=profile)
+                                  env=env, profile=profile, delay_ms=args.delay_ms)
                     runs.setdefault(f"{name}/{mode}", []).append(out)
                     print(f"repeat {rep + 1} {mode:9} {name:10} {out['rate']:8.0f}/s {out['cpu_us']:6.1f} µs/event "
                           f"RSS {out['rss_mib']:5.1f} MiB subscriber {out['sink_cpu_us']:.1f} µs "
