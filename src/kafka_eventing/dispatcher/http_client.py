@@ -140,6 +140,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ValueError(f"bad HTTP response: {exc}"))
 
+    def eof_received(self) -> bool | None:
+        self.closed = True  # the server is done with it: no new request goes on it (an answer under way ends below)
+        return None
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is None:
@@ -200,10 +204,17 @@ class _Connection(asyncio.Protocol):
     # -- requests -----------------------------------------------------------------------------------
     def send(self, data: bytes, timeout: float) -> asyncio.Future[Attempt]:
         self.answered = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            self.closed = True
+            raise ServerDisconnectedError("Server disconnected")
+        try:
+            transport.write(data)
+        except RuntimeError as exc:  # uvloop: the handle was closed under the transport
+            self.close()
+            raise ServerDisconnectedError(str(exc)) from exc
         waiter = self.waiter = self.loop.create_future()
         self.timer = self.loop.call_later(timeout, self._timed_out)
-        assert self.transport is not None
-        self.transport.write(data)
         return waiter
 
     def _timed_out(self) -> None:

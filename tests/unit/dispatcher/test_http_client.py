@@ -320,3 +320,35 @@ def test_any_answer_gives_the_attempt_aiohttp_gives(monkeypatch: pytest.MonkeyPa
         assert a.headers.get(name) == b.headers.get(name)
     assert {k.lower() for k in a.headers if k.lower().startswith("ce-")} == \
         {k.lower() for k in b.headers if k.lower().startswith("ce-")}
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_not_failed() -> None:
+    """The server closes each connection after its answer without saying so (no ``Connection: close``): the next
+    request, sent before the FIN is read, goes once more on a new connection instead of failing the attempt."""
+    served: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        served.append(await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> list[Attempt]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        try:
+            async with aiohttp.ClientSession() as session:
+                pooled = PooledSender(session)
+                out = [await pooled.post(url, {}, b"%d" % i, 5) for i in range(5)]
+                await asyncio.sleep(0.05)  # now the FIN has been read: the idle connection is dropped, not tried
+                out.append(await pooled.post(url, {}, b"5", 5))
+                pooled.close()
+                return out
+        finally:
+            server.close()
+
+    attempts = asyncio.run(main())
+    assert [a.status for a in attempts] == [200] * 6
+    assert served == [b"0", b"1", b"2", b"3", b"4", b"5"]  # each once: nothing the server answered was sent again
