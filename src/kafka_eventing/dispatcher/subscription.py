@@ -188,6 +188,10 @@ class SubscriptionConsumer:
                 for message in messages:
                     self._accept(message)
                 if messages:
+                    for part in self._parts.values():
+                        if part.received:  # one counter update per partition and poll round, not per record
+                            part.consumed.inc(part.received)
+                            part.received = 0
                     self._pump()
                 self._store_done()
                 self._flow.apply(self._consumer, self._parts.values(), self._scheduler, self.labels.as_dict())
@@ -258,7 +262,7 @@ class SubscriptionConsumer:
         size = len(message.value() or b"")
         part.queued_bytes += size
         self._flow.taken(size)
-        part.consumed.inc()
+        part.received += 1
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass or ``_wake()`` is called (cheaper than wait_for on an Event)."""
