@@ -3,7 +3,8 @@
 Measured in one run on one local Kafka node, against the same subscriber process:
 
 1. raw confluent-kafka consumer rate over the backlog (Kafka's headroom);
-2. a bare aiohttp client posting the same events with the same concurrency, no Kafka (the real ceiling);
+2. a bare aiohttp client posting the same events with the same concurrency, no Kafka (the real ceiling), and
+   the same with the dispatcher's own HTTP client (``bare_http_pooled``: the floor of its HTTP cost);
 3. the dispatcher (``python -m kafka_eventing.dispatcher``) to that instant subscriber, unordered and ordered;
 4. the dispatcher to a subscriber answering after a fixed 10 ms, unordered and ordered;
 5. RSS of one dispatcher process with 15 subscriptions × 4 partitions × 10 KB events under growing backlogs;
@@ -334,9 +335,15 @@ def raw_consumer_rate(node: KafkaNode, topic: str, count: int) -> float:
     return (got - 1) / max(1e-9, last - first)
 
 
-async def _bare(url: str, count: int, concurrency: int, size: int) -> dict[str, float]:
-    """POST ``count`` events with ``concurrency`` workers; CPU µs/event and RTT of the posting phase only."""
+async def _bare(url: str, count: int, concurrency: int, size: int, *, pooled: bool = False) -> dict[str, float]:
+    """POST ``count`` events with ``concurrency`` workers; CPU µs/event and RTT of the posting phase only.
+
+    ``pooled``: through the dispatcher's own HTTP client (``dispatcher.http_client.PooledSender``) instead of
+    aiohttp's — the floor of the dispatcher's HTTP cost, where aiohttp's is the floor of a generic client.
+    """
     import aiohttp
+
+    from kafka_eventing.dispatcher.http_client import PooledSender
 
     requests = []
     for i in range(count):
@@ -346,32 +353,38 @@ async def _bare(url: str, count: int, concurrency: int, size: int) -> dict[str, 
     it = iter(requests)
     rtts: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        sender = PooledSender(session)
 
         async def worker() -> None:
             for headers, body in it:
                 began = time.monotonic()
-                async with session.post(url, data=body, headers=headers) as resp:
-                    await resp.read()
+                if pooled:
+                    await sender.post(url, headers, body, 60)
+                else:
+                    async with session.post(url, data=body, headers=headers) as resp:
+                        await resp.read()
                 rtts.append(time.monotonic() - began)
 
         cpu0 = time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         cpu = time.process_time() - cpu0
+        sender.close()
     return {"cpu_us_per_event": cpu / count * 1e6, "rtt_median_ms": median(rtts) * 1e3,
             "rtt_p99_ms": percentile(rtts, 99) * 1e3}
 
 
 def bare_http_rate(sink: SinkProcess, count: int, concurrency: int, size: int, delay_ms: int = 0, *,
                    loop: str = "asyncio") -> dict[str, float]:
-    """The bare client on asyncio's default loop (the reference), or on uvloop (the loop the dispatcher uses)."""
+    """The bare client on asyncio's default loop (the reference), or on uvloop (the loop the dispatcher uses);
+    ``loop="pooled"``: the dispatcher's own HTTP client, on uvloop."""
     path = (f"/slow{delay_ms}" if delay_ms else "") + f"/bare-{uuid.uuid4().hex[:8]}"
     factory = None
-    if loop == "uvloop":
+    if loop in ("uvloop", "pooled"):
         import uvloop
 
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        out = runner.run(_bare(sink.url(path), count, concurrency, size))
+        out = runner.run(_bare(sink.url(path), count, concurrency, size, pooled=loop == "pooled"))
     out["rate"] = sink.wait([path], count, 30)[path]
     if delay_ms:
         out.update({f"service_{k}": v for k, v in sink.service(path).items() if k != "count"})
@@ -548,8 +561,8 @@ def main() -> int:
         print(f"produced {total} events of {args.size} B into {topic} ({partitions} partitions)", flush=True)
 
         runs: dict[str, list[float]] = {k: [] for k in (
-            "raw_consumer", "bare_http", "bare_http_uvloop", "bare_http_10ms", "dispatcher_unordered",
-            "dispatcher_ordered", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms",
+            "raw_consumer", "bare_http", "bare_http_uvloop", "bare_http_pooled", "bare_http_10ms",
+            "dispatcher_unordered", "dispatcher_ordered", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms",
             *(PEER_RUNS if peer_missing is None else ()))}
         details: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
         for rep in range(args.repeats):
@@ -558,6 +571,8 @@ def main() -> int:
                     ("bare_http", bare_http_rate(sink, args.count, args.in_flight, args.size)),
                     ("bare_http_uvloop", bare_http_rate(sink, args.count, args.in_flight, args.size,
                                                         loop="uvloop")),
+                    ("bare_http_pooled", bare_http_rate(sink, args.count, args.in_flight, args.size,
+                                                        loop="pooled")),
                     ("bare_http_10ms", bare_http_rate(sink, slow_count, args.slow_in_flight, args.size, 10))):
                 runs[key].append(out["rate"])
                 details[key].append(out)
@@ -598,6 +613,8 @@ def main() -> int:
                 cpu_med.get("dispatcher_unordered", nan) / cpu_med.get("bare_http", nan),
             "dispatcher_unordered_cpu_vs_bare_http_uvloop":
                 cpu_med.get("dispatcher_unordered", nan) / cpu_med.get("bare_http_uvloop", nan),
+            "dispatcher_unordered_cpu_vs_bare_http_pooled":
+                cpu_med.get("dispatcher_unordered", nan) / cpu_med.get("bare_http_pooled", nan),
             "dispatcher_ordered_cpu_vs_bare_http":
                 cpu_med.get("dispatcher_ordered", nan) / cpu_med.get("bare_http", nan),
         }

@@ -19,10 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber
-from kafka_eventing.core.http_delivery import HttpSender
 from kafka_eventing.core.kafka_config import KafkaConnection
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.delivery import Deliverer
+from kafka_eventing.dispatcher.http_client import PooledSender
 from kafka_eventing.dispatcher.metrics import metrics_for
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
 from kafka_eventing.dispatcher.status import (
@@ -137,6 +137,7 @@ class Dispatcher:
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliverer: Deliverer | None = None
+        self._sender: PooledSender | None = None
         self.board = StatusBoard(self.key, self._writer)
         # Read when scraped: what /readyz would answer, for the DispatcherNotReady alert.
         self.metrics.ready.labels(*self.key).set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
@@ -158,13 +159,15 @@ class Dispatcher:
         if self._session is None:
             # No connection limit: each subscription's in-flight budget is its own limit (isolation).
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
+        # Plain-HTTP destinations through the dispatcher's own keep-alive client (http_client.py), the rest
+        # through the aiohttp session.
+        sender = self._sender = PooledSender(self._session)
         if self.tracer is None:
-            self._deliverer = Deliverer(HttpSender(self._session), self.metrics,
-                                        self.settings.retry_after_max_seconds)
+            self._deliverer = Deliverer(sender, self.metrics, self.settings.retry_after_max_seconds)
         else:
             from kafka_eventing.dispatcher.tracing import TracedDeliverer
 
-            self._deliverer = TracedDeliverer(HttpSender(self._session), self.metrics,
+            self._deliverer = TracedDeliverer(sender, self.metrics,
                                               self.settings.retry_after_max_seconds, tracer=self.tracer,
                                               broker=self.broker)
         runner: web.AppRunner | None = None
@@ -190,6 +193,8 @@ class Dispatcher:
             await self.board.stop()
             if runner is not None:
                 await runner.cleanup()
+            if self._sender is not None:
+                self._sender.close()
             if self._own_session and self._session is not None:
                 await self._session.close()
 

@@ -56,6 +56,11 @@ def hop_ttl(http_headers: Mapping[str, str]) -> int:
         return DEFAULT_TTL
 
 
+def _trace(http_headers: Mapping[str, str]) -> dict[str, str]:
+    """The trace context the request carried, for the reply and the dead letter (taken only when they are sent)."""
+    return {name: http_headers[name] for name in TRACE_HEADERS if name in http_headers}
+
+
 class Outcome(enum.StrEnum):
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
@@ -124,7 +129,6 @@ class Deliverer:
             log.error("record is not a CloudEvent, skipped", extra={**labels.as_dict(), "error": str(exc)})
             self.metrics.dropped.labels(*labels, "not_a_cloudevent").inc()
             return Outcome.DROPPED
-        trace = {name: out_headers[name] for name in TRACE_HEADERS if name in out_headers}
         ttl: int | None = None
         if subscriber.hop_ttl:
             ttl = hop_ttl(out_headers)
@@ -138,14 +142,16 @@ class Deliverer:
                                            count=count)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
-            reply_failed = await self._reply(attempt, subscriber, labels, trace, ttl)
+            if not subscriber.reply_uri:
+                return Outcome.DELIVERED  # Knative drops replies when no replyUri is set
+            reply_failed = await self._reply(attempt, subscriber, labels, _trace(out_headers), ttl)
             if reply_failed is None:
                 return Outcome.DELIVERED
             dest, attempt = subscriber.reply_uri or "", reply_failed
         else:
             dest = subscriber.subscriber_uri
         event = event_from_kafka(headers, value)  # valid: kafka_to_http accepted the same record
-        return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=trace)
+        return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=_trace(out_headers))
 
     async def _with_retries(
         self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels, *,

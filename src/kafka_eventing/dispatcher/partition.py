@@ -30,6 +30,8 @@ class Partition:
     paused: bool = False
     cap: int = QUEUE_RECORDS
     queued_bytes: int = 0
+    #: Records taken in this poll round, not yet added to ``consumed`` (one update per round).
+    received: int = 0
     #: Commit position not yet handed to ``store_offsets`` (stored once per poll round, not per event).
     unstored: int | None = None
     #: Attempts of the events started and not finished, by offset (see ``rebalance.retry_metadata``).
