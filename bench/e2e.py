@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -34,8 +35,10 @@ from _common import (
     cpu_seconds,
     machine_cpu_ticks,
     machine_facts,
+    new_figure,
     percentile,
     process_tree,
+    save_png,
     write_json,
 )
 
@@ -171,6 +174,30 @@ def measure(plane: Plane, sink: bench_dispatcher.SinkProcess, path: str, *, rate
 PLANES = {"ours": ours, "peer": java_peer}
 
 
+def plot(result: dict[str, Any]) -> None:
+    """Medians per data plane: latency at the receiver and end to end, and CPU per event by process."""
+    med = result["median"]
+    names = list(med)
+    fig, axes = new_figure(ncols=2, width=5.5, height=4.2)
+    groups = (("receiver_p50_ms", "receiver p50"), ("receiver_p99_ms", "receiver p99"),
+              ("e2e_p50_ms", "end-to-end p50"), ("e2e_p99_ms", "end-to-end p99"))
+    cpu = (("receiver_cpu_us_per_event", "receiver"), ("dispatcher_cpu_us_per_event", "dispatcher"))
+    for ax, fields, title in ((axes[0][0], groups, "latency, ms (median of runs)"),
+                              (axes[0][1], cpu, "CPU µs per event (median of runs)")):
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            ax.bar([x + i * width for x in range(len(fields))], [med[name][f] for f, _ in fields], width,
+                   label={"ours": "kafka-eventing", "peer": "Knative (Java)"}.get(name, name))
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(fields))], [t for _, t in fields],
+                      fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    settings = result["settings"]
+    fig.suptitle(f"end to end at {settings['rate']:.0f} events/s, {settings['size']} B — "
+                 f"{result['machine']['cpu_model']}, {result['machine']['cores']} cores", fontsize=10)
+    save_png(fig, "e2e")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=1000.0, help="events/s offered")
@@ -178,7 +205,11 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024, help="event data bytes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--planes", default="ours,peer", help="which data planes: ours, peer")
+    parser.add_argument("--plot-only", action="store_true", help="redraw docs/benchmarks/e2e.png from its JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((ROOT / "docs" / "benchmarks" / "e2e.json").read_text()))
+        return 0
     planes = [p for p in args.planes.split(",") if p]
     missing = peer.peer_available()
     if "peer" in planes and missing:
@@ -222,6 +253,7 @@ def main() -> int:
                       for name, runs in result["runs"].items()}
     result["elapsed_s"] = round(time.monotonic() - began)
     path = write_json("e2e", result)
+    plot(result)
     for name, med in result["median"].items():
         print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in med.items()) + f", lost={result['lost'][name]}")
     print(f"wrote {path} in {result['elapsed_s']} s")
