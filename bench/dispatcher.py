@@ -475,8 +475,8 @@ def dispatcher_rate(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: st
         # The backlog may hold more than ``count``: the events delivered by the last arrival seen, not ``count``.
         seen, _, last = sink.stats()[path]  # last: the subscriber's time of that arrival (one monotonic clock)
         done = int(seen) - seen0
-        out = {"rate": done / max(1e-9, last - began), "rate_whole_run": whole, "cpu_us_per_event": cpu / max(1, done) * 1e6,
-               "rss_mib": run.rss() / 2**20}
+        out = {"rate": done / max(1e-9, last - began), "rate_whole_run": whole,
+               "cpu_us_per_event": cpu / max(1, done) * 1e6, "rss_mib": run.rss() / 2**20}
         if delay_ms:
             out.update({f"service_{k}": v for k, v in sink.service(path).items() if k != "count"})
         return out
