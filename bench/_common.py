@@ -153,31 +153,28 @@ def cpu_seconds(pids: Iterable[int]) -> float:
     return total / CLK_TCK
 
 
-def rss_bytes(pids: Iterable[int]) -> int:
+def _proc_kib(pids: Iterable[int], name: str, field: str) -> int:
+    """Sum of a kB field of ``/proc/<pid>/<name>`` over ``pids``, in bytes (a process gone meanwhile counts 0)."""
     total = 0
     for pid in pids:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+                if line.startswith(field):
                     total += int(line.split()[1]) * 1024
         except OSError:
             continue
     return total
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    return _proc_kib(pids, "status", "VmRSS:")
 
 
 def pss_bytes(pids: Iterable[int]) -> int:
     """Proportional set size: a page shared by n of the processes counts 1/n in each, so over a forked server
     (gunicorn's master and its workers share their copy-on-write pages) the sum counts each page once, as the
     pod's memory cgroup does, where summed RSS counts the shared pages once per process."""
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
+    return _proc_kib(pids, "smaps_rollup", "Pss:")
 
 
 # -- output -------------------------------------------------------------------------------------------------
