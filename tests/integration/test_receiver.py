@@ -101,6 +101,8 @@ def start_receiver(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
         started.append(receiver)
         try:
             wait_until(lambda: httpx.get(receiver.url + "/readyz", timeout=5).status_code == 200, 60, "readiness")
+            # One worker answers as soon as it is up; tests that watch the workers need both forked.
+            wait_until(lambda: len(worker_pids(proc.pid)) == 2, 30, "both workers")
         except AssertionError:
             raise AssertionError(f"receiver not ready:\n{log.read_text()[-4000:]}") from None
         return receiver

@@ -67,7 +67,9 @@ class ChannelResource:
             if poller is not None:
                 poller.stop()
             self.close_tally()
-            poller = self._poller = LoopPoller(self.ingress.sender.producers, loop)
+            sender = self.ingress.sender
+            poller = self._poller = LoopPoller((sender.producer,), loop,
+                                               threaded=() if sender.immediate is None else (sender.immediate,))
             poller.start()
             # The request metrics are updated on this loop's thread only: buffered without a lock.
             self.ingress.tally = LoopTally(loop)

@@ -138,8 +138,9 @@ def test_linger_batches_only_above_its_rate_and_comes_back_below_three_quarters(
     assert not linger.batch(60.0)  # the first request after a quiet minute goes out at once
 
 
-def test_two_producers_take_requests_by_rate_and_both_are_polled_and_flushed() -> None:
+def test_two_producers_take_requests_by_rate_and_both_are_served_and_flushed() -> None:
     import asyncio
+    import threading
 
     from kafka_eventing.core.binding import KafkaRecord
     from kafka_eventing.receiver.sender import AsyncPending, Linger, LoopPoller
@@ -150,13 +151,16 @@ def test_two_producers_take_requests_by_rate_and_both_are_polled_and_flushed() -
     assert sender.producers == (batching, immediate)
 
     async def main() -> None:
-        poller = LoopPoller(sender.producers, asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05)
+        # The ticks poll the batching producer only: the immediate producer's report comes through its thread.
+        poller = LoopPoller([batching], asyncio.get_running_loop(), busy_interval=0.001, idle_interval=0.05,
+                            threaded=[immediate])
         poller.start()
         try:
             pending = sender.submit_async("t", [KafkaRecord(key=None, value=b"quiet", headers=[])], poller)
             assert isinstance(pending, AsyncPending)
-            await asyncio.wait_for(pending.future, 1.0)  # reported through the immediate producer's poll
+            await asyncio.wait_for(pending.future, 1.0)
             assert pending.result().ok
+            assert poller.outstanding == 0  # counted down on the loop, after the thread's hand-off
             linger.batching = True  # as after a busy window
             linger.started = poller.loop.time()
             pending = sender.submit_async("t", [KafkaRecord(key=None, value=b"busy", headers=[])], poller)
@@ -164,6 +168,7 @@ def test_two_producers_take_requests_by_rate_and_both_are_polled_and_flushed() -
             await asyncio.wait_for(pending.future, 1.0)
         finally:
             poller.stop()
+        assert not any(t.name == "producer-poll" for t in threading.enumerate())  # stopped with the poller
 
     asyncio.run(main())
     assert [r.value for r in immediate.produced] == [b"quiet"]
