@@ -631,6 +631,7 @@ def main() -> int:
                 "ordered_cpu_vs_peer_500": cpu_med["dispatcher_ordered"] / cpu_med["peer_ordered_500"],
                 "ordered_cpu_vs_peer_default": cpu_med["dispatcher_ordered"] / cpu_med["peer_ordered"],
                 "rss_draining_vs_peer_500": rss_med["dispatcher_unordered"] / rss_med["peer_unordered_500"],
+                "rss_draining_mib": rss_med,
             }
         # The 10 ms subscriber: its own service time (request complete → answer) and what the bare client saw.
         result["slow_subscriber"] = {

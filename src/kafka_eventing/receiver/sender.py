@@ -1,10 +1,11 @@
 """Hand records to the Kafka producer and wait for their delivery reports, on the event loop.
 
-``LoopPoller`` polls the producer from the event loop itself, so a report resolves its request's future
-directly — no lock, no cross-thread wake-up, no GIL hand-off per report (that hand-off was the largest single
-cost per event in the profile, docs/receiver.md). Many requests wait for Kafka at once while librdkafka batches
-their records, and the answer is decided by the delivery report alone — a record is "accepted" only after the
-broker acknowledged it (acks=all).
+``LoopPoller`` polls the batching producer from the event loop itself, so under load a report resolves its
+request's future directly — no lock, no cross-thread wake-up, no GIL hand-off per report (that hand-off was the
+largest single cost per event at saturation in the profile, docs/receiver.md). The producer that sends at once,
+used while the worker is lightly loaded, has a poll thread that hands each report to the loop as it comes.
+Under load many requests wait for Kafka at once while librdkafka batches their records. The answer is decided by
+the delivery report alone — a record is "accepted" only after the broker acknowledged it (acks=all).
 
 ``Linger`` picks the producer per request: librdkafka's ``linger.ms`` is fixed per producer, and a record
 produced into an idle producer would still wait it out, so a worker has two — one that sends each record at once
@@ -241,7 +242,7 @@ class KafkaSender:
             try:
                 record = records[0]
                 producer.produce(topic, record.value, record.key, headers=record.headers,
-                                      on_delivery=pending.on_delivery)
+                                 on_delivery=pending.on_delivery)
             except Exception as exc:
                 return _produce_error(exc)
             poller.outstanding += 1
@@ -252,7 +253,7 @@ class KafkaSender:
         for record in records:  # stop at the first failure
             try:
                 producer.produce(topic, record.value, record.key, headers=record.headers,
-                                      on_delivery=pending.on_delivery)
+                                 on_delivery=pending.on_delivery)
             except Exception as exc:
                 failed = _produce_error(exc)
                 break
