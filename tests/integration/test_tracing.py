@@ -100,7 +100,8 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         binary = tool_path("otelcol")
     except ToolNotFoundError as exc:
         # A real tier (kafka): under KAFKA_EVENTING_REQUIRE_REAL_TIERS (make test) this skip fails the run.
-        pytest.skip(f"the OpenTelemetry Collector the spans go to is not built: {exc}")
+        pytest.skip(f"the OpenTelemetry Collector the spans go to is not built: {exc}; run `make setup` "
+                    "(hack/setup/go-tools.sh builds it into .cache/bin)")
     port, workdir = _proc.free_port(), tmp_path / "otelcol"
     workdir.mkdir()
     spans = workdir / "spans.jsonl"

@@ -147,7 +147,7 @@ class Deliverer:
             reply_failed = await self._reply(attempt, subscriber, labels, _trace(out_headers), ttl)
             if reply_failed is None:
                 return Outcome.DELIVERED
-            dest, attempt = subscriber.reply_uri or "", reply_failed
+            dest, attempt = subscriber.reply_uri, reply_failed
         else:
             dest = subscriber.subscriber_uri
         event = event_from_kafka(headers, value)  # valid: kafka_to_http accepted the same record
