@@ -325,7 +325,7 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
 def _helm_install(cl: Cluster) -> None:
     cl.helm("install", "ke", str(CHART), "-n", SYSTEM_NS, "--create-namespace",
             "-f", str(CHART / "ci" / "cluster-values.yaml"),
-            "--set", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
+            "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
             "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}",
             "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true", "--wait", "--timeout=10m")
 
@@ -369,12 +369,14 @@ def _write_overlay(cl: Cluster, root: Path, dispatcher_replicas: int = 1) -> Pat
         name, tag = cl.images[role].rsplit(":", 1)
         chart_name = f"{values['image']['registry']}/{values[role]['image']['repository']}"
         images.append({"name": chart_name, "newName": name, "newTag": tag})
-    (root / "kustomization.yaml").write_text(yaml.safe_dump({
+    # JSON (a YAML subset) quotes every string: a git-hash tag like 295e021 written bare by PyYAML (a string under
+    # its YAML 1.1 rules) is a number to kustomize's YAML 1.2 parser, which then refuses the image.
+    (root / "kustomization.yaml").write_text(json.dumps({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": SYSTEM_NS,
         "resources": [os.path.relpath(ROOT / "kustomize" / "base", root)],
         "configMapGenerator": [{"name": "kafka-eventing-config", "behavior": "merge", "envs": ["params.env"]}],
         "images": images,
-    }))
+    }, indent=2))
     return root
 
 
