@@ -159,7 +159,11 @@ def connection_from_secret(
     if not servers:
         raise KafkaConfigError("no bootstrap servers: set `bootstrap.servers` (or `brokers`) in the Secret or config")
 
-    cfg: dict[str, Any] = {"bootstrap.servers": servers, "security.protocol": protocol}
+    # TCP_NODELAY, as Kafka's Java client always sets: with Nagle's algorithm on (librdkafka's default) a small
+    # request sent while an earlier one is unanswered waits for the broker's answer to go out. At 1,000
+    # events/s that doubled to quadrupled the receiver's p99 (docs/receiver.md).
+    cfg: dict[str, Any] = {"bootstrap.servers": servers, "security.protocol": protocol,
+                           "socket.nagle.disable": True}
     oauth_cb = None
     if protocol.startswith("SASL"):
         mechanism = (mechanism or "PLAIN").upper()

@@ -139,19 +139,25 @@ class LoopPoller:
             now = self.loop.time()
             while waiting and (waiting[0][0] <= now or waiting[0][1].future.done()):
                 waiting.popleft()[1].expire()
-        self._busy = self.outstanding > 0 or bool(waiting)
-        self._handle = self.loop.call_later(self.busy_interval if self._busy else self.idle_interval, self._tick)
+        # Busy only while polled records await their reports; a request waiting on the threaded producer is
+        # woken by its thread, and needs the tick only to give up at its deadline.
+        self._busy = self.outstanding > 0
+        delay = self.busy_interval if self._busy else self.idle_interval
+        if waiting and not self._busy:
+            delay = min(delay, max(self.busy_interval, waiting[0][0] - self.loop.time()))
+        self._handle = self.loop.call_later(delay, self._tick)
 
 
 class AsyncPending:
     """Delivery state of one request's records, resolved on the event loop (see ``LoopPoller``)."""
 
-    __slots__ = ("error", "future", "poller", "remaining")
+    __slots__ = ("error", "future", "polled", "poller", "remaining")
 
-    def __init__(self, count: int, poller: LoopPoller) -> None:
+    def __init__(self, count: int, poller: LoopPoller, polled: bool = True) -> None:
         self.remaining = count
         self.error: Any = None  # the first failed report's KafkaError
         self.poller = poller
+        self.polled = polled  # the records went to a producer the loop's tick polls (counted in outstanding)
         self.future: asyncio.Future[None] = poller.loop.create_future()
         if count == 0:
             self.future.set_result(None)
@@ -161,7 +167,8 @@ class AsyncPending:
             # Only the shutdown flush serves reports from another thread.
             self.poller.loop.call_soon_threadsafe(self.on_delivery, err, _msg)
             return
-        self.poller.outstanding -= 1
+        if self.polled:
+            self.poller.outstanding -= 1
         if err is not None and self.error is None:
             self.error = err
         self.remaining -= 1
@@ -236,8 +243,9 @@ class KafkaSender:
         """Produce every record, in order; a Result when the request failed before any report could come."""
         if self.closing:
             return Result(Outcome.CLOSED, "receiver is shutting down")
-        pending = AsyncPending(len(records), poller)
         producer = self._pick(poller)
+        polled = producer is self.producer
+        pending = AsyncPending(len(records), poller, polled)
         if len(records) == 1:  # one event, as nearly every request: no loop, no tuple to unpack
             try:
                 record = records[0]
@@ -245,8 +253,9 @@ class KafkaSender:
                                  on_delivery=pending.on_delivery)
             except Exception as exc:
                 return _produce_error(exc)
-            poller.outstanding += 1
-            poller.kick()
+            if polled:
+                poller.outstanding += 1
+                poller.kick()
             return pending
         produced = 0
         failed: Result | None = None
@@ -259,8 +268,8 @@ class KafkaSender:
                 break
             produced += 1
         # Reports are served on this thread, later: none can have counted down yet.
-        poller.outstanding += produced
-        if produced:
+        if polled and produced:
+            poller.outstanding += produced
             poller.kick()
         return failed or pending
 

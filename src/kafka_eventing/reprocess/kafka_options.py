@@ -32,6 +32,7 @@ _HANDLED = {
 _LIBRDKAFKA_ONLY = {
     "socket.keepalive.enable", "log_level", "enable.ssl.certificate.verification", "statistics.interval.ms",
     "queued.max.messages.kbytes", "linger.ms", "compression.type", "api.version.request",
+    "socket.nagle.disable",  # the Java client always sets TCP_NODELAY
 }
 
 

@@ -15,9 +15,15 @@ CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 def test_plaintext_default() -> None:
     conn = connection_from_secret({}, bootstrap_servers="k:9092")
-    assert conn.config == {"bootstrap.servers": "k:9092", "security.protocol": "PLAINTEXT"}
+    assert conn.config == {"bootstrap.servers": "k:9092", "security.protocol": "PLAINTEXT",
+                           "socket.nagle.disable": True}
     p = conn.producer_config()
     assert p["acks"] == "all" and p["enable.idempotence"] is True
+
+
+def test_nagle_is_off_unless_the_config_turns_it_on() -> None:
+    conn = connection_from_secret({}, bootstrap_servers="k:9092", extra={"socket.nagle.disable": "false"})
+    assert conn.config["socket.nagle.disable"] == "false"
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])

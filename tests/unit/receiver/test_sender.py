@@ -175,3 +175,41 @@ def test_two_producers_take_requests_by_rate_and_both_are_served_and_flushed() -
     assert [r.value for r in batching.produced] == [b"busy"]
     assert sender.close(0.5) == 0
     assert batching.flushed and immediate.flushed
+
+
+def test_a_request_on_the_threaded_producer_leaves_the_tick_idle_and_still_times_out_at_its_deadline() -> None:
+    """The immediate producer's reports come through its thread: no 1 ms ticks for them, but a report that never
+    comes still ends the wait at the request's deadline, not at the next idle tick (here 10 s away)."""
+    import asyncio
+
+    from kafka_eventing.core.binding import KafkaRecord
+    from kafka_eventing.receiver.sender import AsyncPending, Linger, LoopPoller, Outcome
+
+    batching, immediate = FakeProducer(), FakeProducer(modes=["ok", "never"])
+    sender = KafkaSender(batching, timeout=0.2, immediate=immediate, linger=Linger(batch_above=1000))
+
+    async def main() -> tuple[Outcome, Outcome, float]:
+        loop = asyncio.get_running_loop()
+        poller = LoopPoller([batching], loop, busy_interval=0.001, idle_interval=10.0, threaded=[immediate])
+        poller.start()
+        try:
+            record = [KafkaRecord(key=None, value=b"v", headers=[])]
+            answered = sender.submit_async("t", record, poller)
+            assert isinstance(answered, AsyncPending)
+            poller.expire_at(answered, loop.time() + sender.timeout)
+            assert poller.outstanding == 0 and not poller._busy  # not counted, no busy tick asked for
+            await asyncio.wait_for(answered.future, 1.0)
+            lost = sender.submit_async("t", record, poller)
+            assert isinstance(lost, AsyncPending)
+            started = loop.time()
+            poller.expire_at(lost, started + sender.timeout)
+            poller._tick()  # as the idle tick would run: the next one is due at the deadline, not in 10 s
+            await asyncio.wait_for(lost.future, 2.0)
+            return answered.result().outcome, lost.result().outcome, loop.time() - started
+        finally:
+            poller.stop()
+
+    answered, lost, waited = asyncio.run(main())
+    assert answered is Outcome.DELIVERED
+    assert lost is Outcome.TIMEOUT
+    assert 0.15 <= waited < 1.0
