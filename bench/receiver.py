@@ -322,8 +322,10 @@ def raw_producer(bootstrap: str, topic: str, size: int, seconds: float, rate: fl
     cpu0, start = time.process_time(), time.perf_counter()
     sent = 0
     while (now := time.perf_counter()) - start < seconds:
-        if rate is not None and sent >= (now - start) * rate:
-            producer.poll(0.0005)
+        if rate is not None and (wait := sent / rate - (now - start)) > 0:
+            # Until the next send is due (at least librdkafka's 1 ms: a shorter timeout is 0, a busy spin); a
+            # report ends the wait early and is timed when it comes.
+            producer.poll(max(wait, 0.001))
             continue
         try:
             producer.produce(topic, value, headers=headers, on_delivery=lambda e, m, t=now: report(e, m, t))
@@ -434,7 +436,9 @@ def main() -> None:
                 for rate, runs_at in fixed_floors.items():
                     results["raw_producer_linger0_at_fixed_rate"][rate] = {
                         "runs": runs_at, "p50_ms_median": statistics.median(f["p50_ms"] for f in runs_at),
-                        "p99_ms_median": statistics.median(f["p99_ms"] for f in runs_at)}
+                        "p99_ms_median": statistics.median(f["p99_ms"] for f in runs_at),
+                        "cpu_us_per_event_median": round(
+                            statistics.median(f["cpu_s_per_1000"] for f in runs_at) * 1000)}
                 if floors:
                     results["raw_producer_at_receiver_half_rate"][label] = {
                         "runs": floors, "p99_ms_all": [f["p99_ms"] for f in floors],
@@ -446,6 +450,7 @@ def main() -> None:
     results["summary"]["kafka_floor_1KB_linger0"] = {
         rate: {k: v for k, v in floor.items() if k != "runs"}
         for rate, floor in results["raw_producer_linger0_at_fixed_rate"].items()}
+    stack_floor(results)
     results["elapsed_s"] = round(time.monotonic() - began)
     path = write_json("receiver", results)
     plot(results)
@@ -522,6 +527,21 @@ def versus_peer(runs: dict[str, Any]) -> dict[str, Any]:
             out[str(rate)].update({"always_batching_p50_ms": c["p50_ms"], "always_batching_p99_ms": c["p99_ms"],
                                    "always_batching_cpu_us_per_event": round(c["cpu_s_per_1000"] * 1000)})
     return out
+
+
+def stack_floor(results: dict[str, Any]) -> None:
+    """At each fixed rate, the CPU per event of the bare HTTP app (uvicorn + falcon, no Kafka) plus the raw
+    producer sending at once (linger.ms 0): what the receiver's two halves cost apart, beside the receiver's and
+    the peer's whole request path (``vs_peer_1KB``)."""
+    bare = results["runs"].get("uvicorn/bare/1KB")
+    vs_peer = results["summary"]["vs_peer_1KB"]
+    for rate, floor in results["raw_producer_linger0_at_fixed_rate"].items():
+        if bare is None or rate not in vs_peer:
+            continue
+        http = round(bare["fixed_rate_median"][rate]["cpu_s_per_1000"] * 1000)
+        vs_peer[rate].update({"bare_http_cpu_us_per_event": http,
+                              "raw_producer_cpu_us_per_event": floor["cpu_us_per_event_median"],
+                              "stack_floor_cpu_us_per_event": http + floor["cpu_us_per_event_median"]})
 
 
 def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """One subscription's consumer: the coordinator of polling, scheduling, delivery, commits and rebalances.
 
 The subscription's state lives on the dispatcher's event loop (no locks). The Kafka calls that can block run on
-the subscription's own poll thread: ``consume(timeout=0)`` (it only drains librdkafka's local queue, but
-librdkafka runs the rebalance callbacks inside it, and they wait on the group coordinator: ``committed()``,
-watermarks, the synchronous commit on revoke), ``close()`` and the final commit. A slow rebalance of one
+the subscription's own poll thread: ``consume`` (it drains librdkafka's local queue, and while every partition
+has room waits there up to the idle back-off for the next record; librdkafka runs the rebalance callbacks inside
+it, and they wait on the group coordinator: ``committed()``, watermarks, the synchronous commit on revoke),
+``close()`` and the final commit. A slow rebalance of one
 subscription therefore stalls neither the other subscriptions nor the probes; the callbacks hand their state
 changes to the loop and wait for them (``_on_loop``), so the ordering guarantees are those of a callback on the
 loop: a revoked partition's deliveries are cancelled and its mark taken before the commit. Polling
@@ -178,13 +179,15 @@ class SubscriptionConsumer:
             self._consumer.subscribe([self.topic], on_assign=rebalancer.on_assign, on_revoke=rebalancer.on_revoke,
                                      on_lost=rebalancer.on_lost)
             idle = 0
+            wait = 0.0  # > 0: the next poll waits up to this long for a first record (see _take)
             while not self._stopping:
                 room, full = self._flow.room(self._parts.values(), self._scheduler)
                 try:
-                    messages = await loop.run_in_executor(poller, self._consumer.consume, room, 0)
+                    messages = await loop.run_in_executor(poller, self._take, room, wait)
                 except KafkaException as exc:
                     log.warning("consume failed", extra={**self.labels.as_dict(), "error": str(exc)})
                     messages = []
+                wait = 0.0
                 for message in messages:
                     self._accept(message)
                 if messages:
@@ -205,6 +208,10 @@ class SubscriptionConsumer:
                 idle = idle + 1 if not messages or full else 1
                 if not messages and idle <= HUNGRY_POLLS and self._flow.hungry(self._consumer, self._parts.values()):
                     await self._sleep(HUNGRY_POLL)
+                elif not full and self._parts and not any(p.paused for p in self._parts.values()):
+                    # Room everywhere, so nothing waits on a wake-up (a resume, a freed budget): wait in the poll
+                    # itself, which a record arriving ends at once, instead of sleeping past it.
+                    wait = min(MAX_IDLE_POLL, 0.002 * idle)
                 else:
                     if full:
                         # The local queues hold the whole budget: poll again as soon as deliveries have taken half
@@ -263,6 +270,17 @@ class SubscriptionConsumer:
         part.queued_bytes += size
         self._flow.taken(size)
         part.received += 1
+
+    def _take(self, room: int, wait: float) -> list[Message]:
+        """On the poll thread: up to ``room`` records from librdkafka's local queue. With ``wait``, first block
+        up to that long for one record (its arrival ends the wait), then take the rest without waiting."""
+        consumer = self._consumer
+        if wait <= 0:
+            return cast(list[Message], consumer.consume(room, 0))
+        first = cast(list[Message], consumer.consume(1, wait))
+        if not first or room <= 1:
+            return first
+        return first + cast(list[Message], consumer.consume(room - 1, 0))
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass or ``_wake()`` is called (cheaper than wait_for on an Event)."""
