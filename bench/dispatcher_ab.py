@@ -50,7 +50,7 @@ def run_one(node: KafkaNode, workdir: Path, sink: bd.SinkProcess, topic: str, co
     bd.DISPATCHER_ENV.update({"PYTHONPATH": src, **env})
     with bd.dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered, max_in_flight=64,
                        partitions=4) as run:
-        seen0 = sink.first(path, 120)
+        seen0 = sink.wait_for(path, 1, 120)
         cpu0, sink0, threads0 = run.cpu(), cpu_seconds([sink.proc.pid]), threads_cpu(run.proc.pid)
         spy = None
         if profile:
