@@ -160,8 +160,8 @@ def connection_from_secret(
         raise KafkaConfigError("no bootstrap servers: set `bootstrap.servers` (or `brokers`) in the Secret or config")
 
     # TCP_NODELAY, as Kafka's Java client always sets: with Nagle's algorithm on (librdkafka's default) a small
-    # request sent while an earlier one is unanswered waits for the broker's answer to go out. At 1,000
-    # events/s that doubled to quadrupled the receiver's p99 (docs/receiver.md).
+    # request sent while an earlier one is unanswered waits for the broker's answer to go out, which raised the
+    # receiver's p99 at 1,000 events/s 2-3x (docs/receiver.md). A preset or KE_KAFKA_EXTRA may turn it back on.
     cfg: dict[str, Any] = {"bootstrap.servers": servers, "security.protocol": protocol,
                            "socket.nagle.disable": True}
     oauth_cb = None

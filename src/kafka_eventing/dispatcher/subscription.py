@@ -4,13 +4,12 @@ The subscription's state lives on the dispatcher's event loop (no locks). The Ka
 the subscription's own poll thread: ``consume`` (it drains librdkafka's local queue, and while every partition
 has room waits there up to the idle back-off for the next record; librdkafka runs the rebalance callbacks inside
 it, and they wait on the group coordinator: ``committed()``, watermarks, the synchronous commit on revoke),
-``close()`` and the final commit. A slow rebalance of one
-subscription therefore stalls neither the other subscriptions nor the probes; the callbacks hand their state
-changes to the loop and wait for them (``_on_loop``), so the ordering guarantees are those of a callback on the
-loop: a revoked partition's deliveries are cancelled and its mark taken before the commit. Polling
-continues whatever the deliveries do (a partition whose local queue is full is paused, not starved of polls),
-so a long retry sequence never pushes the member past ``max.poll.interval.ms`` and never gets its partition
-revoked for being slow.
+``close()`` and the final commit. A slow rebalance of one subscription therefore stalls neither the other
+subscriptions nor the probes; the callbacks hand their state changes to the loop and wait for them
+(``_on_loop``), so the ordering guarantees are those of a callback on the loop: a revoked partition's deliveries
+are cancelled and its mark taken before the commit. Polling continues whatever the deliveries do (a partition
+whose local queue is full is paused, not starved of polls), so a long retry sequence never pushes the member past
+``max.poll.interval.ms`` and never gets its partition revoked for being slow.
 
 The parts: ``flow.FlowControl`` (how much to take, which partitions to pause, the rate limit),
 ``ordered.OrderedScheduler`` / ``unordered.UnorderedScheduler`` (which event starts next),
