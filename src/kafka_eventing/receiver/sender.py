@@ -134,17 +134,17 @@ class LoopPoller:
                 producer.poll(0)
             except Exception:  # a callback bug must not stop delivery reports for everyone else
                 log.exception("producer poll failed")
+        # Busy only while polled records await their reports; a request waiting on a threaded producer is
+        # woken by its thread, and needs the tick only to give up at its deadline.
+        self._busy = self.outstanding > 0
+        delay = self.busy_interval if self._busy else self.idle_interval
         waiting = self._waiting
         if waiting:
             now = self.loop.time()
             while waiting and (waiting[0][0] <= now or waiting[0][1].future.done()):
                 waiting.popleft()[1].expire()
-        # Busy only while polled records await their reports; a request waiting on the threaded producer is
-        # woken by its thread, and needs the tick only to give up at its deadline.
-        self._busy = self.outstanding > 0
-        delay = self.busy_interval if self._busy else self.idle_interval
-        if waiting and not self._busy:
-            delay = min(delay, max(self.busy_interval, waiting[0][0] - self.loop.time()))
+            if waiting and not self._busy:
+                delay = min(delay, max(self.busy_interval, waiting[0][0] - now))
         self._handle = self.loop.call_later(delay, self._tick)
 
 
@@ -164,7 +164,7 @@ class AsyncPending:
 
     def on_delivery(self, err: Any, _msg: Any) -> None:
         if threading.get_ident() != self.poller.thread_id:
-            # Only the shutdown flush serves reports from another thread.
+            # A threaded producer's poll thread, or the shutdown flush: the state belongs to the loop.
             self.poller.loop.call_soon_threadsafe(self.on_delivery, err, _msg)
             return
         if self.polled:
@@ -244,7 +244,7 @@ class KafkaSender:
         if self.closing:
             return Result(Outcome.CLOSED, "receiver is shutting down")
         producer = self._pick(poller)
-        polled = producer is self.producer
+        polled = producer not in poller.threaded  # the poller, not the sender, knows what its tick polls
         pending = AsyncPending(len(records), poller, polled)
         if len(records) == 1:  # one event, as nearly every request: no loop, no tuple to unpack
             try:
