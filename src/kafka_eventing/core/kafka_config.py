@@ -12,6 +12,7 @@ Certificates are handed to librdkafka inline (``ssl.*.pem``), so nothing secret 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,8 @@ def load_providers() -> dict[str, Any]:
 
 
 if TYPE_CHECKING:
+    from botocore.credentials import CredentialProvider
+
     from kafka_eventing.core.settings import Settings
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
@@ -102,13 +105,22 @@ class KafkaConnection:
         return cfg
 
 
-def _msk_iam_token_cb(region: str) -> Callable[[str], tuple[str, float]]:
-    """OAUTHBEARER token callback for AWS MSK IAM (the one real provider code path)."""
+def _msk_iam_token_cb(region: str, credentials: CredentialProvider | None = None) -> Callable[[str], tuple[str, float]]:
+    """OAUTHBEARER token callback for AWS MSK IAM (the one real provider code path).
+
+    AWS's signer pre-signs a SigV4 ``kafka-cluster:Connect`` request to ``kafka.<region>.amazonaws.com`` for 15
+    minutes and gives its expiry in milliseconds; librdkafka wants seconds since the epoch and calls again at 80 % of
+    the lifetime. Each call signs anew with the credentials of that moment, as IRSA's web-identity credentials rotate.
+    ``credentials`` replaces botocore's default chain (environment, web identity, profile, instance role).
+    """
 
     def cb(_config: str) -> tuple[str, float]:
         from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
 
-        token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(region)
+        if credentials is None:
+            token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(region)
+        else:
+            token, expiry_ms = MSKAuthTokenProvider.generate_auth_token_from_credentials_provider(region, credentials)
         return token, expiry_ms / 1000
 
     return cb
@@ -131,7 +143,10 @@ def connection_from_secret(
     extra: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> KafkaConnection:
-    """Resolve a connection from a Secret's data (either format) on top of a provider preset."""
+    """Resolve a connection from a Secret's data (either format) on top of a provider preset.
+
+    ``environ`` (the process's when None) gives MSK IAM its region when the Secret has no ``aws.region``.
+    """
     if provider not in PROVIDERS:
         raise KafkaConfigError(f"unknown Kafka provider {provider!r}; one of {', '.join(PROVIDERS)}")
     preset = PROVIDERS[provider]
@@ -173,10 +188,12 @@ def connection_from_secret(
         if mechanism == "OAUTHBEARER":
             if not preset.get("msk_iam"):
                 raise KafkaConfigError("OAUTHBEARER is supported for AWS MSK IAM only (provider aws-msk-iam)")
-            env = environ or {}
+            # The Secret's key, else the pod's environment (EKS's IRSA webhook sets both variables).
+            env = os.environ if environ is None else environ
             region = _text(data, "aws.region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
             if not region:
-                raise KafkaConfigError("AWS MSK IAM needs a region: Secret key `aws.region` or AWS_REGION")
+                raise KafkaConfigError(
+                    "AWS MSK IAM needs a region: Secret key `aws.region`, or AWS_REGION / AWS_DEFAULT_REGION")
             oauth_cb = _msk_iam_token_cb(region)
         else:
             if not user or not password:
