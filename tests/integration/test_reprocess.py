@@ -188,15 +188,25 @@ def test_replay_time_window_to_http_with_retries(
     written = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert written["counts"] == manifest.counts
 
-    # The filters: attribute equality and a SQL predicate over the columns, with --dry-run sending nothing.
+    # The filters: attribute equality, a CloudEvents SQL expression as a Trigger has it, and a Spark SQL predicate
+    # over the columns, with --dry-run sending nothing. CESQL's errors exclude an event as in a Trigger: reading the
+    # absent `subject` is an error, even where the right operand of OR would be true.
     sent_before = len(sink.requests)
+    cesql, sql = "subject = 'subject-1' OR traceid != 'trace-21'", "extensions['traceid'] <> 'trace-13'"
     dry = run_replay(
         spark, read_topic(spark, topic, plain_options), HttpTarget(url=sink.url, policy=policy),
         run_dir=tmp_path / "dry", source={"topic": topic}, dry_run=True,
-        filters=Filters(equals={"type": "com.example.t1"}, where="extensions['traceid'] <> 'trace-21'"),
+        filters=Filters(equals={"type": "com.example.t1"}, where=cesql),
     )
+    assert sorted(r["id"] for r in dry.would_send) == ["ev-1", "ev-13"]  # of t1: 1, 3, 11, 13, 21, 23
+    both = run_replay(
+        spark, read_topic(spark, topic, plain_options), HttpTarget(url=sink.url, policy=policy),
+        run_dir=tmp_path / "dry-sql", source={"topic": topic}, dry_run=True,
+        filters=Filters(equals={"type": "com.example.t1"}, where=cesql, where_sql=sql),
+    )
+    assert [r["id"] for r in both.would_send] == ["ev-1"]
+    assert both.filters == {"equals": {"type": "com.example.t1"}, "where": cesql, "where_sql": sql}
     assert len(sink.requests) == sent_before
-    assert sorted(r["id"] for r in dry.would_send) == ["ev-1", "ev-11", "ev-13", "ev-23", "ev-3"]
 
 
 def test_replay_to_topic_over_sasl_ssl_preserves_headers(

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kafka_eventing.cesql import CesqlParseError
 from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_settings
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from kafka_eventing.reprocess.kafka_options import SparkKafkaOptions
+    from kafka_eventing.reprocess.replay import Filters
     from kafka_eventing.reprocess.sources import Window
 
 log = logging.getLogger("kafka_eventing.reprocess")
@@ -68,6 +70,15 @@ def _delivery_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="select and report, send nothing")
 
 
+def _where_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--where", metavar="CESQL",
+                   help="CloudEvents SQL expression, as in a Trigger's filters (e.g. \"type LIKE 'com.example.%%' AND "
+                        "region = 'eu'\"); an event is taken when it is true without error (docs/cesql.md)")
+    p.add_argument("--where-sql", metavar="PREDICATE",
+                   help="Spark SQL predicate over the decoded row's columns (id, source, type, time, subject, "
+                        "extensions['name'], data, topic, partition, offset, timestamp, ...)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-eventing reprocess", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _topic_args(r, archive=True)
     r.add_argument("--where-attr", action="append", default=[], metavar="NAME=VALUE",
                    help="attribute (or extension) equality; repeatable, all must match")
-    r.add_argument("--where", help="Spark SQL predicate over the columns, e.g. \"extensions['region'] = 'eu'\"")
+    _where_args(r)
     sink = r.add_mutually_exclusive_group(required=True)
     sink.add_argument("--to-url", help="HTTP target: a subscriber, a channel's or a broker's ingress")
     sink.add_argument("--to-topic", help="Kafka topic (same connection); headers are preserved")
@@ -98,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("redrive", help="dead-letter topic → original destination without knativeerror* extensions")
     _topic_args(d, archive=False)
     d.add_argument("--to-url", help="send everything here instead of each event's knativeerrordest")
-    d.add_argument("--where-attr", action="append", default=[], metavar="NAME=VALUE")
-    d.add_argument("--where")
+    d.add_argument("--where-attr", action="append", default=[], metavar="NAME=VALUE",
+                   help="attribute (or extension) equality; repeatable, all must match")
+    _where_args(d)
     _delivery_args(d)
     _common(d)
 
@@ -152,6 +164,18 @@ def _equals(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _filters(args: argparse.Namespace) -> Filters:
+    """The run's filters, the CESQL one parsed already: a typo fails here, before Spark starts."""
+    from kafka_eventing.reprocess.replay import Filters
+
+    filters = Filters(equals=_equals(args.where_attr), where=args.where, where_sql=args.where_sql)
+    try:
+        filters.check()
+    except CesqlParseError as exc:
+        raise CesqlParseError(f"--where is not CloudEvents SQL: {exc.message}") from None
+    return filters
+
+
 def _policy(args: argparse.Namespace) -> Any:
     from kafka_eventing.reprocess.http_sink import HttpSinkPolicy
 
@@ -187,8 +211,8 @@ def main(argv: list[str]) -> int:
         topic = _topic(args, settings) if getattr(args, "topic", None) or getattr(args, "channel", None) else None
         window = _window(args) if args.job != "archive" else None
         policy = _policy(args) if args.job in ("replay", "redrive") else None
-        equals = _equals(args.where_attr) if args.job in ("replay", "redrive") else {}
-    except (SettingsError, KafkaConfigError, DeliverySpecError, ValueError) as exc:
+        filters = _filters(args) if args.job in ("replay", "redrive") else None
+    except (SettingsError, KafkaConfigError, DeliverySpecError, CesqlParseError, ValueError) as exc:
         print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -200,7 +224,7 @@ def main(argv: list[str]) -> int:
     spark = build_session(master=args.master, app_name=f"kafka-eventing-{args.job}", jars=args.jars,
                           driver_memory=args.driver_memory)
     try:
-        return _run(args, spark, options, topic=topic, window=window, policy=policy, equals=equals)
+        return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)
     finally:
         spark.stop()
 
@@ -219,9 +243,9 @@ def _source(
 
 def _run(
     args: argparse.Namespace, spark: SparkSession, options: SparkKafkaOptions, *, topic: str | None,
-    window: Window | None, policy: Any, equals: dict[str, str],
+    window: Window | None, policy: Any, filters: Filters | None,
 ) -> int:
-    from kafka_eventing.reprocess.replay import Filters, HttpTarget, TopicTarget, run_redrive, run_replay
+    from kafka_eventing.reprocess.replay import HttpTarget, TopicTarget, run_redrive, run_replay
 
     if args.job == "archive":
         from kafka_eventing.reprocess.archive import run_archive
@@ -241,7 +265,7 @@ def _run(
         print_summary({**run_stats(events, args.out, title=str(topic or args.archive)), "source": source})
         return 0
     run_dir = args.run_dir or Path("reprocess-runs") / f"{args.job}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
-    filters = Filters(equals=equals, where=args.where)
+    assert filters is not None
     if args.job == "replay":
         to_topic = bool(args.to_topic)
         events, source = _source(spark, args, options, topic, window, keep_raw=to_topic)

@@ -14,10 +14,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from functools import partial
+from functools import partial, reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kafka_eventing.reprocess.cesql_spark import check_where, compile_where
 from kafka_eventing.reprocess.events import CORE_ATTRIBUTES, encode_batches
 from kafka_eventing.reprocess.http_sink import FAILED, RESULT_DDL, SUCCEEDED, HttpSinkPolicy, send_batches
 
@@ -61,23 +62,34 @@ class TopicTarget:
 
 @dataclass(frozen=True)
 class Filters:
-    """Attribute equality (extensions by name too) and a Spark SQL predicate over the event columns."""
+    """Which events a run takes, all conditions together: attribute equality (``--where-attr``, extensions by name
+    too), a CloudEvents SQL expression (``--where``, the same one a Trigger filters with; ``reprocess.cesql_spark``)
+    and a Spark SQL predicate over the row's columns (``--where-sql``)."""
 
     equals: Mapping[str, str] = field(default_factory=dict)
     where: str | None = None
+    where_sql: str | None = None
+
+    def check(self) -> None:
+        """Refuse an expression that is not CESQL before Spark starts (``CesqlParseError``, with line and column)."""
+        if self.where is not None:
+            check_where(self.where)
+
+    def describe(self) -> dict[str, Any]:
+        return {"equals": dict(self.equals), "where": self.where, "where_sql": self.where_sql}
 
     def column(self) -> Column | None:
         from pyspark.sql import functions as F
 
-        cond: Column | None = None
+        terms: list[Column] = []
         for name, value in self.equals.items():
             col = F.col(name) if name in CORE_ATTRIBUTES else F.col("extensions").getItem(name)
-            term = col.cast("string") == F.lit(value)
-            cond = term if cond is None else cond & term
-        if self.where:
-            term = F.expr(self.where)
-            cond = term if cond is None else cond & term
-        return cond
+            terms.append(col.cast("string") == F.lit(value))
+        if self.where is not None:
+            terms.append(compile_where(self.where).matches)
+        if self.where_sql:
+            terms.append(F.expr(self.where_sql))
+        return reduce(lambda a, b: a & b, terms) if terms else None
 
 
 @dataclass
@@ -150,7 +162,7 @@ def run_replay(
     previous = _previous_attempts(run_path)
     manifest = Manifest(
         job=job, run_id=_run_id(run_path), run_dir=str(run_path), dry_run=dry_run, source=dict(source),
-        sink=target.describe(), filters={"equals": dict(filters.equals), "where": filters.where},
+        sink=target.describe(), filters=filters.describe(),
         attempt=previous + 1,
     )
     events = events.persist(StorageLevel.MEMORY_AND_DISK)  # read Kafka/Parquet once for count + send
