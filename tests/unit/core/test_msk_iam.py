@@ -167,6 +167,32 @@ def test_librdkafka_accepts_the_token_and_its_expiry(aws_env: Credentials) -> No
     verify(issued[0][0], aws_env, "eu-west-1")
 
 
+def test_librdkafka_asks_again_before_expiry_and_gets_a_fresh_token(aws_env: Credentials) -> None:
+    """The refresh, shortened: librdkafka asks at 80 % of the lifetime it was given (here 2 s, instead of the
+    signer's 15 minutes), and every answer is a newly signed token that verifies."""
+    conn = connection_from_secret({"aws.region": "eu-west-1"}, provider="aws-msk-iam",
+                                  bootstrap_servers="127.0.0.1:9", extra={"security.protocol": "SASL_PLAINTEXT"})
+    cfg = conn.producer_config(log_level=0)
+    issued: list[tuple[str, float, float]] = []
+    inner = cfg["oauth_cb"]
+
+    def short_lived(config: str) -> tuple[str, float]:
+        token, expiry = inner(config)
+        issued.append((token, expiry, time.time()))
+        return token, min(expiry, time.time() + 2)
+
+    cfg["oauth_cb"] = short_lived
+    producer = confluent_kafka.Producer(cfg)
+    deadline = time.monotonic() + 10
+    while len(issued) < 3 and time.monotonic() < deadline:
+        producer.poll(0.1)
+    assert len(issued) >= 3, issued
+    for token, expiry, at in issued:
+        params = verify(token, aws_env, "eu-west-1")
+        assert expiry == signed_at(params) + 900 and abs(signed_at(params) - at) <= 1
+    assert len({token for token, _, _ in issued}) >= 2  # signed anew (X-Amz-Date has one-second resolution)
+
+
 def _msk(environ: dict[str, str] | None, data: dict[str, str | bytes] | None = None) -> dict[str, str]:
     conn = connection_from_secret(data or {}, provider="aws-msk-iam", bootstrap_servers="b:9098", environ=environ)
     token, _ = conn.producer_config()["oauth_cb"]("")
