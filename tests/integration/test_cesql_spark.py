@@ -13,14 +13,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kafka_eventing.cesql import CesqlParseError, compile_expression, tck
+from kafka_eventing.cesql import ast as cst
 from kafka_eventing.reprocess.cesql_spark import compile_where, row_attributes
-from kafka_eventing.reprocess.events import decode_record, event_schema
+from kafka_eventing.reprocess.events import CORE_ATTRIBUTES, decode_record, event_schema
+from unit.cesql.test_cesql_properties import NAMES, trees
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -169,3 +174,40 @@ def test_every_tck_case_evaluates_alike_in_spark_and_python(spark: SparkSession,
     assert not mismatches, "\n".join(mismatches)
     assert differs == ROW_VIEW_DIFFERS
     assert (compared, refused) == (273 + 55, 2)  # the suite's 275 cases (2 expect a parse error) and the edges
+
+
+EXTENSION_NAMES = [name for name in NAMES if name not in CORE_ATTRIBUTES and name != "data"]
+_ext_values = st.one_of(st.text(max_size=6), st.sampled_from(["10", "-3", "true", "FALSE", "", " 1", "2147483648"]))
+_rows = st.fixed_dictionaries(
+    {"id": st.just("e"), "source": st.just("/s"), "type": st.sampled_from(["t", "10", "TRUE"]),
+     "specversion": st.just("1.0"), "subject": st.none() | _ext_values,
+     "time": st.none() | st.datetimes(timezones=st.just(UTC)), "datacontenttype": st.none(),
+     "dataschema": st.none(), "extensions": st.dictionaries(st.sampled_from(EXTENSION_NAMES), _ext_values),
+     "data": st.none(), "topic": st.just("p"), "partition": st.just(0), "offset": st.just(0),
+     "timestamp": st.none(), "event_date": st.none(), "error": st.none()})
+
+
+@settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(trees, min_size=20, max_size=20), st.lists(_rows, min_size=6, max_size=6))
+def test_generated_expressions_evaluate_alike_in_spark_and_python(
+    spark: SparkSession, expressions: list[cst.Node], rows: list[dict[str, Any]],
+) -> None:
+    """The property suite's generated expressions (tests/unit/cesql) over generated rows: 120 pairs per example,
+    one Spark job each."""
+    from pyspark.sql import functions as F
+
+    texts = [cst.to_text(tree) for tree in expressions]
+    compiled = [compile_where(text) for text in texts]
+    schema = event_schema()
+    frame = spark.createDataFrame([tuple(row[f.name] for f in schema) for row in rows], schema)
+    columns = [F.struct(f.value.alias("v"), f.ok.alias("ok"), f.matches.alias("m")) for f in compiled]
+    results = frame.select(*columns).collect()
+    for row, got in zip(rows, results, strict=True):
+        view = row_attributes(row)
+        for i, text in enumerate(texts):
+            expr = compile_expression(text)
+            result = expr.evaluate(view)
+            python = (not result.errors, result.value if not result.errors else None, expr.matches(view))
+            spark_says = (got[i]["ok"], got[i]["v"] if got[i]["ok"] else None, got[i]["m"])
+            assert python == spark_says, f"{text!r} on {view}"
+            assert not python[0] or type(python[1]) is type(spark_says[1]), f"{text!r} on {view}"
