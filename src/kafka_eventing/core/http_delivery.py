@@ -174,7 +174,10 @@ class HttpSender:
         if client_timeout is None:
             client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         try:
-            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout) as resp:
+            # No Content-Type unless the event has one: aiohttp would add application/octet-stream, a
+            # datacontenttype the producer never set.
+            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout,
+                                         skip_auto_headers=_NO_CONTENT_TYPE) as resp:
                 if resp.content_length == 0:
                     return Attempt(resp.status, b"", resp.headers)  # the usual answer: nothing to read
                 # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.
@@ -184,6 +187,9 @@ class HttpSender:
                 return Attempt(resp.status, data, resp.headers, oversized=oversized)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             return Attempt(None, error=f"{type(exc).__name__}: {exc}")
+
+
+_NO_CONTENT_TYPE = ("Content-Type",)
 
 
 async def _read(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
