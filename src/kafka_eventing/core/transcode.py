@@ -166,6 +166,21 @@ def _route(name: bytes) -> tuple[str, str, int] | None:
     return route
 
 
+def text_headers(latin1: Mapping[str, str]) -> dict[str, str]:
+    """Request headers as the SDK path reads them, from the framework's (values read as Latin-1, HTTP's own
+    charset): a value that is UTF-8 is read as UTF-8 — a sender that wrote a non-ASCII attribute without
+    percent-encoding it meant that text (``café``, not ``cafÃ©``)."""
+    out: dict[str, str] = {}
+    for name, value in latin1.items():
+        if not value.isascii():
+            try:
+                value = value.encode("latin-1").decode("utf-8")
+            except UnicodeError:
+                pass  # not UTF-8: Latin-1 it stays
+        out[name] = value
+    return out
+
+
 def _trace_from_http(headers: Mapping[str, str]) -> dict[str, str]:
     return {lname: value for name, value in headers.items() if (lname := name.lower()) in TRACE_HEADERS and value}
 
