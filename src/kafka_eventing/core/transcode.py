@@ -172,12 +172,13 @@ def text_headers(latin1: Mapping[str, str]) -> dict[str, str]:
     percent-encoding it meant that text (``café``, not ``cafÃ©``)."""
     out: dict[str, str] = {}
     for name, value in latin1.items():
+        text = value
         if not value.isascii():
             try:
-                value = value.encode("latin-1").decode("utf-8")
+                text = value.encode("latin-1").decode("utf-8")
             except UnicodeError:
                 pass  # not UTF-8: Latin-1 it stays
-        out[name] = value
+        out[name] = text
     return out
 
 
