@@ -389,12 +389,13 @@ def _check_time(value: str) -> None:
 def events_from_http_batch(body: bytes) -> list[CloudEvent]:
     """Batched content mode: a JSON array of structured events. All valid, or a BindingError."""
     try:
-        items = json.loads(body)
+        text = body.decode("utf-8")  # JSON on the wire is UTF-8 (RFC 8259); each item keeps its own text
+        items = json.loads(text)
     except ValueError as exc:
         raise BindingError(f"malformed batch: {exc}") from None
     if not isinstance(items, list):
         raise BindingError("a CloudEvents batch must be a JSON array")
-    texts = _array_texts(body.decode("utf-8", errors="replace"))
+    texts = _array_texts(text)
     events: list[CloudEvent] = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):

@@ -161,6 +161,11 @@ class Attempt:
         return str(self.status) if self.status is not None else "none"
 
 
+#: aiohttp's automatic headers not to add: an event without datacontenttype has no Content-Type (aiohttp would send
+#: application/octet-stream, a datacontenttype the producer never set).
+_NO_CONTENT_TYPE = ("Content-Type",)
+
+
 class HttpSender:
     """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
 
@@ -174,8 +179,6 @@ class HttpSender:
         if client_timeout is None:
             client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         try:
-            # No Content-Type unless the event has one: aiohttp would add application/octet-stream, a
-            # datacontenttype the producer never set.
             async with self.session.post(url, data=body, headers=headers, timeout=client_timeout,
                                          skip_auto_headers=_NO_CONTENT_TYPE) as resp:
                 if resp.content_length == 0:
@@ -187,9 +190,6 @@ class HttpSender:
                 return Attempt(resp.status, data, resp.headers, oversized=oversized)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             return Attempt(None, error=f"{type(exc).__name__}: {exc}")
-
-
-_NO_CONTENT_TYPE = ("Content-Type",)
 
 
 async def _read(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
