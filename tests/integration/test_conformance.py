@@ -100,8 +100,13 @@ class Sent:
 def events(run: str) -> list[Sent]:
     """Every attribute the tool sends, both modes, with and without data and datacontenttype."""
     base = {"source": "https://example.com/fidelity", "type": "com.example.fidelity"}
-    odd = {"a1b2c3": "with space", "x": "café ✓", "q": 'say "hi"', "n": "42", "flag": "true",
-           "averyveryverylongextensionname": "v", "pct": "100% sure"}
+    # CloudEvents' types as extension values (String, Integer, Boolean, Binary, URI, URI-reference, Timestamp),
+    # odd names (one letter, digits, over the 20 characters the spec advises) and odd values. `send` does not
+    # percent-encode binary-mode values, so a "%XX" there would mean the character it encodes (HTTP binding):
+    # literal percent escapes are sent in structured mode only (s-nodata).
+    odd = {"a1b2c3": "with space", "x": "café ✓", "q": 'say "hi", twice', "n": "-2147483648", "flag": "true",
+           "averyveryverylongextensionname": "v", "pct": "100% sure", "bin": "AAEC/w==",
+           "uri": "https://example.com/a?b=c&d=~#f", "ref": "../x", "ts": "1985-04-12T23:20:50.52Z"}
     return [
         Sent(f"{run}-b-text", "binary", {**base, "time": "2024-05-01T12:34:56.789Z", "subject": "sub/ject:1",
                                          "datacontenttype": "text/plain"}, odd, "hello, world ✓",
