@@ -116,12 +116,14 @@ class Timestamp(datetime):
     __slots__ = ("text",)
     text: str
 
-    def __new__(cls, text: Any, *args: Any, **kwargs: Any) -> Timestamp:
+    def __new__(cls, text: Any, *args: Any, strict: bool = True, **kwargs: Any) -> Timestamp:
+        """``strict``: RFC 3339 only (what an ingress accepts); else any ISO 8601 date-time with a zone that
+        dateutil reads, as a record another producer wrote to Kafka may carry (delivered, its text unchanged)."""
         if args or kwargs or not isinstance(text, str):
             # datetime's own methods (astimezone, replace, +) build their result through the subclass with
             # datetime's arguments: the result is a new instant, a plain datetime without the sender's text.
             return datetime(text, *args, **kwargs)  # type: ignore[return-value]
-        when = _parse_time(text)
+        when = _parse_time(text, strict)
         obj = super().__new__(cls, when.year, when.month, when.day, when.hour, when.minute, when.second,
                               when.microsecond, when.tzinfo, fold=when.fold)
         obj.text = text
@@ -131,18 +133,22 @@ class Timestamp(datetime):
         return (Timestamp, (self.text,))
 
 
-def _parse_time(text: str) -> datetime:
-    if not _RFC3339.fullmatch(text):
+def _parse_time(text: str, strict: bool = True) -> datetime:
+    if strict and not _RFC3339.fullmatch(text):
         raise ValueError(f"{text!r} is not an RFC 3339 timestamp")
     try:
-        return isoparse(text)
+        when = isoparse(text)
     except (ValueError, OverflowError):
         raise ValueError(f"{text!r} is not an RFC 3339 timestamp") from None
+    if when.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone")
+    return when
 
 
-def check_time(text: str) -> str:
-    """``text`` if it is an RFC 3339 timestamp with a zone (what the fast paths copy as is), else ValueError."""
-    _parse_time(text)
+def check_time(text: str, strict: bool = True) -> str:
+    """``text`` if it is a timestamp with a zone (``strict``: RFC 3339, what an ingress takes; else what
+    :class:`Timestamp` reads from a Kafka record), else ValueError. The fast paths copy it as is."""
+    _parse_time(text, strict)
     return text
 
 
@@ -190,14 +196,14 @@ class CloudEvent(_SDKCloudEvent):
             self._attributes.pop("time", None)
 
 
-def _with_time(text: str | None) -> Any:
-    """The event factory for a binary-mode message: the SDK has parsed ``time`` (and so checked it); the event
-    keeps the text it was parsed from."""
+def _with_time(text: str | None, strict: bool = True) -> Any:
+    """The event factory for a binary-mode message: the SDK has parsed ``time``; the event keeps the text it was
+    parsed from (``strict``: see :class:`Timestamp`)."""
     if text is None:
         return CloudEvent
 
     def build(attributes: dict[str, Any], data: Any = None) -> CloudEvent:
-        return CloudEvent({**attributes, "time": text}, data)
+        return CloudEvent({**attributes, "time": Timestamp(text, strict=strict)}, data)
     return build
 
 
@@ -241,7 +247,14 @@ def _members(text: str) -> dict[str, tuple[Any, str]]:
 class RawDataFormat(JSONFormat):
     """The JSON event format, keeping what the sender wrote: data as the exact bytes (binary mode: the body;
     structured mode: the ``data`` member's JSON text, or a string's own text for a non-JSON ``datacontenttype``,
-    or the ``data_base64`` bytes), ``time`` as its text, and the whole document for a structured round trip."""
+    or the ``data_base64`` bytes), ``time`` as its text, and the whole document for a structured round trip.
+
+    ``strict``: ``time`` must be RFC 3339 (an ingress); else any timestamp :class:`Timestamp` reads (a record).
+    """
+
+    def __init__(self, strict: bool = True) -> None:
+        super().__init__()
+        self.strict = strict
 
     def read_data(self, body: bytes, datacontenttype: str | None) -> bytes | None:
         return bytes(body) if body else None
@@ -264,6 +277,8 @@ class RawDataFormat(JSONFormat):
         for name, value in attributes.items():
             if not isinstance(value, str | bool | int):
                 raise ValueError(f"attribute {name!r}: {type(value).__name__} is not a CloudEvents type")
+        if isinstance(attributes.get("time"), str):
+            attributes["time"] = Timestamp(attributes["time"], strict=self.strict)
         body: bytes | None = None
         value, raw = members.get("data", (None, ""))
         if value is not None:
@@ -318,6 +333,7 @@ def _json_data(data: Any, datacontenttype: str | None) -> str:
 
 
 _FORMAT = RawDataFormat()
+_RECORD_FORMAT = RawDataFormat(strict=False)  # what a Kafka record is read with
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -474,10 +490,10 @@ def event_from_kafka(
     message = ce_kafka.KafkaMessage(headers=hdrs, key=None, value=value or b"")
     if f"{KAFKA_HEADER_PREFIX}specversion" in hdrs:
         time = hdrs.get(f"{KAFKA_HEADER_PREFIX}time")
-        return _checked(ce_kafka.from_binary, message, _FORMAT,
-                        _with_time(None if time is None else time.decode(errors="replace")))
+        return _checked(ce_kafka.from_binary, message, _RECORD_FORMAT,
+                        _with_time(None if time is None else time.decode(errors="replace"), strict=False))
     if is_structured(content_type) or (value or b"").lstrip()[:1] == b"{":
-        return _checked(ce_kafka.from_structured, message, _FORMAT, CloudEvent)
+        return _checked(ce_kafka.from_structured, message, _RECORD_FORMAT, CloudEvent)
     raise BindingError("record is not a CloudEvent: no ce_specversion header and no structured body")
 
 

@@ -104,7 +104,7 @@ def kafka_to_http(
             kind, http_name, attr = routes[name] if name in routes else _kafka_route(name)
             if kind == _ATTR:
                 if attr == "time":
-                    check_time(text)  # checked, then copied as it came
+                    check_time(text, strict=False)  # as event_from_kafka reads it, then copied as it came
                 elif not text and attr in _NON_EMPTY:
                     raise ValueError("empty attribute")
                 elif attr == "specversion":

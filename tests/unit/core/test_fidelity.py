@@ -278,3 +278,17 @@ def test_any_valid_event_in_is_the_identical_event_out(data: st.DataObject, stru
             or f'"data":  {event.json_data}'.encode() in out
     else:
         assert got == event.data
+
+
+@pytest.mark.parametrize("time", ["20240501T123456Z", "2024-05-01T12:34:56+0200", "2024-05-01T12:34Z"])
+def test_a_record_with_a_looser_timestamp_is_delivered_with_it_unchanged(time: str) -> None:
+    """An ingress takes RFC 3339 only; a record another producer wrote with an ISO 8601 form is not dropped."""
+    with pytest.raises(BindingError):
+        event_from_http({**BASE, "ce-time": time}, b"")
+    headers = [("ce_id", b"1"), ("ce_source", b"/s"), ("ce_type", b"t"), ("ce_specversion", b"1.0"),
+               ("ce_time", time.encode())]
+    assert kafka_to_http(headers, b"")[0]["ce-time"] == time
+    assert event_to_http(event_from_kafka(headers, b""))[0]["ce-time"] == time
+    doc = json.dumps({"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "time": time}).encode()
+    assert event_to_http(event_from_kafka([("content-type", b"application/cloudevents+json")], doc))[0][
+        "ce-time"] == time
