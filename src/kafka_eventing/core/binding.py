@@ -443,7 +443,7 @@ def partition_key(event: BaseCloudEvent) -> bytes | None:
         value = event.get_subject()
     if value is None or value == "":
         return None
-    return value if isinstance(value, bytes) else str(value).encode()
+    return value if isinstance(value, bytes) else attribute_text(value).encode()
 
 
 def event_to_kafka(

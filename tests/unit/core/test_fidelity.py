@@ -292,3 +292,9 @@ def test_a_record_with_a_looser_timestamp_is_delivered_with_it_unchanged(time: s
     doc = json.dumps({"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "time": time}).encode()
     assert event_to_http(event_from_kafka([("content-type", b"application/cloudevents+json")], doc))[0][
         "ce-time"] == time
+
+
+def test_a_structured_partitionkey_of_another_type_keys_by_its_text() -> None:
+    body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t","partitionkey":true}'
+    record = event_to_kafka(event_from_http({"content-type": "application/cloudevents+json"}, body))
+    assert record.key == b"true" and dict(record.headers)["ce_partitionkey"] == b"true"
