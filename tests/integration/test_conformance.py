@@ -33,13 +33,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import httpx
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from test_dispatcher import KAFKA_EXTRA, NS, InProcess, Received, Subscriber
 from test_receiver import Receiver, read_topic, start_receiver  # noqa: F401 - fixture used by name
 
+from events import assert_arrived_as_sent, request
+from events import events as any_events
 from kafka_eventing.core.channel_source import FileChannelSource
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
@@ -97,7 +102,7 @@ class Sent:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def events(run: str) -> list[Sent]:
+def tool_events(run: str) -> list[Sent]:
     """Every attribute the tool sends, both modes, with and without data and datacontenttype."""
     base = {"source": "https://example.com/fidelity", "type": "com.example.fidelity"}
     # CloudEvents' types as extension values (String, Integer, Boolean, Binary, URI, URI-reference, Timestamp),
@@ -302,7 +307,7 @@ def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Cal
         receiver = start_receiver(resources(target, topic, subs), bootstrap=kafka_running.bootstrap_servers)
         dispatcher = start_dispatcher(kafka_running, target, receiver.channels_file)
         try:
-            sent = events(target)
+            sent = tool_events(target)
             address = (f"{receiver.url}/{NS}/{BROKER}" if target == "broker" else f"{receiver.url}/{NS}/{CHANNEL}")
             want = {e.id: next(d for d in yaml.safe_load_all(send(cloudevents, address, e)) if d) for e in sent}
             ids = {e.id for e in sent}
@@ -350,3 +355,44 @@ def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Cal
         for event in sent:
             if "time" in event.attrs:
                 assert records[event.id]["ce_time"] == event.attrs["time"].encode()
+
+
+@pytest.mark.parametrize("target", ["channel-binary", "channel-structured", "broker"])
+def test_any_valid_event_arrives_identical_through_the_real_parts(
+        target: str, kafka_running: KafkaNode, start_receiver: Callable[..., Receiver]) -> None:  # noqa: F811
+    """The property of tests/unit/core/test_fidelity.py on the real receiver, Kafka and dispatcher: any valid event,
+    sent in binary or structured mode, reaches a binary-mode and a ``delivery.format: json`` subscriber identical."""
+    topic = new_topic(kafka_running)
+    with Subscriber().running() as own:
+        subs = subscribers({"own-binary": own.url("/binary"), "own-json": own.url("/json")})
+        receiver = start_receiver(resources(target, topic, subs), bootstrap=kafka_running.bootstrap_servers)
+        dispatcher = start_dispatcher(kafka_running, target, receiver.channels_file)
+        address = f"{receiver.url}/{NS}/{BROKER if target == 'broker' else CHANNEL}"
+        seen: dict[str, dict[str, Received]] = {"/binary": {}, "/json": {}}
+
+        def arrived(path: str, event_id: str) -> Received | None:
+            for r in own.at(path):
+                key = r.headers.get("ce-id")
+                if key is None and r.headers.get("Content-Type", "").startswith("application/cloudevents+json"):
+                    key = json.loads(r.body).get("id")
+                seen[path][unquote(key or "")] = r
+            return seen[path].get(event_id)
+
+        # A real server per example: a few dozen examples, no deadline (each waits for Kafka and the dispatcher).
+        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(data=st.data(), structured=st.booleans())
+        def check(data: st.DataObject, structured: bool) -> None:
+            event = data.draw(any_events(structured))
+            event.attrs["id"] = f"{uuid.uuid4().hex}-{event.attrs['id']}"  # each example its own id, as generated
+            headers, body = request(event, structured)
+            answer = httpx.post(address, content=body, headers={k: v.encode() for k, v in headers.items()},
+                                timeout=20)
+            assert answer.status_code == 202, answer.text
+            for path in ("/binary", "/json"):
+                got = wait_for(lambda p=path: arrived(p, event.attrs["id"]), 30, f"{event.attrs['id']} at {path}")
+                assert_arrived_as_sent(event, got.headers, got.body)
+
+        try:
+            check()
+        finally:
+            dispatcher.stop()
