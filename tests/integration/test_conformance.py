@@ -19,6 +19,9 @@ What ``diff`` can and cannot judge, and what this test's own subscriber checks i
 - The test's own subscribers decode every request with nothing from this project (the HTTP binding by hand:
   ``ce-*`` headers percent-decoded, or the JSON document) and compare every attribute, every extension and the
   data bytes with what was sent, for every event at every target.
+
+The hypothesis property of tests/unit/core/test_fidelity.py (any valid event in, the identical event out) runs here
+on the same real parts as well, with the sender and subscriber of tests/events.py.
 """
 
 from __future__ import annotations
