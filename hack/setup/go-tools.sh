@@ -39,6 +39,10 @@ KNATIVE_EVENTING_VERSION=v0.47.0
 # confmap: v0.165.0 goes with v1.71.0); the contrib fileexporter carries the same v0.X.Y. Cold build (empty module
 # and build caches, 2-core AMD EPYC VM): 80-93 s, downloads included; a warm re-run checks the stamp only.
 OTELCOL_VERSION=v0.165.0
+# The CloudEvents conformance tool (`cloudevents send|invoke|listen|diff`; tests/integration/test_conformance.py) from
+# hack/tools/conformance/go.mod, whose github.com/cloudevents/conformance version this must equal (checked below).
+# Upstream's own CLI, so the fidelity proof does not rest on code written here. It has no version flag.
+CE_CONFORMANCE_VERSION=v0.4.1
 # -----------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +53,7 @@ STAMPS=$CACHE/stamps/go-tools
 KUBE_MOD=$ROOT/hack/tools/kube
 KNATIVE_MOD=$ROOT/hack/tools/knative
 OTELCOL_MOD=$ROOT/hack/tools/otelcol
+CONFORMANCE_MOD=$ROOT/hack/tools/conformance
 CT_ETC=$ROOT/hack/ct/etc
 mkdir -p "$BIN" "$LOGS" "$STAMPS"
 
@@ -120,6 +125,13 @@ build_otelcol() {
   (cd "$OTELCOL_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$OTELCOL_VERSION" \
     -o "$BIN/otelcol.tmp" .)
   mv -f "$BIN/otelcol.tmp" "$BIN/otelcol"
+}
+
+# go build inside hack/tools/conformance: the module that pins github.com/cloudevents/conformance.
+build_cloudevents() {
+  (cd "$CONFORMANCE_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "-s -w" -o "$BIN/cloudevents.tmp" \
+    github.com/cloudevents/conformance/cmd/cloudevents)
+  mv -f "$BIN/cloudevents.tmp" "$BIN/cloudevents"
 }
 
 helm_k8s_minor() {
@@ -242,7 +254,7 @@ check_pinned() {
 }
 
 ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
-  kubelet knative-eventing-controller otelcol)
+  kubelet knative-eventing-controller otelcol cloudevents)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
@@ -254,6 +266,8 @@ check_pinned "$KNATIVE_MOD" knative.dev/eventing "$KNATIVE_EVENTING_VERSION"
 KNATIVE_KEY="$KNATIVE_EVENTING_VERSION $(hash_of "$KNATIVE_MOD/go.mod" "$KNATIVE_MOD/go.sum")"
 check_pinned "$OTELCOL_MOD" go.opentelemetry.io/collector/otelcol "$OTELCOL_VERSION"
 OTELCOL_KEY="$OTELCOL_VERSION $(hash_of "$OTELCOL_MOD/go.mod" "$OTELCOL_MOD/go.sum" "$OTELCOL_MOD/main.go")"
+check_pinned "$CONFORMANCE_MOD" github.com/cloudevents/conformance "$CE_CONFORMANCE_VERSION"
+CONFORMANCE_KEY="$CE_CONFORMANCE_VERSION $(hash_of "$CONFORMANCE_MOD/go.mod" "$CONFORMANCE_MOD/go.sum")"
 
 for tool in "${WANT[@]}"; do
   case $tool in
@@ -276,6 +290,8 @@ for tool in "${WANT[@]}"; do
     knative-eventing-controller) install_tool knative-eventing-controller "$KNATIVE_EVENTING_VERSION" "$KNATIVE_KEY" "-h" \
       build_knative_eventing_controller ;;
     otelcol) install_tool otelcol "$OTELCOL_VERSION" "$OTELCOL_KEY" "--version" build_otelcol ;;
+    # No version command: `help` runs cobra's root and exits 0.
+    cloudevents) install_tool cloudevents "$CE_CONFORMANCE_VERSION" "$CONFORMANCE_KEY" "help" build_cloudevents ;;
     etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
     *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;
   esac

@@ -1,6 +1,9 @@
-"""DeliverySpec: retries, backoff, per-attempt timeout, dead-letter sink — parsed once, used everywhere.
+"""DeliverySpec: retries, backoff, per-attempt timeout, dead-letter sink, content mode — parsed once, used
+everywhere.
 
-Durations are ISO-8601 (``PT0.2S``, ``PT1M``) as in Knative's DeliverySpec (``core.durations``).
+Durations are ISO-8601 (``PT0.2S``, ``PT1M``) as in Knative's DeliverySpec (``core.durations``). ``format`` is
+Knative's per-destination content mode: ``json`` (structured, ``application/cloudevents+json``) or ``binary``
+(``ce-*`` headers); unset is binary.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from kafka_eventing.core.binding import ContentMode
 from kafka_eventing.core.durations import DurationError, parse_duration
 
 #: HTTP status codes worth another attempt (Knative's rule); other 4xx are final.
@@ -48,6 +52,10 @@ def resolve_destination(dest: Mapping[str, Any] | None, namespace: str) -> tuple
                   "use a v1 Service ref or a uri")
 
 
+#: Knative's ``delivery.format`` values (duck/v1 DeliverySpec's FormatType) and the content mode each names.
+DELIVERY_FORMATS = {"json": ContentMode.STRUCTURED, "binary": ContentMode.BINARY}
+
+
 class BackoffPolicy(enum.StrEnum):
     LINEAR = "linear"
     EXPONENTIAL = "exponential"
@@ -69,6 +77,8 @@ class DeliverySpec:
     dead_letter_problem: str = ""
     #: Knative's ``retryAfterMax``: caps a Retry-After wait (zero: Retry-After ignored); None: the dispatcher's cap.
     retry_after_max: timedelta | None = None
+    #: How events go to the subscriber and the dead-letter sink (``format``); replies keep binary mode.
+    format: ContentMode = ContentMode.BINARY
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any] | None, dead_letter_uri: str | None = None,
@@ -92,12 +102,19 @@ class DeliverySpec:
                                else None)
         except DurationError as exc:
             raise DeliverySpecError(str(exc)) from None
+        fmt = spec.get("format")
+        if fmt is None or fmt == "":
+            content_mode = ContentMode.BINARY
+        elif isinstance(fmt, str) and fmt.lower() in DELIVERY_FORMATS:
+            content_mode = DELIVERY_FORMATS[fmt.lower()]
+        else:
+            raise DeliverySpecError(f"format: {fmt!r} must be json (structured mode) or binary")
         sink, problem = dead_letter_uri, ""
         if sink is None:
             dls = spec.get("deadLetterSink")
             sink, problem = resolve_destination(dls if isinstance(dls, Mapping) else None, namespace)
         return cls(retry=retry, backoff_policy=policy, backoff_delay=delay, timeout=timeout, dead_letter_uri=sink,
-                   dead_letter_problem=problem, retry_after_max=retry_after_max)
+                   dead_letter_problem=problem, retry_after_max=retry_after_max, format=content_mode)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): linear d×n, exponential d×2^n."""

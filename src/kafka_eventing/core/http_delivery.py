@@ -161,6 +161,11 @@ class Attempt:
         return str(self.status) if self.status is not None else "none"
 
 
+#: aiohttp's automatic headers not to add: an event without datacontenttype has no Content-Type (aiohttp would send
+#: application/octet-stream, a datacontenttype the producer never set).
+_NO_CONTENT_TYPE = ("Content-Type",)
+
+
 class HttpSender:
     """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
 
@@ -174,7 +179,8 @@ class HttpSender:
         if client_timeout is None:
             client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         try:
-            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout) as resp:
+            async with self.session.post(url, data=body, headers=headers, timeout=client_timeout,
+                                         skip_auto_headers=_NO_CONTENT_TYPE) as resp:
                 if resp.content_length == 0:
                     return Attempt(resp.status, b"", resp.headers)  # the usual answer: nothing to read
                 # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.

@@ -18,17 +18,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 from cloudevents.core.bindings.common import CONTENT_TYPE_HEADER
-from dateutil.parser import isoparse
 
 from kafka_eventing.core.binding import (
     EXTENSION_NAME,
     HTTP_HEADER_PREFIX,
+    HTTP_SAFE,
     KAFKA_HEADER_PREFIX,
     RESERVED_EXTENSION_NAMES,
     SPECVERSION,
     TRACE_HEADERS,
     ContentMode,
     KafkaRecord,
+    check_time,
     event_from_http,
     event_from_kafka,
     event_to_http,
@@ -37,22 +38,11 @@ from kafka_eventing.core.binding import (
 )
 
 # -- the dispatcher's per-event path: Kafka binary mode straight to HTTP binary mode --------------------------
-# The SDK's HTTP header-value encoding (cloudevents.core.bindings.http): printable ASCII except space, '"' and
-# '%' is sent as is, everything else percent-encoded.
-_HTTP_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ('"', "%"))
+_HTTP_SAFE = HTTP_SAFE
 _HTTP_SAFE_SET = frozenset(_HTTP_SAFE)
 _V1_ATTRIBUTES = frozenset(("id", "source", "type", "specversion", "dataschema", "subject", "time"))
 _NON_EMPTY = frozenset(("id", "source", "type", "dataschema", "subject"))
 _EXTENSION = re.compile(EXTENSION_NAME)
-
-
-def _canonical_time(text: str) -> str:
-    """``time`` as the SDK writes it after parsing it: isoformat, UTC as ``Z``; no zone → ValueError (SDK path)."""
-    when = isoparse(text)
-    if when.tzinfo is None:
-        raise ValueError("time without a zone")
-    out = when.isoformat()
-    return out[:-6] + "Z" if out.endswith("+00:00") else out
 
 
 # What a header is to the fast paths (kafka_to_http, raw_http_to_kafka), by its lower-case name.
@@ -114,7 +104,7 @@ def kafka_to_http(
             kind, http_name, attr = routes[name] if name in routes else _kafka_route(name)
             if kind == _ATTR:
                 if attr == "time":
-                    text = _canonical_time(text)
+                    check_time(text, strict=False)  # as event_from_kafka reads it, then copied as it came
                 elif not text and attr in _NON_EMPTY:
                     raise ValueError("empty attribute")
                 elif attr == "specversion":
@@ -176,6 +166,22 @@ def _route(name: bytes) -> tuple[str, str, int] | None:
     return route
 
 
+def text_headers(latin1: Mapping[str, str]) -> dict[str, str]:
+    """Request headers as the SDK path reads them, from the framework's (values read as Latin-1, HTTP's own
+    charset): a value that is UTF-8 is read as UTF-8 — a sender that wrote a non-ASCII attribute without
+    percent-encoding it meant that text (``café``, not ``cafÃ©``)."""
+    out: dict[str, str] = {}
+    for name, value in latin1.items():
+        text = value
+        if not value.isascii():
+            try:
+                text = value.encode("latin-1").decode("utf-8")
+            except UnicodeError:
+                pass  # not UTF-8: Latin-1 it stays
+        out[name] = text
+    return out
+
+
 def _trace_from_http(headers: Mapping[str, str]) -> dict[str, str]:
     return {lname: value for name, value in headers.items() if (lname := name.lower()) in TRACE_HEADERS and value}
 
@@ -227,7 +233,8 @@ def raw_http_to_kafka(
                 if special == _S_INVALID:
                     raise ValueError("invalid extension name")
                 if special == _S_TIME:
-                    out.append((header, _canonical_time(value.decode()).encode()))
+                    check_time(value.decode())  # checked, then copied as it came
+                    out.append((header, value))
                     continue
                 if not value and attr in _MUST_NOT_BE_EMPTY:
                     raise ValueError("empty attribute")

@@ -20,6 +20,7 @@ from kafka_eventing.core.binding import (
     TRACE_HEADERS,
     BindingError,
     CloudEvent,
+    ContentMode,
     error_data,
     event_from_http,
     event_from_kafka,
@@ -136,6 +137,12 @@ class Deliverer:
                 # A reply loop through the Broker: stop it here, visibly.
                 self.metrics.dropped.labels(*labels, "ttl_expired").inc()
                 return Outcome.DROPPED
+        if subscriber.delivery.format is ContentMode.STRUCTURED:
+            # delivery.format: json — the event as one application/cloudevents+json body (a structured record's
+            # own document), the trace context beside it as headers.
+            trace = _trace(out_headers)
+            out_headers, body = event_to_http(event_from_kafka(headers, value), ContentMode.STRUCTURED)
+            out_headers.update(trace)
         out_headers["Prefer"] = "reply"
 
         attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels,
@@ -234,7 +241,7 @@ class Deliverer:
             knativeerrorcode=failed.code if failed.status is not None else None,
             knativeerrordata=error_data(failed.body) if failed.body else None,
         )
-        headers, body = event_to_http(dead)
+        headers, body = event_to_http(dead, subscriber.delivery.format)
         headers.update(trace)
 
         def on_retry(attempt: int, delay: float) -> None:

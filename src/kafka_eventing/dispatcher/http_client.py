@@ -14,9 +14,10 @@ What it keeps from the aiohttp path (``core.http_delivery.HttpSender``), so that
 * the body limits (``MAX_REPLY_BYTES`` for a 2xx, the first ``ERROR_BODY_BYTES`` of an error) and
   ``oversized``; a connection whose answer was cut short is closed, not reused;
 * the case-insensitive, read-only response headers (``multidict``, as aiohttp's);
-* the request headers aiohttp would send: ``Host``, ``Content-Length``, ``Content-Type:
-  application/octet-stream`` when the event has none; a header with a control character is refused
-  (``ValueError``, as aiohttp's header-injection check) and the attempt fails without a request;
+* the request headers the aiohttp path sends: ``Host``, ``Content-Length``, and no ``Content-Type`` when the
+  event has none (a binary-mode event without ``datacontenttype`` must not gain one in transit); a header with a
+  control character is refused (``ValueError``, as aiohttp's header-injection check) and the attempt fails
+  without a request;
 * no connection limit (each subscription's in-flight budget is its limit); idle connections are closed after
   ``KEEPALIVE_SECONDS`` (aiohttp's 15 s).
 
@@ -344,9 +345,6 @@ def _request(prefix: str, headers: Mapping[str, str], body: bytes) -> bytes:
     if _FORBIDDEN.search("\t".join(headers)) or _FORBIDDEN.search("\t".join(headers.values())):
         raise ValueError("Forbidden control character detected in headers. Potential header injection attack.")
     lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-    if "content-type" not in headers and "Content-Type" not in headers \
-            and not any(k.lower() == "content-type" for k in headers):
-        lines += "Content-Type: application/octet-stream\r\n"
     return f"{prefix}{lines}Content-Length: {len(body)}\r\n\r\n".encode() + body
 
 

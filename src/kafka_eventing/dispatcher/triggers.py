@@ -67,7 +67,8 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
         hold = hold or f"invalid filter: {exc}"  # the controller reports it too (SubscriptionReady=False)
     delivery_spec = spec.get("delivery") or (broker.get("spec") or {}).get("delivery")
     try:
-        delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"))
+        # A dead-letter sink ref without a namespace is in the Trigger's (Knative's rule), never "default".
+        delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace)
     except DeliverySpecError as exc:
         hold = hold or f"invalid delivery: {exc}"
     if hold:

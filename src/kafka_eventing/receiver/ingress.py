@@ -32,7 +32,7 @@ from kafka_eventing.core.binding import (
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.core.transcode import raw_http_to_kafka
+from kafka_eventing.core.transcode import raw_http_to_kafka, text_headers
 from kafka_eventing.receiver.metrics import Tally
 from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Result
 
@@ -141,7 +141,7 @@ class Ingress:
                 # One event: straight from HTTP to Kafka (trace context included), through the SDK whenever the
                 # fast path is not certain; from the header bytes the server read, no str dict per request.
                 return [raw_http_to_kafka(req.scope["headers"], body, channel.content_mode,
-                                          headers=lambda: req.headers)]
+                                          headers=lambda: text_headers(req.headers))]
             events = events_from_http_batch(body)
         except BindingError as exc:
             return Answer(falcon.HTTP_400, exc.as_dict())

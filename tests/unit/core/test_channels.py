@@ -90,3 +90,16 @@ def test_invalid_channel_names_field() -> None:
 )
 def test_host_routing(host: str, key: tuple[str, str] | None) -> None:
     assert channel_key_from_host(host) == key
+
+
+def test_delivery_format_of_the_channel_and_of_each_subscriber() -> None:
+    obj = {"kind": "KafkaChannel", "metadata": {"name": "x", "namespace": "shop"},
+           "spec": {"delivery": {"format": "json"},
+                    "subscribers": [{"uid": "inherits", "subscriberUri": "http://a"},
+                                    {"uid": "own", "subscriberUri": "http://b", "delivery": {"format": "binary"}},
+                                    {"uid": "json", "subscriberUri": "http://c", "delivery": {"format": "json"}}]}}
+    formats = {s.uid: s.delivery.format for s in channel_from_resource(obj, Settings()).subscribers}
+    assert formats == {"inherits": ContentMode.STRUCTURED, "own": ContentMode.BINARY, "json": ContentMode.STRUCTURED}
+    obj["spec"]["subscribers"][1]["delivery"] = {"format": "cloudevents"}  # type: ignore[index]
+    with pytest.raises(ChannelSpecError, match="format"):
+        channel_from_resource(obj, Settings())

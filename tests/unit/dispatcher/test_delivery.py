@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Mapping
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kafka_eventing.core.binding import CloudEvent, event_to_kafka
+from kafka_eventing.core.binding import CloudEvent, ContentMode, event_from_http, event_to_kafka
 from kafka_eventing.core.channels import Subscriber
-from kafka_eventing.core.delivery import BackoffPolicy
+from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec, DeliverySpecError
 from kafka_eventing.core.http_delivery import Attempt
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Metrics
@@ -130,3 +131,41 @@ def test_attempts_made_before_a_rebalance_count(made: int, more: int) -> None:
     assert len(sender.to("http://s")) == more
     assert count.made == 6
     assert len(sender.to("http://dls")) == 1
+
+
+@pytest.mark.parametrize("mode", list(ContentMode))
+@pytest.mark.parametrize(("fmt", "structured"), [("json", True), ("JSON", True), ("binary", False), (None, False)])
+def test_delivery_format_picks_the_content_mode_of_subscriber_and_dead_letter(
+        fmt: str | None, structured: bool, mode: ContentMode) -> None:
+    """Knative's ``delivery.format``: json → one application/cloudevents+json body, binary (or unset) → ce-*."""
+    delivery = DeliverySpec.from_dict({**({"format": fmt} if fmt else {}), "deadLetterSink": {"uri": "http://dls"}})
+    sender = FakeSender({"http://s": [Attempt(400)], "http://dls": [Attempt(202)]})
+    deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600)  # type: ignore[arg-type]
+    doc = (b'{"specversion":"1.0", "id":"1","source":"/s","type":"t","time":"2024-05-01T12:34:56.5+02:00",'
+           b'"flag":true,"datacontenttype":"application/json","data": {"a": 1.50}}')
+    event = event_from_http({"content-type": "application/cloudevents+json"}, doc)
+    record = event_to_kafka(event, mode, trace={"traceparent": "00-abc-def-01"})
+    outcome = asyncio.run(deliverer.handle(record.headers, record.value, Subscriber("u", "http://s", delivery=delivery),
+                                           LABELS))
+    assert outcome is Outcome.DEAD_LETTERED
+    (_u, headers, body), (_d, dead_headers, dead_body) = sender.calls
+    assert headers["traceparent"] == dead_headers["traceparent"] == "00-abc-def-01"
+    if structured:
+        assert headers["content-type"] == dead_headers["content-type"] == "application/cloudevents+json"
+        assert not any(k.startswith("ce-") for k in headers)
+        if mode is ContentMode.STRUCTURED:
+            assert body == doc  # a structured record: the sender's own document, byte for byte
+        else:  # rebuilt from the record's headers (binary mode: every value a string), the data member as written
+            assert json.loads(body) == {**json.loads(doc), "flag": "true"} and body.endswith(b'"data":{"a": 1.50}}')
+        dead = json.loads(dead_body)
+        flag = True if mode is ContentMode.STRUCTURED else "true"
+        assert (dead["time"], dead["flag"], dead["knativeerrorcode"]) == ("2024-05-01T12:34:56.5+02:00", flag, "400")
+    else:
+        assert headers["content-type"] == "application/json" and headers["ce-time"] == "2024-05-01T12:34:56.5+02:00"
+        assert headers["ce-flag"] == "true" and body == dead_body == b'{"a": 1.50}'
+        assert dead_headers["ce-knativeerrorcode"] == "400"
+
+
+def test_an_unknown_delivery_format_is_refused() -> None:
+    with pytest.raises(DeliverySpecError, match="format"):
+        DeliverySpec.from_dict({"format": "xml"})

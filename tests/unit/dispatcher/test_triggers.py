@@ -53,3 +53,16 @@ def test_a_held_trigger_stays_a_subscriber_of_the_broker_channel() -> None:
     assert channel is not None
     (sub,) = channel.subscribers
     assert sub.held.startswith("BrokerReady is False")
+
+
+def test_a_dead_letter_sink_ref_resolves_in_the_triggers_namespace() -> None:
+    sink = {"deadLetterSink": {"ref": {"apiVersion": "v1", "kind": "Service", "name": "dls"}}}
+    own = trigger_subscriber(trigger("t", delivery=sink), broker(), TriggerFilters(), None)
+    assert own.delivery.dead_letter_uri == "http://dls.ns.svc.cluster.local"
+    # The Broker's delivery (the Trigger has none) resolves in the same namespace: the Broker's and the Trigger's.
+    inherited = trigger_subscriber(trigger("t"), {**broker(), "spec": {"delivery": sink}}, TriggerFilters(), None)
+    assert inherited.delivery.dead_letter_uri == "http://dls.ns.svc.cluster.local"
+    # A ref that names its namespace keeps it.
+    other = {"deadLetterSink": {"ref": {**sink["deadLetterSink"]["ref"], "namespace": "ops"}}}
+    named = trigger_subscriber(trigger("t", delivery=other), broker(), TriggerFilters(), None)
+    assert named.delivery.dead_letter_uri == "http://dls.ops.svc.cluster.local"

@@ -443,3 +443,13 @@ def test_closing_refuses_new_events_and_flushes(producer: FakeProducer) -> None:
     assert "shutting down" in res.json["error"]
     assert client.simulate_get("/readyz").json["accepting"] is False
     assert len(producer.produced) == 1
+
+
+def test_attributes_reach_kafka_as_the_sender_wrote_them(client: testing.TestClient, producer: FakeProducer) -> None:
+    """``time`` keeps its text; a non-ASCII value sent without percent-encoding is read as the UTF-8 it is."""
+    raw_utf8 = "café ✓".encode().decode("latin-1")  # the header bytes as they go on the wire
+    res = post(client, ce_time="2024-05-01T12:34:56.789Z", ce_myext=raw_utf8, ce_other="caf%C3%A9")
+    assert res.status_code == 202, res.text
+    headers = dict(producer.produced[0].headers)
+    assert headers["ce_time"] == b"2024-05-01T12:34:56.789Z"
+    assert headers["ce_myext"].decode() == "café ✓" and headers["ce_other"].decode() == "café"
