@@ -33,6 +33,7 @@ from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer, Store
+from kafka_eventing.core.kafka_config import STATUS_SECRET
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,11 @@ class Controller:
         # Only the connection Secret matters, not every token or release Secret of the namespace.
         if (meta.get("labels") or {}).get(SECRET_LABEL) == "true" or meta.get("name") == named:
             self._on_config_map(kind, obj)
+        # A Broker on a connection of its own: its status carries the Secret's new checksum to the receiver.
+        secret = f"{meta.get('namespace')}/{meta.get('name')}"
+        for broker in self.brokers.items() if self.brokers is not None and kind != "RELISTED" else ():
+            if ((broker.get("status") or {}).get("annotations") or {}).get(STATUS_SECRET) == secret:
+                self._on_broker(kind, broker)
 
     def _on_broker(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
