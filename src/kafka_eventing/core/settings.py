@@ -123,6 +123,9 @@ class Settings:
     dispatcher_image: str = "kafka-eventing-dispatcher:dev"
     dispatcher_replicas: int = 1
     receiver_service: str = "kafka-channel-receiver"
+    #: the sink ingress Service (on the receiver pods): a KafkaSink's address, and the Host the receiver tells
+    #: a sink's requests by.
+    sink_service: str = "kafka-sink-ingress"
     #: the shared receiver Deployment whose availability is ReceiverDeploymentReady; empty = receiver_service.
     receiver_deployment: str = ""
 

@@ -1,5 +1,5 @@
-"""The KafkaChannel ingress as a falcon ASGI app: HTTP CloudEvents in, Kafka records out, 202 only once Kafka
-has them.
+"""The ingress of KafkaChannels, Kafka Brokers and KafkaSinks as a falcon ASGI app: HTTP CloudEvents in, Kafka
+records out — on the Kafka cluster each target names (``receiver.connections``) — 202 only once Kafka has them.
 
 gunicorn runs it on uvicorn workers (the worker model was chosen by measurement, docs/receiver.md): a request
 waiting for its delivery report is a suspended coroutine, and the producer is polled from the event loop itself
@@ -103,7 +103,8 @@ class ChannelResource:
         # helper coroutine cost ~0.2 µs per request (profile of a uvicorn worker under bench/receiver.py's
         # saturation load, docs/receiver.md).
         ingress = self.ingress
-        channel = ingress.lookup(key, by_path)
+        # A KafkaSink's address differs from a Broker's by its Host alone: read only while sinks are served.
+        channel = ingress.lookup(key, by_path, by_path and ingress.sinks is not None and ingress.to_sink(req))
         if isinstance(channel, Answer):
             return channel
         length = req.content_length
@@ -166,13 +167,16 @@ class ReadyResource:
     """Can this pod answer? Kafka is deliberately not asked: a broker blip would take every receiver pod out of
     the Service at once, and clients would get connection errors instead of a 503 + Retry-After per request."""
 
-    def __init__(self, channels: ChannelSource, sender: KafkaSender, brokers: ChannelSource | None = None) -> None:
-        self.channels, self.sender, self.brokers = channels, sender, brokers
+    def __init__(self, channels: ChannelSource, sender: KafkaSender, brokers: ChannelSource | None = None,
+                 sinks: ChannelSource | None = None) -> None:
+        self.channels, self.sender, self.brokers, self.sinks = channels, sender, brokers, sinks
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         checks = {"channels": self.channels.synced(), "accepting": not self.sender.closing}
         if self.brokers is not None:
             checks["brokers"] = self.brokers.synced()
+        if self.sinks is not None:
+            checks["sinks"] = self.sinks.synced()
         resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
         resp.media = checks
 
@@ -206,10 +210,13 @@ def create_app(
     tracer: Tracer | None = None,
     brokers: ChannelSource | None = None,
     connect: Callable[[ConnectionRef], KafkaSender] | None = None,
+    sinks: ChannelSource | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
 
     ``brokers``: Kafka-class Brokers, served on ``/<namespace>/<name>`` (None: channels only).
+    ``sinks``: KafkaSinks, served on ``/<namespace>/<name>`` of the sink ingress Service (Host
+    ``KE_SINK_SERVICE``; None: no sinks).
     ``connect``: makes the sender of a Kafka connection a target names (``receiver.connections``; None: only the
     receiver's own cluster is written to, and a target naming another gets a 503).
 
@@ -220,15 +227,16 @@ def create_app(
     max_body = min(settings.max_event_bytes, message_max_bytes)
     resource: ChannelResource
     if tracer is None:
-        resource = ChannelResource(Ingress(sender, channels, settings, max_body, brokers=brokers))
+        resource = ChannelResource(Ingress(sender, channels, settings, max_body, brokers=brokers, sinks=sinks))
     else:
         from kafka_eventing.receiver.tracing import TracedChannelResource, TracedIngress
 
-        resource = TracedChannelResource(TracedIngress(sender, channels, settings, max_body, brokers=brokers), tracer)
+        resource = TracedChannelResource(
+            TracedIngress(sender, channels, settings, max_body, brokers=brokers, sinks=sinks), tracer)
     resource.connections = Connections(
         sender, connect, limit=settings.max_kafka_connections, retry=settings.retry_after_seconds,
         close_timeout=settings.produce_timeout_seconds + 2.0)
-    targets = [source for source in (brokers,) if source is not None]
+    targets = [source for source in (brokers, sinks) if source is not None]
     for source in targets:  # a connection no target names any more is closed
         source.subscribe(lambda _snapshot: resource.connections.retain(
             c.connection for t in targets for c in t.snapshot().values() if c.connection is not None))
@@ -241,7 +249,7 @@ def create_app(
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, sender, brokers))
+    app.add_route("/readyz", ReadyResource(channels, sender, brokers, sinks))
     app.add_route("/metrics", MetricsResource())
     return app
 
@@ -261,6 +269,7 @@ class Runtime:
     tracing: Tracing | None = None
     brokers: ChannelSource | None = None
     api_client: Any = None
+    sinks: ChannelSource | None = None
 
     def close(self) -> None:
         self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
@@ -269,6 +278,8 @@ class Runtime:
             self.tracing.shutdown()
         if self.brokers is not None:
             self.brokers.stop()
+        if self.sinks is not None:
+            self.sinks.stop()
 
 
 _runtime: Runtime | None = None
@@ -301,7 +312,7 @@ def build_runtime() -> Runtime:
 
     from kafka_eventing.core import logging as ke_logging
     from kafka_eventing.core import tracing
-    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings
+    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings, sink_source
     from kafka_eventing.core.kube import api_client as kube_api_client
 
     settings = Settings.from_env()
@@ -310,13 +321,14 @@ def build_runtime() -> Runtime:
     api = kube_api_client(settings.kubeconfig) if settings.channel_source == "kube" else None
     channels = channel_source_from_settings(settings, api)
     channels.start()
-    brokers = broker_source(settings, api)
-    if brokers is not None:
-        brokers.start()
+    brokers, sinks = broker_source(settings, api), sink_source(settings, api)
+    for source in (brokers, sinks):
+        if source is not None:
+            source.start()
     sender = new_sender(settings, KafkaProducer(config))
     _runtime = Runtime(settings, sender.producer, channels, sender,
                        int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
-                       tracing.setup(settings, "kafka-eventing-receiver"), brokers, api)
+                       tracing.setup(settings, "kafka-eventing-receiver"), brokers, api, sinks)
     return _runtime
 
 
@@ -377,7 +389,7 @@ def get_app() -> AsgiApp:
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
                       message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings),
                       tracer=parts.tracing.tracer if parts.tracing is not None else None, brokers=parts.brokers,
-                      connect=connection_sender(parts.settings, parts.api_client))
+                      connect=connection_sender(parts.settings, parts.api_client), sinks=parts.sinks)
 
 
 def shutdown() -> None:
