@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
-from test_broker_controller import Brokers, api, brokers, start  # noqa: F401 - fixtures used by name
-from test_controller import env, eventually  # noqa: F401
+from test_broker_controller import Brokers, brokers  # noqa: F401 - fixtures used by name
+from test_controller import Env, env, eventually  # noqa: F401
+from test_kafka_sink import SINK_HOST, Sinks, api, sinks  # noqa: F401
 from test_receiver import Receiver, read_topic, start_receiver  # noqa: F401
 
 from kafka_eventing.core import brokers as kb
@@ -39,6 +40,10 @@ def second_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaNode
     finally:
         node.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def start(environment: Env) -> None:
+    environment.start_controller(environment.settings(), brokers=True, sinks=True)
 
 
 def topics(kafka: KafkaNode) -> set[str]:
@@ -154,3 +159,33 @@ def test_past_the_bound_of_connections_a_target_gets_503(
     assert kb.broker_topic(e.namespace, "far") not in topics(e.kafka)
     assert not read_topic(second_kafka, kb.broker_topic(e.namespace, "far"), 1, timeout=3)
     assert httpx.get(receiver.url + "/readyz", timeout=5).status_code == 200
+
+
+def test_a_kafka_sink_on_a_second_cluster_gets_its_events_there_and_503_when_it_is_down(
+        sinks: Sinks, brokers: Brokers, second_kafka: KafkaNode,  # noqa: F811
+        start_receiver: Callable[..., Receiver], kube_control_plane: KubeControlPlane) -> None:  # noqa: F811
+    e = sinks.env
+    start(e)
+    far = f"far-{uuid.uuid4().hex[:8]}"
+    sinks.create("far", topic=far, numPartitions=1, replicationFactor=1,
+                 bootstrapServers=[second_kafka.bootstrap_servers])
+    e.make_available("kafka-channel-receiver")
+    sinks.wait("far", "Ready", "True")
+    assert far in topics(second_kafka) and far not in topics(e.kafka)
+    receiver = kube_receiver(start_receiver, brokers, kube_control_plane, KE_RETRY_AFTER_SECONDS="4")
+    host = f"{SINK_HOST}.{e.system}.svc.cluster.local"
+    for i in range(4):
+        answer = receiver.post(f"/{e.namespace}/far", b"{}", {**event(f"s-{i}"), "Host": host})
+        assert answer.status_code == 202, answer.text
+    assert {dict(m.headers())["ce_id"].decode() for m in read_topic(second_kafka, far, 4)} == {
+        f"s-{i}" for i in range(4)}
+    assert far not in topics(e.kafka)
+
+    # The sink's cluster goes down: 503 with Retry-After, never 202 (and nothing written elsewhere).
+    second_kafka.stop()
+    try:
+        answer = receiver.post(f"/{e.namespace}/far", b"{}", {**event("down"), "Host": host})
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "4"
+        assert far not in topics(e.kafka)
+    finally:
+        second_kafka.start()
