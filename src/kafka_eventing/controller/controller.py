@@ -241,11 +241,13 @@ class Controller:
         # Only the connection Secret matters, not every token or release Secret of the namespace.
         if (meta.get("labels") or {}).get(SECRET_LABEL) == "true" or meta.get("name") == named:
             self._on_config_map(kind, obj)
-        # A Broker on a connection of its own: its status carries the Secret's new checksum to the receiver.
+        # A Broker or KafkaSink on a connection of its own: its status carries the Secret's new checksum to the
+        # receiver. (Only this namespace's Secrets are watched; a sink's elsewhere waits for the resync.)
         secret = f"{meta.get('namespace')}/{meta.get('name')}"
-        for broker in self.brokers.items() if self.brokers is not None and kind != "RELISTED" else ():
-            if ((broker.get("status") or {}).get("annotations") or {}).get(STATUS_SECRET) == secret:
-                self._on_broker(kind, broker)
+        for informer, handler in ((self.brokers, self._on_broker), (self.sinks, self._on_sink)):
+            for target in informer.items() if informer is not None and kind != "RELISTED" else ():
+                if ((target.get("status") or {}).get("annotations") or {}).get(STATUS_SECRET) == secret:
+                    handler(kind, target)
 
     def _on_broker(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
