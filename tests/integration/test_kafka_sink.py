@@ -159,7 +159,7 @@ def _gone(sinks: Sinks, name: str) -> bool:
 
 
 BINARY = {"ce-specversion": "1.0", "ce-type": "com.example.sink", "ce-source": "/sink/test",
-          "ce-subject": "Größe: 10 ½", "ce-time": "2024-05-01T10:00:00Z", "ce-oddext": "  spaced, \"quoted\"  ",
+          "ce-subject": "Grosse: 10 1/2; x=\"y\"", "ce-time": "2024-05-01T10:00:00Z", "ce-oddext": "a  b,\tc 'q' {}",
           "content-type": "application/json; charset=utf-8"}
 
 
