@@ -63,6 +63,10 @@ def dump(data: Any) -> str:
 # -- CRDs ------------------------------------------------------------------------------------------------------
 
 
+#: The KafkaSink CRD: upstream eventing-kafka-broker's type, an opt-in component of its own (not Knative Eventing's).
+SINK_CRDS = ("kafkasinks.yaml",)
+
+
 def optional_crd(source: Path) -> bool:
     """Knative's own types (Broker, Trigger): installed only where Knative Eventing is not."""
     return bool(yaml.safe_load(source.read_text())["spec"]["group"] == "eventing.knative.dev")
@@ -71,10 +75,12 @@ def optional_crd(source: Path) -> bool:
 def crds() -> None:
     every = sorted(CRDS.glob("*.yaml"))
     base = [s for s in every if not optional_crd(s)]
-    optional = [s for s in every if optional_crd(s)]
+    optional = [s for s in every if optional_crd(s) and s.name not in SINK_CRDS]
+    sinks = [s for s in every if s.name in SINK_CRDS]
     broker_crds = KUSTOMIZE / "components" / "broker-crds"
+    sink_crds = KUSTOMIZE / "components" / "sink-crds"
     for target_dir, sources in ((CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base),
-                                (broker_crds, optional)):
+                                (broker_crds, optional), (sink_crds, sinks)):
         target_dir.mkdir(parents=True, exist_ok=True)
         for stale in target_dir.glob("*.yaml"):
             if stale.name != "kustomization.yaml" and stale not in [target_dir / s.name for s in sources]:
@@ -96,6 +102,12 @@ def crds() -> None:
              "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
              *(f"  - {s.name}" for s in optional)]
     write(broker_crds / "kustomization.yaml", "\n".join(lines) + "\n")
+    lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
+             "# Opt-in: the KafkaSink CRD (eventing.knative.dev/v1alpha1) for clusters without upstream's Kafka data",
+             "# plane. Leave it out where eventing-kafka-broker's own KafkaSink CRD is installed.",
+             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
+             *(f"  - {s.name}" for s in sinks)]
+    write(sink_crds / "kustomization.yaml", "\n".join(lines) + "\n")
 
 
 # -- provider presets ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber"),
-    "receiver": ("kafka_eventing.receiver.__main__", "the shared ingress (gunicorn + falcon)"),
+    "receiver": ("kafka_eventing.receiver.__main__", "the shared ingress of channels, brokers and sinks"),
     "dispatcher": ("kafka_eventing.dispatcher.__main__", "one channel's egress (consumer group per subscription)"),
     "controller": ("kafka_eventing.controller.__main__", "the KafkaChannel reconciler"),
     "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),

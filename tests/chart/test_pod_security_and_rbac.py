@@ -211,7 +211,9 @@ def test_rbac_checks_catch_violations() -> None:
         assert rbac_problems(docs), docs
 
 
-def test_the_opt_in_cluster_wide_secret_read_is_what_the_check_flags() -> None:
-    """The chart's one way to read Secrets everywhere (off in every scenario) is seen by the check on a render."""
-    problems = rbac_problems(helm(sets=("controller.rbac.clusterWideSecretRead=true",)))
+@pytest.mark.parametrize("value", ["controller.rbac.clusterWideSecretRead", "receiver.rbac.clusterWideSecretRead"])
+def test_the_opt_in_cluster_wide_secret_read_is_what_the_check_flags(value: str) -> None:
+    """The chart's ways to read Secrets everywhere (off in every scenario) are seen by the check on a render."""
+    problems = rbac_problems(helm(sets=(f"{value}=true",)))
     assert any("every namespace" in p for p in problems), problems
+

@@ -78,8 +78,15 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert {("keda.sh", r, v) for r in ("scaledobjects", "triggerauthentications")
             for v in ("get", "create", "patch", "delete")} == {k for k in local if k[0] == "keda.sh"}
     assert rules_of(docs, "ClusterRole", "kafka-eventing-receiver") == {
-        (g, r, v) for g, r in (("messaging.knative.dev", "kafkachannels"), ("eventing.knative.dev", "brokers"))
+        (g, r, v) for g, r in (("messaging.knative.dev", "kafkachannels"), ("eventing.knative.dev", "brokers"),
+                               ("eventing.knative.dev", "kafkasinks"))
         for v in ("get", "list", "watch")}
+    # The connection Secret a Broker or KafkaSink names: read by name, in the release namespace only.
+    assert rules_of(docs, "Role", "kafka-eventing-receiver") == {("", "secrets", "get")}
+    # KafkaSinks: the controller reads them and writes their status, nothing else (no finalizer).
+    assert {(r, v) for g, r, v in controller if "kafkasinks" in r} == {
+        ("kafkasinks", v) for v in ("get", "list", "watch")} | {
+        ("kafkasinks/status", v) for v in ("get", "update", "patch")}
     dispatcher = rules_of(docs, "ClusterRole", "kafka-eventing-dispatcher")
     assert ("messaging.knative.dev", "kafkachannels/status", "patch") in dispatcher
     assert ("messaging.knative.dev", "kafkachannels", "update") not in dispatcher
@@ -97,6 +104,8 @@ def test_rbac_grants_what_each_role_needs() -> None:
                     "kafka-eventing-controller")
     assert {v for g, r, v in wide if r == "secrets"} == {"get", "list", "watch"}
     assert not {r for _, r, _ in rules_of(docs, "ClusterRole", "kafka-eventing-controller")} & {"secrets"}
+    wide = rules_of(helm(sets=("receiver.rbac.clusterWideSecretRead=true",)), "ClusterRole", "kafka-eventing-receiver")
+    assert {v for g, r, v in wide if r == "secrets"} == {"get"}
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

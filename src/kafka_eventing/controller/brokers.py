@@ -39,6 +39,7 @@ from kafka_eventing.controller.connection import (
     KEY_SECRET_NAME,
     AdminPool,
     ResolvedConnection,
+    connection_annotations,
     resolve,
 )
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
@@ -48,7 +49,7 @@ from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.conditions import Condition, find, from_dict
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.informer import Store
-from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
+from kafka_eventing.core.kafka_config import ConnectionRef, KafkaConfigError, connection_from_secret
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,8 @@ class BrokerReconciler:
             conditions.append(sink[0])
             if not sink[0].is_true:
                 result = Result(requeue_after=self.recheck_seconds)
+        if config is not None and (annotations := connection_annotations(obj.get("status"), config.connection.ref)):
+            status["annotations"] = annotations
         conditions.append(cond.ready_condition(conditions, BROKER_DEPENDENTS))
         self.base.patch_status(obj, status, conditions, BROKER_API)
         if errors and result.error is None:
@@ -246,7 +249,9 @@ class BrokerReconciler:
             sort_keys=True).encode()).hexdigest()[:16]
         return ResolvedConnection(connection=connection, secret_name=secret_name or None, bootstrap_servers=servers,
                                   checksum=checksum, dispatcher_resources=default.dispatcher_resources,
-                                  secret_keys=frozenset(secret))
+                                  secret_keys=frozenset(secret),
+                                  ref=ConnectionRef(str(connection.config["bootstrap.servers"]),
+                                                    namespace if secret_name else "", secret_name, checksum))
 
     def _read_config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         try:

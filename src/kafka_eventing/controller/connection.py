@@ -18,7 +18,15 @@ from typing import Any
 
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicAdmin
 from kafka_eventing.core.informer import Store
-from kafka_eventing.core.kafka_config import KafkaConfigError, KafkaConnection, connection_from_secret
+from kafka_eventing.core.kafka_config import (
+    STATUS_BOOTSTRAP,
+    STATUS_CHECKSUM,
+    STATUS_SECRET,
+    ConnectionRef,
+    KafkaConfigError,
+    KafkaConnection,
+    connection_from_secret,
+)
 from kafka_eventing.core.settings import Settings
 
 DEFAULT_CONFIG_MAP = "config-kafka"
@@ -87,6 +95,8 @@ class ResolvedConnection:
     secret_keys: frozenset[str] = frozenset()
     #: ``aws.region`` of the Secret (MSK IAM); not secret, KEDA wants it in the trigger metadata.
     aws_region: str | None = None
+    #: set when a resource names its own connection (not config-kafka's): the receiver writes its events there.
+    ref: ConnectionRef | None = None
 
 
 def _dispatcher_resources(cm_data: Mapping[str, str], where: str) -> Mapping[str, Any] | None:
@@ -167,6 +177,18 @@ def resolve(settings: Settings, config_maps: Store, secrets: Store, config_map: 
                               dispatcher_pod=_dispatcher_pod(cm_data, where),
                               keda=_keda_config(cm_data, where), secret_keys=frozenset(data),
                               aws_region=region.decode().strip() or None if region else None)
+
+
+def connection_annotations(status: Mapping[str, Any] | None, ref: ConnectionRef | None) -> dict[str, Any] | None:
+    """The ``status.annotations`` merge-patch that tells the receiver which cluster a target's events go to, or
+    None when the stored ones already say so (patch_status compares whole fields: other annotations stay)."""
+    old = (status or {}).get("annotations") or {}
+    want: dict[str, Any] = dict.fromkeys((STATUS_BOOTSTRAP, STATUS_SECRET, STATUS_CHECKSUM))
+    if ref is not None:
+        want.update(ref.annotations())
+    if all(old.get(k) == v for k, v in want.items()):
+        return None
+    return want
 
 
 class AdminPool:

@@ -29,10 +29,13 @@ from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconcile
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
+from kafka_eventing.controller.sinks import SinkReconciler
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer, Store
+from kafka_eventing.core.kafka_config import STATUS_SECRET
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 #: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger", namespace, name) of the others.
 Key = tuple[str, ...]
 BROKER, TRIGGER = "Broker", "Trigger"
+SINK = "KafkaSink"
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -66,6 +70,8 @@ class ControllerOptions:
     #: reconcile Kafka-class Brokers and their Triggers; None: when the API server serves their CRDs at start.
     brokers: bool | None = None
     broker_config_map: str = kb.DEFAULT_BROKER_CONFIG
+    #: reconcile KafkaSinks; None: when the API server serves their CRD at start.
+    sinks: bool | None = None
 
 
 def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
@@ -191,6 +197,15 @@ class Controller:
                 recheck_seconds=opts.topic_recheck_seconds, broker_config_map=opts.broker_config_map,
                 kafka_timeout=opts.kafka_timeout)
             self.metrics.registry.register(BrokerReadiness(self.brokers, self.triggers))
+        self.sink_reconciler: SinkReconciler | None = None
+        self.sinks: Informer | None = None
+        if opts.sinks or (opts.sinks is None and _serves(custom, ks.GROUP, ks.VERSION, {ks.PLURAL})):
+            self.sinks = Informer("kafkasinks", custom.list_cluster_custom_object, self._on_sink,
+                                  watch_timeout_seconds=wt, group=ks.GROUP, version=ks.VERSION, plural=ks.PLURAL)
+            self.informers = (*self.informers, self.sinks)
+            self.sink_reconciler = SinkReconciler(self.reconciler, self.sinks,
+                                                  recheck_seconds=opts.topic_recheck_seconds,
+                                                  kafka_timeout=opts.kafka_timeout)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -226,6 +241,13 @@ class Controller:
         # Only the connection Secret matters, not every token or release Secret of the namespace.
         if (meta.get("labels") or {}).get(SECRET_LABEL) == "true" or meta.get("name") == named:
             self._on_config_map(kind, obj)
+        # A Broker or KafkaSink on a connection of its own: its status carries the Secret's new checksum to the
+        # receiver. (Only this namespace's Secrets are watched; a sink's elsewhere waits for the resync.)
+        secret = f"{meta.get('namespace')}/{meta.get('name')}"
+        for informer, handler in ((self.brokers, self._on_broker), (self.sinks, self._on_sink)):
+            for target in informer.items() if informer is not None and kind != "RELISTED" else ():
+                if ((target.get("status") or {}).get("annotations") or {}).get(STATUS_SECRET) == secret:
+                    handler(kind, target)
 
     def _on_broker(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -236,6 +258,10 @@ class Controller:
             tmeta = trigger.get("metadata") or {}
             if tmeta.get("namespace") == namespace and kb.trigger_broker(trigger) == name:
                 self.queue.add((TRIGGER, namespace, str(tmeta.get("name"))))
+
+    def _on_sink(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((SINK, str(meta.get("namespace")), str(meta.get("name"))))
 
     def _on_trigger(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -249,6 +275,8 @@ class Controller:
             self._on_channel("RESYNC", obj)
         for obj in self.brokers.items() if self.brokers is not None else ():
             self._on_broker("RESYNC", obj)
+        for obj in self.sinks.items() if self.sinks is not None else ():
+            self._on_sink("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -338,8 +366,11 @@ class Controller:
     def _reconcile(self, key: Key) -> Result:
         if len(key) == 2:
             return self.reconciler.reconcile(*key)
-        assert self.broker_reconciler is not None
         kind, namespace, name = key
+        if kind == SINK:
+            assert self.sink_reconciler is not None
+            return self.sink_reconciler.reconcile_sink(namespace, name)
+        assert self.broker_reconciler is not None
         if kind == BROKER:
             return self.broker_reconciler.reconcile_broker(namespace, name)
         return self.broker_reconciler.reconcile_trigger(namespace, name)
@@ -378,15 +409,20 @@ class Controller:
 
 def _serves_brokers(custom: client.CustomObjectsApi) -> bool:
     """Whether the API server serves eventing.knative.dev/v1 Brokers and Triggers (Knative's or ours)."""
+    return _serves(custom, kb.GROUP, kb.VERSION, {kb.BROKERS, kb.TRIGGERS})
+
+
+def _serves(custom: client.CustomObjectsApi, group: str, version: str, plurals: set[str]) -> bool:
+    """Whether the API server serves every one of ``plurals`` in ``group/version``."""
     from kubernetes.client.rest import ApiException
 
     try:
-        found = custom.get_api_resources(kb.GROUP, kb.VERSION, _request_timeout=(5, 15))
+        found = custom.get_api_resources(group, version, _request_timeout=(5, 15))
     except ApiException as exc:
         if exc.status == 404:
             return False
         raise
-    return {kb.BROKERS, kb.TRIGGERS} <= {r.name for r in found.resources or ()}
+    return plurals <= {r.name for r in found.resources or ()}
 
 
 def _expected(exc: BaseException) -> bool:

@@ -1,4 +1,5 @@
-"""The CRDs shipped with the package (KafkaChannel; Broker and Trigger for clusters without Knative Eventing),
+"""The CRDs shipped with the package (KafkaChannel; Broker and Trigger for clusters without Knative Eventing;
+KafkaSink for clusters without upstream's),
 and a helper to install them (tests, benchmarks, local stack)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ CRD_NAME = "kafkachannels.messaging.knative.dev"
 #: The files of crds/ by what they define.
 CHANNEL_CRD = "kafkachannels.yaml"
 BROKER_CRDS = ("brokers.yaml", "triggers.yaml")
+SINK_CRDS = ("kafkasinks.yaml",)
 
 
 def crd_manifest(file: str = CHANNEL_CRD) -> dict[str, Any]:

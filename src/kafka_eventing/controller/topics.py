@@ -35,7 +35,8 @@ class TopicSpec:
     name: str
     partitions: int
     replication_factor: int
-    retention_ms: int
+    #: None: the cluster's default retention, and an existing topic's is left as it is (a KafkaSink's topic)
+    retention_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class KafkaTopicAdmin:
 
     def create(self, spec: TopicSpec) -> None:
         topic = NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=spec.replication_factor,
-                         config={RETENTION_MS: str(spec.retention_ms)})
+                         config={} if spec.retention_ms is None else {RETENTION_MS: str(spec.retention_ms)})
         try:
             self._create.submit(topic).result(timeout=self.timeout + 2)
         except KafkaException as exc:
@@ -278,7 +279,7 @@ def ensure_topic(admin: TopicAdmin, spec: TopicSpec, *, manage: bool) -> TopicOu
     if state.partitions < spec.partitions:
         admin.set_partitions(spec.name, spec.partitions)
         added = spec.partitions - state.partitions
-    if state.retention_ms != spec.retention_ms:
+    if spec.retention_ms is not None and state.retention_ms != spec.retention_ms:
         admin.set_retention(spec.name, spec.retention_ms)
         changed = True
     return TopicOutcome(partitions_added=added, retention_changed=changed)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kafka_eventing.core.channels import Channel, knative_audience
+from kafka_eventing.core.kafka_config import connection_ref
 
 GROUP = "eventing.knative.dev"
 VERSION = "v1"
@@ -96,4 +97,5 @@ def broker_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channe
     audience = ((obj.get("status") or {}).get("address") or {}).get("audience")
     return Channel(namespace=namespace, name=name, topic=topic_of(obj), ready=ready, reason=reason,
                    ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""),
-                   audience=str(audience or broker_audience(namespace, name)))
+                   audience=str(audience or broker_audience(namespace, name)),
+                   connection=connection_ref(obj.get("status")))

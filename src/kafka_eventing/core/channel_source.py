@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.channels import (
     GROUP,
     PLURAL,
@@ -175,6 +176,17 @@ class FileBrokerSource(FileChannelSource):
         return out
 
 
+class FileSinkSource(FileChannelSource):
+    """KafkaSinks from the same YAML file (standalone mode: ready unless their status says otherwise)."""
+
+    def _load(self) -> Snapshot:
+        out: Snapshot = {}
+        for doc in documents(self.path):
+            if doc.get("kind") == ks.KIND and (sink := ks.sink_ingress(doc, reconciled=False)) is not None:
+                out[sink.key] = sink
+        return out
+
+
 class KubeChannelSource(_Cache):
     """KafkaChannels from the API server, through the shared ``Informer`` (``core/informer.py``).
 
@@ -292,22 +304,40 @@ class KubeBrokerSource(KubeChannelSource):
         return kb.broker_ingress(obj)
 
 
-def broker_source(settings: Settings, api_client: Any) -> ChannelSource | None:
-    """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
-    if settings.channel_source != "kube":
-        return FileBrokerSource(settings.channels_file, settings) if settings.channels_file else None
+class KubeSinkSource(KubeChannelSource):
+    """KafkaSinks as ingress targets (``core.sinks.sink_ingress``), watched like KafkaChannels."""
+
+    resource = (ks.GROUP, ks.VERSION, ks.PLURAL)
+
+    def _channel(self, obj: Mapping[str, Any]) -> Channel | None:
+        return ks.sink_ingress(obj)
+
+
+def _served(api_client: Any, group: str, version: str, plural: str) -> bool:
     # Imported only here: the kubernetes client costs ~50 MB in each receiver worker that runs from a file.
     from kubernetes import client
     from kubernetes.client.rest import ApiException
     try:
-        found = client.CustomObjectsApi(api_client).get_api_resources(kb.GROUP, kb.VERSION)
+        found = client.CustomObjectsApi(api_client).get_api_resources(group, version)
     except ApiException as exc:
         if exc.status == 404:
-            return None
+            return False
         raise
-    if kb.BROKERS not in {r.name for r in found.resources or ()}:
-        return None
-    return KubeBrokerSource(api_client, settings)
+    return plural in {r.name for r in found.resources or ()}
+
+
+def broker_source(settings: Settings, api_client: Any) -> ChannelSource | None:
+    """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
+    if settings.channel_source != "kube":
+        return FileBrokerSource(settings.channels_file, settings) if settings.channels_file else None
+    return KubeBrokerSource(api_client, settings) if _served(api_client, kb.GROUP, kb.VERSION, kb.BROKERS) else None
+
+
+def sink_source(settings: Settings, api_client: Any) -> ChannelSource | None:
+    """The KafkaSink source when the API server serves KafkaSinks (upstream's CRD or ours), else None."""
+    if settings.channel_source != "kube":
+        return FileSinkSource(settings.channels_file, settings) if settings.channels_file else None
+    return KubeSinkSource(api_client, settings) if _served(api_client, ks.GROUP, ks.VERSION, ks.PLURAL) else None
 
 
 def channel_source_from_settings(settings: Settings, api_client: Any = None) -> ChannelSource:

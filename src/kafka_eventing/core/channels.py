@@ -15,6 +15,7 @@ import yaml
 
 from kafka_eventing.core.binding import ContentMode
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.kafka_config import ConnectionRef
 from kafka_eventing.core.settings import Settings
 
 GROUP = "messaging.knative.dev"
@@ -67,6 +68,8 @@ class Channel:
     subscribers: tuple[Subscriber, ...] = ()
     #: the audience a token must name to send to this channel; empty: ``default_audience``.
     audience: str = ""
+    #: the Kafka cluster its events go to when it is not the receiver's own (a Broker's or KafkaSink's config).
+    connection: ConnectionRef | None = None
 
     @property
     def token_audience(self) -> str:

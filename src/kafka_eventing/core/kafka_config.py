@@ -277,3 +277,47 @@ def connection_from_settings(settings: Settings, environ: Mapping[str, str] | No
         extra=settings.kafka_extra_config(),
         environ=environ,
     )
+
+
+# -- the connection a data-plane target names ---------------------------------------------------------------
+#: ``status.annotations`` keys the controller writes on a Broker or KafkaSink whose Kafka connection is not the
+#: receiver's own, so the receiver writes its events to the cluster it names (without reading the config itself).
+STATUS_BOOTSTRAP = "kafka.eventing.knative.dev/bootstrap.servers"
+STATUS_SECRET = "kafka.eventing.knative.dev/auth.secret"  # noqa: S105 - a key name: "<namespace>/<name>"
+#: a digest of the Secret's data (and the servers): a rotated Secret is a new connection.
+STATUS_CHECKSUM = "kafka.eventing.knative.dev/connection.checksum"
+
+
+@dataclass(frozen=True)
+class ConnectionRef:
+    """A Kafka connection as a target names it: the servers and the Secret (by name, never its data).
+
+    Hashable, so the receiver keeps one producer per distinct value; ``checksum`` changes when the Secret's data
+    does, so a rotated Secret gets a new producer and the old one is closed once no target names it.
+    """
+
+    bootstrap_servers: str
+    secret_namespace: str = ""
+    secret_name: str = ""
+    checksum: str = ""
+
+    @property
+    def secret(self) -> str:
+        return f"{self.secret_namespace}/{self.secret_name}" if self.secret_name else ""
+
+    def annotations(self) -> dict[str, str]:
+        out = {STATUS_BOOTSTRAP: self.bootstrap_servers, STATUS_CHECKSUM: self.checksum}
+        if self.secret_name:
+            out[STATUS_SECRET] = self.secret
+        return out
+
+
+def connection_ref(status: Mapping[str, Any] | None) -> ConnectionRef | None:
+    """The connection a target's ``status.annotations`` names; None: the receiver's own."""
+    annotations = (status or {}).get("annotations") or {}
+    servers = str(annotations.get(STATUS_BOOTSTRAP) or "").strip()
+    if not servers:
+        return None
+    secret = str(annotations.get(STATUS_SECRET) or "")
+    namespace, _, name = secret.partition("/")
+    return ConnectionRef(servers, namespace if name else "", name, str(annotations.get(STATUS_CHECKSUM) or ""))

@@ -91,6 +91,9 @@ class Settings:
     #: record at once (linger.ms 0), so a lightly loaded receiver answers in about one broker round trip.
     #: 0: always batch (one producer).
     batch_above_rate: float = 4000.0
+    #: Kafka clusters (servers + Secret) other than its own that one receiver worker writes to at most: each
+    #: holds two producers and a poll thread. Past it, targets on yet another cluster get a 503.
+    max_kafka_connections: int = 16
     #: ingress authentication, off while empty: the OIDC issuer whose JWTs (Kubernetes service-account tokens
     #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience.
     auth_issuer: str = ""
@@ -120,6 +123,9 @@ class Settings:
     dispatcher_image: str = "kafka-eventing-dispatcher:dev"
     dispatcher_replicas: int = 1
     receiver_service: str = "kafka-channel-receiver"
+    #: the sink ingress Service (on the receiver pods): a KafkaSink's address, and the Host the receiver tells
+    #: a sink's requests by.
+    sink_service: str = "kafka-sink-ingress"
     #: the shared receiver Deployment whose availability is ReceiverDeploymentReady; empty = receiver_service.
     receiver_deployment: str = ""
 

@@ -17,8 +17,21 @@ def command(argv: list[str]) -> list[str]:
             "-k", WORKER, *argv, APP]
 
 
+#: What ``--help`` says before gunicorn's own flags.
+ABOUT = """kafka-eventing receiver: the shared ingress of KafkaChannels, Kafka Brokers and KafkaSinks.
+
+POST a CloudEvent to a channel (Host <name>-kn-channel.<namespace>.svc, or path /<namespace>/<name>), a Broker
+(path /<namespace>/<name> on the receiver Service) or a KafkaSink (path /<namespace>/<name> on the sink ingress
+Service, KE_SINK_SERVICE); 202 once Kafka holds it, on the cluster the target names. Settings are KE_*
+environment variables (docs/receiver.md); the flags below are gunicorn's.
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
-    cmd = command(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if "-h" in args or "--help" in args:
+        print(ABOUT, flush=True)  # before exec replaces this process
+    cmd = command(args)
     os.execv(cmd[0], cmd)  # noqa: S606 - replace this process, so gunicorn gets the signals
 
 

@@ -1,5 +1,5 @@
-"""The KafkaChannel ingress as a falcon ASGI app: HTTP CloudEvents in, Kafka records out, 202 only once Kafka
-has them.
+"""The ingress of KafkaChannels, Kafka Brokers and KafkaSinks as a falcon ASGI app: HTTP CloudEvents in, Kafka
+records out — on the Kafka cluster each target names (``receiver.connections``) — 202 only once Kafka has them.
 
 gunicorn runs it on uvicorn workers (the worker model was chosen by measurement, docs/receiver.md): a request
 waiting for its delivery report is a suspended coroutine, and the producer is polled from the event loop itself
@@ -28,6 +28,7 @@ from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import ChannelKey
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.auth import AuthMiddleware, TokenVerifier
+from kafka_eventing.receiver.connections import Connections, ConnectionUnavailable
 from kafka_eventing.receiver.ingress import (
     DEFAULT_MESSAGE_MAX_BYTES,
     READ_CHUNK,
@@ -41,8 +42,11 @@ from kafka_eventing.receiver.metrics import LoopTally, exposition
 from kafka_eventing.receiver.sender import AsyncPending, KafkaSender, Linger, LoopPoller, Producer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from opentelemetry.trace import Tracer
 
+    from kafka_eventing.core.kafka_config import ConnectionRef, KafkaConnection
     from kafka_eventing.core.tracing import Tracing
 
 AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
@@ -54,6 +58,8 @@ class ChannelResource:
     def __init__(self, ingress: Ingress) -> None:
         self.ingress = ingress
         self._poller: LoopPoller | None = None
+        #: the senders by Kafka connection (``receiver.connections``); ``create_app`` gives it its factory.
+        self.connections = Connections(ingress.sender)
 
     def poller(self) -> LoopPoller:
         # Made on the first request, on the loop that serves requests (a test client may bring a new loop).
@@ -67,10 +73,11 @@ class ChannelResource:
             if poller is not None:
                 poller.stop()
             self.close_tally()
-            sender = self.ingress.sender
-            poller = self._poller = LoopPoller((sender.producer,), loop,
-                                               threaded=() if sender.immediate is None else (sender.immediate,))
+            senders = self.connections.senders.values()
+            poller = self._poller = LoopPoller([s.producer for s in senders], loop,
+                                               threaded=[s.immediate for s in senders if s.immediate is not None])
             poller.start()
+            self.connections.poller = poller
             # The request metrics are updated on this loop's thread only: buffered without a lock.
             self.ingress.tally = LoopTally(loop)
         return poller
@@ -96,7 +103,8 @@ class ChannelResource:
         # helper coroutine cost ~0.2 µs per request (profile of a uvicorn worker under bench/receiver.py's
         # saturation load, docs/receiver.md).
         ingress = self.ingress
-        channel = ingress.lookup(key, by_path)
+        # A KafkaSink's address differs from a Broker's by its Host alone: read only while sinks are served.
+        channel = ingress.lookup(key, by_path, by_path and ingress.sinks is not None and ingress.to_sink(req))
         if isinstance(channel, Answer):
             return channel
         length = req.content_length
@@ -113,10 +121,18 @@ class ChannelResource:
         records = ingress.decode(channel, req, body)
         if isinstance(records, Answer):
             return records
+        # The target's Kafka cluster: the receiver's own for nearly every request, with no lookup at all. Taken
+        # here, with no await before the produce, so a connection closed meanwhile is never written to.
+        connection = channel.connection
+        sender = ingress.sender if connection is None else self.connections.senders.get(connection)
+        if sender is None:
+            try:
+                sender = await self.connections.connect(connection, poller)  # type: ignore[arg-type]
+            except ConnectionUnavailable as exc:
+                return ingress.unavailable(str(exc))
         started = time.perf_counter()
         # uvicorn runs the lifespan shutdown (sender.close) only once every request task has finished (no
         # graceful-shutdown timeout is set), so nothing is in flight when the producer is flushed.
-        sender = ingress.sender
         pending = sender.submit_async(channel.topic, records, poller)
         if isinstance(pending, AsyncPending):
             # Suspend until every delivery report is in, or the timeout: one future, no timer, no extra task.
@@ -151,13 +167,16 @@ class ReadyResource:
     """Can this pod answer? Kafka is deliberately not asked: a broker blip would take every receiver pod out of
     the Service at once, and clients would get connection errors instead of a 503 + Retry-After per request."""
 
-    def __init__(self, channels: ChannelSource, sender: KafkaSender, brokers: ChannelSource | None = None) -> None:
-        self.channels, self.sender, self.brokers = channels, sender, brokers
+    def __init__(self, channels: ChannelSource, sender: KafkaSender, brokers: ChannelSource | None = None,
+                 sinks: ChannelSource | None = None) -> None:
+        self.channels, self.sender, self.brokers, self.sinks = channels, sender, brokers, sinks
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         checks = {"channels": self.channels.synced(), "accepting": not self.sender.closing}
         if self.brokers is not None:
             checks["brokers"] = self.brokers.synced()
+        if self.sinks is not None:
+            checks["sinks"] = self.sinks.synced()
         resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
         resp.media = checks
 
@@ -175,6 +194,8 @@ class _Shutdown:
 
     async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
         self.resource.close_tally()  # on the loop's thread: the last answers' counts
+        connections = self.resource.connections
+        await asyncio.to_thread(connections.close, connections.close_timeout)
         await asyncio.to_thread(shutdown)
 
 
@@ -188,10 +209,16 @@ def create_app(
     verifier: TokenVerifier | None = None,
     tracer: Tracer | None = None,
     brokers: ChannelSource | None = None,
+    connect: Callable[[ConnectionRef], KafkaSender] | None = None,
+    sinks: ChannelSource | None = None,
 ) -> AsgiApp:
     """The receiver app. ``producer`` and ``channels`` must already be started by the caller (or by get_app).
 
     ``brokers``: Kafka-class Brokers, served on ``/<namespace>/<name>`` (None: channels only).
+    ``sinks``: KafkaSinks, served on ``/<namespace>/<name>`` of the sink ingress Service (Host
+    ``KE_SINK_SERVICE``; None: no sinks).
+    ``connect``: makes the sender of a Kafka connection a target names (``receiver.connections``; None: only the
+    receiver's own cluster is written to, and a target naming another gets a 503).
 
     No poll thread: the event loop polls the producer (``ChannelResource.poller``). With a ``tracer``, the
     traced resource and ingress (``receiver.tracing``) serve the channels; without, the plain ones.
@@ -200,11 +227,19 @@ def create_app(
     max_body = min(settings.max_event_bytes, message_max_bytes)
     resource: ChannelResource
     if tracer is None:
-        resource = ChannelResource(Ingress(sender, channels, settings, max_body, brokers=brokers))
+        resource = ChannelResource(Ingress(sender, channels, settings, max_body, brokers=brokers, sinks=sinks))
     else:
         from kafka_eventing.receiver.tracing import TracedChannelResource, TracedIngress
 
-        resource = TracedChannelResource(TracedIngress(sender, channels, settings, max_body, brokers=brokers), tracer)
+        resource = TracedChannelResource(
+            TracedIngress(sender, channels, settings, max_body, brokers=brokers, sinks=sinks), tracer)
+    resource.connections = Connections(
+        sender, connect, limit=settings.max_kafka_connections, retry=settings.retry_after_seconds,
+        close_timeout=settings.produce_timeout_seconds + 2.0)
+    targets = [source for source in (brokers, sinks) if source is not None]
+    for source in targets:  # a connection no target names any more is closed
+        source.subscribe(lambda _snapshot: resource.connections.retain(
+            c.connection for t in targets for c in t.snapshot().values() if c.connection is not None))
     middleware: list[object] = [_Shutdown(resource)]
     if verifier is not None:  # only then: without authentication a request meets no middleware at all
         middleware.append(AuthMiddleware(verifier, resource.ingress, resource))
@@ -214,7 +249,7 @@ def create_app(
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, sender, brokers))
+    app.add_route("/readyz", ReadyResource(channels, sender, brokers, sinks))
     app.add_route("/metrics", MetricsResource())
     return app
 
@@ -233,6 +268,8 @@ class Runtime:
     message_max_bytes: int
     tracing: Tracing | None = None
     brokers: ChannelSource | None = None
+    api_client: Any = None
+    sinks: ChannelSource | None = None
 
     def close(self) -> None:
         self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
@@ -241,16 +278,20 @@ class Runtime:
             self.tracing.shutdown()
         if self.brokers is not None:
             self.brokers.stop()
+        if self.sinks is not None:
+            self.sinks.stop()
 
 
 _runtime: Runtime | None = None
 
 
-def producer_config(settings: Settings, linger_ms: float | None = None) -> dict[str, Any]:
-    """The receiver's producer: ``linger_ms`` (default ``KE_LINGER_MS``) is 0 for the one that sends at once."""
+def producer_config(settings: Settings, linger_ms: float | None = None,
+                    connection: KafkaConnection | None = None) -> dict[str, Any]:
+    """The receiver's producer: ``linger_ms`` (default ``KE_LINGER_MS``) is 0 for the one that sends at once;
+    ``connection`` (default: the receiver's own, from the settings) is the Kafka cluster it writes to."""
     from kafka_eventing.core.kafka_config import connection_from_settings
 
-    connection = connection_from_settings(settings)
+    connection = connection or connection_from_settings(settings)
     return connection.producer_config(**{
         "compression.type": settings.compression_type,
         "linger.ms": settings.linger_ms if linger_ms is None else linger_ms,
@@ -271,27 +312,75 @@ def build_runtime() -> Runtime:
 
     from kafka_eventing.core import logging as ke_logging
     from kafka_eventing.core import tracing
-    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings
+    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings, sink_source
     from kafka_eventing.core.kube import api_client as kube_api_client
 
     settings = Settings.from_env()
     ke_logging.configure(settings.log_level, settings.log_format)
     config = producer_config(settings)
-    producer = KafkaProducer(config)
     api = kube_api_client(settings.kubeconfig) if settings.channel_source == "kube" else None
     channels = channel_source_from_settings(settings, api)
     channels.start()
-    brokers = broker_source(settings, api)
-    if brokers is not None:
-        brokers.start()
+    brokers, sinks = broker_source(settings, api), sink_source(settings, api)
+    for source in (brokers, sinks):
+        if source is not None:
+            source.start()
+    sender = new_sender(settings, KafkaProducer(config))
+    _runtime = Runtime(settings, sender.producer, channels, sender,
+                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
+                       tracing.setup(settings, "kafka-eventing-receiver"), brokers, api, sinks)
+    return _runtime
+
+
+def new_sender(settings: Settings, producer: Producer, connection: KafkaConnection | None = None) -> KafkaSender:
+    """A sender on one Kafka connection: ``producer`` batches; with ``KE_BATCH_ABOVE_RATE`` a second producer
+    on the same connection sends at once while the worker is lightly loaded."""
+    from confluent_kafka import Producer as KafkaProducer
+
     immediate, linger = None, None
     if settings.batch_above_rate > 0:
-        immediate, linger = KafkaProducer(producer_config(settings, linger_ms=0)), Linger(settings.batch_above_rate)
-    sender = KafkaSender(producer, timeout=settings.produce_timeout_seconds, immediate=immediate, linger=linger)
-    _runtime = Runtime(settings, producer, channels, sender,
-                       int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
-                       tracing.setup(settings, "kafka-eventing-receiver"), brokers)
-    return _runtime
+        immediate = KafkaProducer(producer_config(settings, linger_ms=0, connection=connection))
+        linger = Linger(settings.batch_above_rate)
+    return KafkaSender(producer, timeout=settings.produce_timeout_seconds, immediate=immediate, linger=linger)
+
+
+def connection_sender(settings: Settings, api_client: Any) -> Callable[[ConnectionRef], KafkaSender]:
+    """What makes the sender of a connection a target names: its Secret read from the API server by name (no
+    cache, no watch: the target's status carries the Secret's checksum, so a rotation is a new connection)."""
+
+    def make(ref: ConnectionRef) -> KafkaSender:
+        from confluent_kafka import Producer as KafkaProducer
+
+        from kafka_eventing.core.kafka_config import connection_from_secret
+
+        data = read_secret(api_client, ref.secret_namespace, ref.secret_name) if ref.secret_name else {}
+        connection = connection_from_secret(data, provider=settings.kafka_provider,
+                                            bootstrap_servers=ref.bootstrap_servers,
+                                            extra=settings.kafka_extra_config())
+        return new_sender(settings, KafkaProducer(producer_config(settings, connection=connection)), connection)
+
+    return make
+
+
+def read_secret(api_client: Any, namespace: str, name: str) -> dict[str, bytes]:
+    """A connection Secret's data; the error says what to fix, never what the Secret holds."""
+    import base64
+
+    if api_client is None:
+        raise RuntimeError(f"Secret {namespace}/{name} cannot be read: the receiver runs from a file, not the API")
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        found = client.CoreV1Api(api_client).read_namespaced_secret(name, namespace, _request_timeout=(5, 15))
+    except ApiException as exc:
+        if exc.status == 404:
+            raise RuntimeError(f"Secret {namespace}/{name} does not exist") from None
+        if exc.status == 403:
+            raise RuntimeError(f"the receiver may not read Secret {namespace}/{name} (RBAC: get secrets in "
+                               f"{namespace})") from None
+        raise RuntimeError(f"Secret {namespace}/{name} could not be read (HTTP {exc.status})") from None
+    return {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
 
 
 def get_app() -> AsgiApp:
@@ -299,7 +388,8 @@ def get_app() -> AsgiApp:
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
                       message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings),
-                      tracer=parts.tracing.tracer if parts.tracing is not None else None, brokers=parts.brokers)
+                      tracer=parts.tracing.tracer if parts.tracing is not None else None, brokers=parts.brokers,
+                      connect=connection_sender(parts.settings, parts.api_client), sinks=parts.sinks)
 
 
 def shutdown() -> None:

@@ -146,7 +146,8 @@ class AuthMiddleware:
         by_path = params.get("namespace") is not None  # as the app decides it
         key = ingress.key(req, params.get("namespace"), params.get("name"))
         # The audience of what the request goes to: a Broker's path must not be checked against a channel's.
-        channel = ingress.target(key, by_path)[0] if key is not None else None
+        sink = by_path and ingress.sinks is not None and ingress.to_sink(req)
+        channel = ingress.target(key, by_path, sink)[0] if key is not None else None
         answer = await self.verifier.check(req.get_header("Authorization"),
                                            channel.token_audience if channel is not None else None)
         if answer is not None:

@@ -5,7 +5,9 @@ Routing is by the ``Host`` header (``<name>-kn-channel.<namespace>.svc...``, wha
 to) or by path (``/<namespace>/<name>``, so a person can ``curl localhost:8080/default/orders``). The path form is
 also a Kafka Broker's address (``http://<receiver>/<namespace>/<broker>``): when a Broker and a KafkaChannel share
 a namespace and name, the path reaches the Broker — its only address — and the channel stays reachable by its
-own address, the Host form. The falcon app around it is ``receiver.app``.
+own address, the Host form. KafkaSinks have the path form too, on an address of their own: the sink ingress
+Service (``KE_SINK_SERVICE``, on the same pods), which a request names in its ``Host`` (``core.sinks``), so a
+sink never collides with a Broker or channel of the same name. The falcon app around it is ``receiver.app``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kafka_eventing.core.binding import (
 from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, channel_key_from_host
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.sinks import is_sink_host
 from kafka_eventing.core.transcode import raw_http_to_kafka, text_headers
 from kafka_eventing.receiver.metrics import Tally
 from kafka_eventing.receiver.sender import DELIVERED, KafkaSender, Outcome, Result
@@ -97,10 +100,13 @@ class Ingress:
     """What a POST does, apart from reading the body and waiting for Kafka."""
 
     def __init__(self, sender: KafkaSender, channels: ChannelSource, settings: Settings, max_body: int,
-                 tally: Tally = TALLY, *, brokers: ChannelSource | None = None) -> None:
+                 tally: Tally = TALLY, *, brokers: ChannelSource | None = None,
+                 sinks: ChannelSource | None = None) -> None:
         self.sender, self.channels, self.settings, self.max_body = sender, channels, settings, max_body
         self.tally = tally
         self.brokers = brokers
+        self.sinks = sinks
+        self.sink_service = settings.sink_service.lower()
 
     @staticmethod
     def key(req: falcon.asgi.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
@@ -114,20 +120,29 @@ class Ingress:
     def too_large(self) -> Answer:
         return Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
 
-    def target(self, key: ChannelKey, by_path: bool = False) -> tuple[Channel | None, str]:
-        """The Broker or channel a request goes to, and which kind it is; ``by_path``: the key came from
-        ``/<namespace>/<name>``, where a Broker of that name comes first."""
+    def to_sink(self, req: falcon.asgi.Request) -> bool:
+        """Whether a ``/<namespace>/<name>`` request is addressed to the sink ingress Service (its Host); asked
+        only while KafkaSinks are served."""
+        return is_sink_host(req.get_header("Host") or "", self.sink_service)
+
+    def target(self, key: ChannelKey, by_path: bool = False, sink: bool = False) -> tuple[Channel | None, str]:
+        """The KafkaSink, Broker or channel a request goes to, and which kind it is; ``by_path``: the key came
+        from ``/<namespace>/<name>``, where a Broker of that name comes first; ``sink``: and the request was
+        addressed to the sink ingress Service, where only KafkaSinks are."""
+        if sink:
+            return (self.sinks.get(key) if self.sinks is not None else None), "KafkaSink"
         broker = self.brokers.get(key) if by_path and self.brokers is not None else None
         return (broker, "broker") if broker is not None else (self.channels.get(key), "channel")
 
-    def lookup(self, key: ChannelKey | None, by_path: bool = False) -> Channel | Answer:
-        """``by_path``: the key came from ``/<namespace>/<name>``, where a Broker of that name comes first."""
+    def lookup(self, key: ChannelKey | None, by_path: bool = False, sink: bool = False) -> Channel | Answer:
+        """``by_path``: the key came from ``/<namespace>/<name>``, where a Broker of that name comes first;
+        ``sink``: on the sink ingress Service's address, where only KafkaSinks are."""
         if key is None:
             return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
                                             "or path /<namespace>/<name>"})
-        channel, kind = self.target(key, by_path)
+        channel, kind = self.target(key, by_path, sink)
         if channel is None:
-            what = "channel or broker" if by_path and self.brokers is not None else "channel"
+            what = kind if sink else "channel or broker" if by_path and self.brokers is not None else "channel"
             return Answer(falcon.HTTP_404, {"error": f"{what} {key[0]}/{key[1]} not found"})
         if not channel.ready:
             return self.unavailable(f"{kind} {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")

@@ -83,6 +83,7 @@ class LoopPoller:
         self.threaded = tuple(threaded)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._stops: dict[int, threading.Event] = {}  # per threaded producer (by id): its thread's own stop
         self.busy_interval, self.idle_interval = busy_interval, idle_interval
         self.outstanding = 0  # records produced whose report has not been served yet
         self.thread_id = threading.get_ident()
@@ -96,9 +97,13 @@ class LoopPoller:
         self.thread_id = threading.get_ident()
         self._handle = self.loop.call_later(self.idle_interval, self._tick)
         for producer in self.threaded:
-            thread = threading.Thread(target=self._serve, args=(producer,), name="producer-poll", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._start_thread(producer)
+
+    def _start_thread(self, producer: Producer) -> None:
+        stop = self._stops[id(producer)] = threading.Event()
+        thread = threading.Thread(target=self._serve, args=(producer, stop), name="producer-poll", daemon=True)
+        thread.start()
+        self._threads = [*(t for t in self._threads if t.is_alive()), thread]
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -109,8 +114,27 @@ class LoopPoller:
             thread.join(timeout=1.0)
         self._threads.clear()
 
-    def _serve(self, producer: Producer) -> None:
-        while not self._stopping.is_set():
+    def add(self, polled: Producer, threaded: Producer | None = None) -> None:
+        """Another Kafka connection's producers (``receiver.connections``): ``polled`` by the tick, ``threaded``
+        by a poll thread of its own, as the first connection's."""
+        self.producers = (*self.producers, polled)
+        if threaded is not None:
+            self.threaded = (*self.threaded, threaded)
+            if self._handle is not None:  # already serving: its thread starts now, else start() starts it
+                self._start_thread(threaded)
+
+    def remove(self, producers: Sequence[Producer]) -> None:
+        """Stop polling ``producers`` (a connection no target names any more). Whoever closes them serves their
+        last reports (``KafkaSender.close`` flushes, and the reports reach the loop from that thread)."""
+        self.producers = tuple(p for p in self.producers if p not in producers)
+        self.threaded = tuple(p for p in self.threaded if p not in producers)
+        for producer in producers:
+            stop = self._stops.pop(id(producer), None)
+            if stop is not None:
+                stop.set()  # its thread ends within one poll timeout; not joined on the loop
+
+    def _serve(self, producer: Producer, stop: threading.Event) -> None:
+        while not (self._stopping.is_set() or stop.is_set()):
             try:
                 producer.poll(0.1)  # returns at the first report, or after 0.1 s to see _stopping
             except Exception:

@@ -22,3 +22,11 @@ def test_gunicorn_config_module_loads() -> None:
     assert gunicorn_conf.wsgi_app == "kafka_eventing.receiver.app:get_app()"
     assert gunicorn_conf.worker_class == "kafka_eventing.receiver.server.ReceiverWorker"
     assert gunicorn_conf.graceful_timeout > 10  # > default produce timeout: in-flight reports can arrive
+
+
+def test_help_says_what_the_receiver_serves() -> None:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "kafka_eventing.receiver", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert "KafkaChannels, Kafka Brokers and KafkaSinks" in out and "usage: gunicorn" in out
