@@ -13,7 +13,7 @@ from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core.kube import api_client
-from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.settings import Settings, SettingsError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +39,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+        api = api_client(settings.kubeconfig, pool_size=args.workers + 16)
+    except SettingsError as exc:
+        raise SystemExit(f"controller: {exc}") from None  # one line saying what to set, not a traceback
     ke_logging.configure(settings.log_level, settings.log_format)
     options = ControllerOptions(
         workers=args.workers, resync_seconds=args.resync_seconds,
@@ -49,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         retry_period=args.retry_period, config_map=args.config_map, kafka_timeout=args.kafka_timeout,
         identity=args.identity,
     )
-    controller = Controller(api_client(settings.kubeconfig, pool_size=args.workers + 16), settings, options)
+    controller = Controller(api, settings, options)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

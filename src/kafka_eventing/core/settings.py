@@ -17,6 +17,7 @@ from kafka_eventing.core.kafka_config import PROVIDERS
 
 PREFIX = "KE_"
 OTEL_PREFIX = "OTEL_"
+KUBECONFIG = "KUBECONFIG"
 
 
 class SettingsError(ValueError):
@@ -62,6 +63,8 @@ class Settings:
     system_namespace: str = "knative-eventing"
     channel_source: ChannelSourceKind = ChannelSourceKind.FILE
     channels_file: Path | None = None
+    #: kubeconfig file of the API server to use (outside a cluster); unset, the standard ``KUBECONFIG`` is read,
+    #: and without either a role uses its pod's service account.
     kubeconfig: Path | None = None
 
     # -- Kafka connection ---------------------------------------------------------------------------
@@ -168,6 +171,8 @@ class Settings:
                     continue
                 raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(known))}")
             values[name] = _coerce(key, hints[name], raw)
+        if values.get("kubeconfig") is None and env.get(KUBECONFIG):
+            values["kubeconfig"] = Path(env[KUBECONFIG])  # what kubectl and helm read: a path or a ":" list
         return cls(**values, otel=otel)
 
     def kafka_extra_config(self) -> dict[str, str]:

@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         # client spends ~10 % less CPU per request on it (bench/dispatcher.py, bare_http vs bare_http_uvloop).
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_run(settings))
-    except (SettingsError, ValueError) as exc:
+    except SettingsError as exc:
+        print(f"dispatcher: {exc}", file=sys.stderr)  # one line saying what to set, as for a bad variable
+        return 2
+    except ValueError as exc:
         log.error("dispatcher cannot start", extra={"error": str(exc)})
         return 2
     return 0
