@@ -9,23 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
+from test_controller import FAST, RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
 
 from fixtures.kube import gone
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
+from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.dispatcher.status import REASON_JOINED, KubeTriggerStatusWriter, SubscriberStatus
 from kafka_eventing.localstack.kube import KubeControlPlane
+from kafka_eventing.localstack.tools import tool_path
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -427,3 +433,77 @@ def _resolve_ksvc(brokers: Brokers) -> None:
     brokers.ready_trigger("to-ksvc")
     assert brokers.get(kb.TRIGGERS, "to-ksvc")["status"]["subscriberUri"] == (
         f"http://hello.{e.namespace}.svc.cluster.local")
+
+
+# -- the controller's RBAC: only the kinds of controller.rbac.readableKinds ---------------------------------
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kafka-eventing"
+
+
+def _apply_controller_rbac(e: Env, release: str, *sets: str) -> str:
+    """The chart's controller ServiceAccount, ClusterRole and Role (release namespace = the test's system
+    namespace), created or replaced; the ServiceAccount's user name, for impersonation."""
+    args = [str(tool_path("helm")), "template", release, str(CHART), "-n", e.system, "--kube-version", "1.34.0",
+            "--show-only", "templates/controller/rbac.yaml", "--show-only", "templates/controller/serviceaccount.yaml"]
+    for s in sets:
+        args += ["--set", s]
+    docs = [d for d in yaml.safe_load_all(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+            if d]
+    rbac = client.RbacAuthorizationV1Api(e.api)
+    account = ""
+    for doc in docs:
+        if doc["kind"] == "ServiceAccount":
+            account = f"system:serviceaccount:{e.system}:{doc['metadata']['name']}"
+            with contextlib.suppress(ApiException):
+                e.core.create_namespaced_service_account(e.system, doc)
+        elif doc["kind"] == "ClusterRole":
+            try:
+                rbac.create_cluster_role(doc)
+            except ApiException:
+                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
+        elif doc["kind"] == "ClusterRoleBinding":
+            with contextlib.suppress(ApiException):
+                rbac.create_cluster_role_binding(doc)
+        elif doc["kind"] == "Role":
+            with contextlib.suppress(ApiException):
+                rbac.create_namespaced_role(e.system, doc)
+        elif doc["kind"] == "RoleBinding":
+            with contextlib.suppress(ApiException):
+                rbac.create_namespaced_role_binding(e.system, doc)
+    return account
+
+
+def test_refs_to_kinds_the_controller_may_not_read_name_the_value_to_extend(
+        brokers: Brokers, kube_control_plane: KubeControlPlane) -> None:
+    """The controller as the chart's ServiceAccount: a ref to a kind outside controller.rbac.readableKinds is a
+    condition naming the entry to add, a PingSource dependency is read (404 here, not 403), and extending the value
+    lets the next recheck read the ref."""
+    e = brokers.env
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+    account = _apply_controller_rbac(e, release)
+    rbac = client.RbacAuthorizationV1Api(e.api)
+    as_controller = api_client(kube_control_plane.kubeconfig)
+    as_controller.set_default_header("Impersonate-User", account)
+    try:
+        ctl = Controller(as_controller, e.settings(), ControllerOptions(
+            **{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}", "brokers": True}))
+        ctl.start()
+        e.controllers.append(ctl)
+        brokers.broker("b")
+        ping = json.dumps({"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "name": "ping"})
+        brokers.trigger("t", {"broker": "b", "subscriber": {
+            "ref": {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w"}}}, {kb.ANNOTATION_DEPENDENCY: ping})
+        forbidden = brokers.wait(kb.TRIGGERS, "t", kb.SUBSCRIBER_RESOLVED, "False", "DestinationForbidden")
+        assert "add widgets under example.com in the chart value controller.rbac.readableKinds" in (
+            forbidden["message"])
+        dependency = brokers.wait(kb.TRIGGERS, "t", kb.DEPENDENCY_READY, "False", "DependencyDoesNotExist")
+        assert dependency["message"] == "PingSource ping does not exist"  # readable: the API server says 404
+        _apply_controller_rbac(e, release, "controller.rbac.readableKinds.example\\.com={widgets}")
+        granted = brokers.wait(kb.TRIGGERS, "t", kb.SUBSCRIBER_RESOLVED, "False", "DestinationNotFound")
+        assert "does not exist" in granted["message"]
+    finally:
+        as_controller.close()
+        name = f"{release}-kafka-eventing-controller"
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role(name)
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role_binding(name)

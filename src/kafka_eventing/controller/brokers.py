@@ -41,7 +41,7 @@ from kafka_eventing.controller.connection import (
     ResolvedConnection,
     resolve,
 )
-from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_destination
 from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
@@ -479,6 +479,9 @@ class BrokerReconciler:
             obj = self.custom.get_namespaced_custom_object(group, version, ref.get("namespace") or namespace,
                                                            f"{str(kind).lower()}s", name, _request_timeout=(5, 15))
         except ApiException as exc:
+            if exc.status == HTTP_FORBIDDEN:
+                return Condition.false(DEPENDENCY_READY, "DependencyForbidden",
+                                       f"{kind} {name} cannot be read: {not_readable(str(kind), str(api_version))}")
             why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status})"
             return Condition.false(DEPENDENCY_READY, "DependencyDoesNotExist", f"{kind} {name} {why}")
         for c in (obj.get("status") or {}).get("conditions") or ():

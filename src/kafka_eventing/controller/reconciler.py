@@ -266,8 +266,8 @@ class Reconciler:
         try:
             uri = resolve_destination(self.core, self.custom, sink, namespace, "dead-letter sink")
         except Unresolved as exc:
-            reason = "DeadLetterSinkNotAddressable" if exc.reason == "DestinationNotAddressable" \
-                else "DeadLetterSinkUnresolved"
+            reason = {"DestinationNotAddressable": "DeadLetterSinkNotAddressable",
+                      "DestinationForbidden": "DeadLetterSinkForbidden"}.get(exc.reason, "DeadLetterSinkUnresolved")
             return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, reason, str(exc)), None
         return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), uri
 
