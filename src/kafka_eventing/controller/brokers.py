@@ -46,7 +46,7 @@ from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.conditions import Condition, find, from_dict
-from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
 from kafka_eventing.core.settings import Settings
@@ -370,7 +370,7 @@ class BrokerReconciler:
             status["subscriberUri"] = None
             conditions.append(Condition.false(SUBSCRIBER_RESOLVED, exc.reason, str(exc)))
             result = recheck
-        conditions.append(self._subscription(namespace, name, spec, broker))
+        conditions.append(self._subscription(namespace, name, spec, meta.get("annotations") or {}, broker))
         dependency = self._dependency(namespace, meta)
         conditions.append(dependency)
         if not dependency.is_true:
@@ -448,7 +448,7 @@ class BrokerReconciler:
                                  f"Broker {namespace}/{name}: {c.get('message') or 'not ready'}")
         return Condition.unknown(BROKER_READY, "BrokerNotReconciled", f"Broker {namespace}/{name} has no status yet")
 
-    def _subscription(self, namespace: str, name: str, spec: Mapping[str, Any],
+    def _subscription(self, namespace: str, name: str, spec: Mapping[str, Any], annotations: Mapping[str, Any],
                       broker: Mapping[str, Any] | None) -> Condition:
         try:
             self.filters.get((namespace, name), spec)
@@ -460,6 +460,10 @@ class BrokerReconciler:
                 DeliverySpec.from_dict(delivery)
             except DeliverySpecError as exc:
                 return Condition.false(SUBSCRIPTION_READY, "InvalidDelivery", f"{where}: {exc}")
+        try:
+            rate_limit_annotation(annotations)
+        except DeliverySpecError as exc:
+            return Condition.false(SUBSCRIPTION_READY, "InvalidRateLimit", str(exc))
         return Condition.true(SUBSCRIPTION_READY, "SubscriptionReady",
                               f"consumer group {kb.trigger_group(namespace, name)}")
 

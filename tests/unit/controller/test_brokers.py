@@ -12,6 +12,7 @@ from kubernetes.client.rest import ApiException
 from kafka_eventing.controller.brokers import TRIGGER_FINALIZER, BrokerReconciler, BrokerStores
 from kafka_eventing.controller.reconciler import Reconciler, Stores
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 
 from .fakes import SETTINGS, DictStore
 
@@ -112,3 +113,13 @@ def test_a_forbidden_read_is_a_condition_naming_the_chart_value_to_extend() -> N
         assert (c["status"], c["reason"]) == ("False", reason), c
         assert hint in c["message"] and "controller.rbac.readableKinds" in c["message"], c["message"]
         assert "verbs: [get, list, watch]" in c["message"]
+
+
+def test_an_invalid_rate_limit_annotation_makes_the_subscription_not_ready() -> None:
+    obj = trigger()
+    obj["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "-3"}
+    c = by_type(reconcile(obj))[kb.SUBSCRIPTION_READY]
+    assert (c["status"], c["reason"]) == ("False", "InvalidRateLimit")
+    assert ANNOTATION_RATE_LIMIT in c["message"] and "'-3'" in c["message"]
+    obj["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "12.5"}
+    assert by_type(reconcile(obj))[kb.SUBSCRIPTION_READY]["status"] == "True"

@@ -6,6 +6,7 @@ from typing import Any
 
 from kafka_eventing.broker.filters import TriggerFilters
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.dispatcher.triggers import broker_channel, dispatch_hold, trigger_subscriber
 
 from .test_broker_dispatch import broker, trigger
@@ -53,3 +54,14 @@ def test_a_held_trigger_stays_a_subscriber_of_the_broker_channel() -> None:
     assert channel is not None
     (sub,) = channel.subscribers
     assert sub.held.startswith("BrokerReady is False")
+
+
+def test_a_triggers_rate_limit_annotation_limits_its_subscriber_and_an_invalid_one_holds_it() -> None:
+    limited = trigger("t")
+    limited["metadata"]["annotations"][ANNOTATION_RATE_LIMIT] = "4"
+    assert trigger_subscriber(limited, broker(), TriggerFilters(), None).rate_limit == 4.0
+    assert trigger_subscriber(trigger("t"), broker(), TriggerFilters(), None).rate_limit is None
+    invalid = trigger("t")
+    invalid["metadata"]["annotations"][ANNOTATION_RATE_LIMIT] = "lots"
+    held = trigger_subscriber(invalid, broker(), TriggerFilters(), None)
+    assert ANNOTATION_RATE_LIMIT in held.held and "'lots'" in held.held
