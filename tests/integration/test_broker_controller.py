@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -507,3 +508,36 @@ def test_refs_to_kinds_the_controller_may_not_read_name_the_value_to_extend(
             rbac.delete_cluster_role(name)
         with contextlib.suppress(ApiException):
             rbac.delete_cluster_role_binding(name)
+
+
+def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(brokers: Brokers) -> None:
+    """While a dispatcher pod still exists (held here by a finalizer, as a kubelet holds a terminating pod until
+    its process exits) the topic stays; once the Deployment is gone, pods and all, the topic goes."""
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    topic = kb.broker_topic(e.namespace, "b")
+    assert e.topic(topic) is not None
+    dispatcher = broker_dispatcher_name(e.namespace, "b")
+    dep = e.apps.read_namespaced_deployment(dispatcher, e.system)
+    selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
+    (pod,) = e.core.list_namespaced_pod(e.system, label_selector=selector).items
+    hold = {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}}
+    e.core.patch_namespaced_pod(pod.metadata.name, e.system, hold)
+
+    brokers.delete(kb.BROKERS, "b")
+    eventually(lambda: e.core.read_namespaced_pod(pod.metadata.name, e.system).metadata.deletion_timestamp,
+               what="the dispatcher pod terminating")
+    # The controller has had many reconciles (its recheck is 2 s, each Deployment event one more) to delete the
+    # topic early: it must not have.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert e.topic(topic) is not None, "the topic was deleted while the dispatcher pod still existed"
+        time.sleep(0.2)
+    assert not brokers.gone(kb.BROKERS, "b")
+
+    e.core.patch_namespaced_pod(pod.metadata.name, e.system, {"metadata": {"finalizers": None}})
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system)),
+               what="the dispatcher Deployment gone")
+    eventually(lambda: e.topic(topic) is None, what="the topic deleted after the dispatcher")
+    eventually(lambda: brokers.gone(kb.BROKERS, "b"), what="the Broker deleted")

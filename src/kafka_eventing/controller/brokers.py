@@ -4,8 +4,8 @@ Broker: config (``spec.config`` → a ConfigMap, else the cluster default ``kafk
 namespace, else built-in defaults on the controller's own connection) → topic ``knative-broker-<ns>-<name>`` (or
 an existing external topic, only checked) → one dispatcher Deployment + headless Service (the channel's, under
 another name) → status: ConfigParsed, TopicReady, DataPlaneAvailable, Addressable, Ready and
-``status.address.url`` = ``http://<receiver>/<namespace>/<broker>``. A finalizer deletes the dispatcher and the
-topic (never an external one).
+``status.address.url`` = ``http://<receiver>/<namespace>/<broker>``. A finalizer deletes the dispatcher, waits
+until its Deployment (pods and all) is gone, then deletes the topic (never an external one).
 
 Trigger: BrokerReady, SubscriberResolved (``status.subscriberUri``), SubscriptionReady (its filters compile and
 its delivery parses), DependencyReady (``knative.dev/dependency``), DeadLetterSinkResolved when a sink is set,
@@ -54,6 +54,8 @@ from kafka_eventing.core.settings import Settings
 log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
+#: how often a Broker being deleted re-checks that its dispatcher is gone, should its deletion event be missed
+STOP_RECHECK_SECONDS = 2.0
 HTTP_CONFLICT = 409
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
@@ -313,13 +315,24 @@ class BrokerReconciler:
         namespace, name = meta["namespace"], meta["name"]
         system = self.settings.system_namespace
         dispatcher = broker_dispatcher_name(namespace, name)
-        for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service):
+        # The data plane stops before its topic goes: a dispatcher still consuming a deleted topic fills its log
+        # with UNKNOWN_TOPIC_OR_PART. Foreground deletion keeps the Deployment until its ReplicaSets and Pods are
+        # gone (the garbage collector), so "Deployment not found" means no dispatcher runs.
+        deleting = False
+        for delete, policy in ((self.apps.delete_namespaced_deployment, "Foreground"),
+                               (self.core.delete_namespaced_service, "Background")):
             self.base.writer.check()
             try:
-                delete(dispatcher, system, propagation_policy="Background", _request_timeout=(5, 30))
+                delete(dispatcher, system, propagation_policy=policy, _request_timeout=(5, 30))
+                deleting = deleting or policy == "Foreground"
             except ApiException as exc:
                 if exc.status != HTTP_NOT_FOUND:
                     raise
+        if deleting:
+            # Its removal is a Deployment event naming this Broker (ANNOTATION_BROKER): that enqueues it at once.
+            log.info("Broker finalizing: waiting for its dispatcher to stop",
+                     extra={"namespace": namespace, "broker": name, "deployment": f"{system}/{dispatcher}"})
+            return Result(requeue_after=STOP_RECHECK_SECONDS)
         external = (meta.get("annotations") or {}).get(kb.ANNOTATION_EXTERNAL_TOPIC)
         if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
             topic = kb.broker_topic(namespace, name)
