@@ -26,6 +26,7 @@ from test_controller import FAST, RECEIVER, Env, env, eventually  # noqa: F401 -
 
 from fixtures.kube import gone
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
+from kafka_eventing.controller.connection import KEY_BOOTSTRAP, KEY_SECRET_NAME
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
@@ -541,3 +542,27 @@ def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(broker
                what="the dispatcher Deployment gone")
     eventually(lambda: e.topic(topic) is None, what="the topic deleted after the dispatcher")
     eventually(lambda: brokers.gone(kb.BROKERS, "b"), what="the Broker deleted")
+
+
+def test_a_broker_sees_its_configmap_and_secret_as_soon_as_they_exist(brokers: Brokers) -> None:
+    """The ConfigMap a Broker names and the Secret that ConfigMap names are watched: creating either reconciles the
+    Broker at once, although nothing else would for two minutes (recheck and resync set long here)."""
+    e = brokers.env
+    e.start_controller(e.settings(), brokers=True, topic_recheck_seconds=120, resync_seconds=300)
+    brokers.broker("late", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "late-config"}})
+    brokers.wait(kb.BROKERS, "late", "ConfigParsed", "False", "ConfigMapNotFound")
+    e.core.create_namespaced_config_map(e.namespace, {"metadata": {"name": "late-config"},
+                                                      "data": {kb.KEY_PARTITIONS: "2"}})
+    brokers.wait(kb.BROKERS, "late", "ConfigParsed", "True", timeout=15)
+    e.core.patch_namespaced_config_map("late-config", e.namespace, {"data": {kb.KEY_PARTITIONS: "lots"}})
+    brokers.wait(kb.BROKERS, "late", "ConfigParsed", "False", "InvalidConfig", timeout=15)
+
+    # A config in the system namespace naming a Secret that does not exist yet.
+    e.core.create_namespaced_config_map(e.system, {"metadata": {"name": "secret-config"}, "data": {
+        KEY_SECRET_NAME: "late-secret", KEY_BOOTSTRAP: e.kafka.bootstrap_servers}})
+    brokers.broker("waits", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "secret-config",
+                                        "namespace": e.system}})
+    brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "False", "SecretNotFound")
+    e.core.create_namespaced_secret(e.system, {"metadata": {"name": "late-secret"},
+                                               "stringData": e.kafka.connection_secret()})
+    brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "True", timeout=15)

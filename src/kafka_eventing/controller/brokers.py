@@ -14,8 +14,9 @@ controller keeps that one as stored and writes the status only at the resourceVe
 overwrites the other. Triggers whose Broker exists with another class belong to another implementation and are
 left alone.
 
-ConfigMaps and Secrets named by a Broker live in any namespace, so they are read from the API on each reconcile
-rather than cached; the periodic resync picks up their changes.
+ConfigMaps named by a Broker live in any namespace: each is watched by name (``core.informer.NamedWatches``), and
+its Secret lives in the system namespace, whose Secrets are watched; a change to either reconciles the Brokers
+that name it at once. The reconcile itself reads both from the API.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ class BrokerStores:
     triggers: Store
 
 
+def config_map_of(broker: Mapping[str, Any], system_namespace: str, default_name: str) -> tuple[str, str]:
+    """(namespace, name) of the ConfigMap a Broker's config comes from: ``spec.config`` (in the Broker's namespace
+    unless it names one), else the cluster default in the system namespace."""
+    meta, ref = broker.get("metadata") or {}, (broker.get("spec") or {}).get("config") or {}
+    if ref.get("name"):
+        return str(ref.get("namespace") or meta.get("namespace") or ""), str(ref["name"])
+    return system_namespace, default_name
+
+
 def broker_dispatcher_name(namespace: str, name: str) -> str:
     return res.dispatcher_name(namespace, name, suffix=BROKER_DISPATCHER_SUFFIX)
 
@@ -187,8 +197,7 @@ class BrokerReconciler:
 
     def broker_config(self, broker: Mapping[str, Any]) -> BrokerConfig:
         """Raises ``BrokerConfigError`` naming the object and key to fix."""
-        meta, spec = broker["metadata"], broker.get("spec") or {}
-        system = self.settings.system_namespace
+        spec = broker.get("spec") or {}
         ref = spec.get("config")
         if ref:
             kind, api_version = ref.get("kind") or "ConfigMap", ref.get("apiVersion") or "v1"
@@ -197,14 +206,14 @@ class BrokerReconciler:
                                         f"spec.config must reference a v1 ConfigMap, not {api_version} {kind}")
             if not ref.get("name"):
                 raise BrokerConfigError("InvalidConfig", "spec.config.name is required")
-            cm_ns, cm_name = ref.get("namespace") or meta["namespace"], ref["name"]
+        cm_ns, cm_name = config_map_of(broker, self.settings.system_namespace, self.broker_config_map)
+        if ref:
             data = self._read_config_map(cm_ns, cm_name)
             if data is None:
                 raise BrokerConfigError("ConfigMapNotFound",
                                         f"ConfigMap {cm_ns}/{cm_name} named by spec.config does not exist",
                                         retry=True)
         else:
-            cm_ns, cm_name = system, self.broker_config_map
             data = self._read_config_map(cm_ns, cm_name)
         where = f"ConfigMap {cm_ns}/{cm_name}" if data is not None else "built-in defaults"
         data = data or {}
