@@ -1,4 +1,11 @@
-"""Process entry point: settings from the environment (only here), flags for the controller's own knobs."""
+"""`kafka-eventing controller`: reconciles KafkaChannels (topic, dispatcher Deployment, channel Service, status)
+and Kafka-class Brokers (topic, dispatcher, address) with their Triggers (subscriber, dependency, dead-letter sink,
+status) on the Kubernetes API (in a pod its service account; outside KE_KUBECONFIG or KUBECONFIG).
+
+Settings come from KE_* variables (docs/settings.md lists every one; the controller's own: KE_SYSTEM_NAMESPACE,
+KE_TOPIC_MANAGEMENT, KE_DELETE_TOPICS, KE_DISPATCHER_IMAGE, KE_DISPATCHER_REPLICAS, KE_RECEIVER_SERVICE,
+KE_RECEIVER_DEPLOYMENT); the flags below are the controller process's own knobs.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ from kafka_eventing.core.settings import Settings, SettingsError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kafka_eventing.controller", description=__doc__)
+    p = argparse.ArgumentParser(prog="kafka-eventing controller", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=8, help="parallel reconciles (default 8)")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="re-check every channel this often")
     p.add_argument("--health-port", type=int, default=None,
