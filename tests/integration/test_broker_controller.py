@@ -512,7 +512,7 @@ def test_refs_to_kinds_the_controller_may_not_read_name_the_value_to_extend(
 
 
 def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(brokers: Brokers) -> None:
-    """While a dispatcher pod still exists (held here by a finalizer, as a kubelet holds a terminating pod until
+    """While a dispatcher pod still exists (held here by a finalizer, as a kubelet keeps a terminating pod until
     its process exits) the topic stays; once the Deployment is gone, pods and all, the topic goes."""
     e = brokers.env
     start(e)
@@ -522,13 +522,14 @@ def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(broker
     dispatcher = broker_dispatcher_name(e.namespace, "b")
     dep = e.apps.read_namespaced_deployment(dispatcher, e.system)
     selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
-    (pod,) = e.core.list_namespaced_pod(e.system, label_selector=selector).items
-    hold = {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}}
-    e.core.patch_namespaced_pod(pod.metadata.name, e.system, hold)
+    pods = [p.metadata.name for p in e.core.list_namespaced_pod(e.system, label_selector=selector).items]
+    assert pods
+    for pod in pods:
+        e.core.patch_namespaced_pod(pod, e.system, {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}})
 
     brokers.delete(kb.BROKERS, "b")
-    eventually(lambda: e.core.read_namespaced_pod(pod.metadata.name, e.system).metadata.deletion_timestamp,
-               what="the dispatcher pod terminating")
+    eventually(lambda: all(e.core.read_namespaced_pod(pod, e.system).metadata.deletion_timestamp for pod in pods),
+               what="the dispatcher pods terminating")
     # The controller has had many reconciles (its recheck is 2 s, each Deployment event one more) to delete the
     # topic early: it must not have.
     deadline = time.monotonic() + 5
@@ -537,7 +538,8 @@ def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(broker
         time.sleep(0.2)
     assert not brokers.gone(kb.BROKERS, "b")
 
-    e.core.patch_namespaced_pod(pod.metadata.name, e.system, {"metadata": {"finalizers": None}})
+    for pod in pods:
+        e.core.patch_namespaced_pod(pod, e.system, {"metadata": {"finalizers": None}})
     eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system)),
                what="the dispatcher Deployment gone")
     eventually(lambda: e.topic(topic) is None, what="the topic deleted after the dispatcher")
@@ -551,6 +553,7 @@ def test_a_broker_sees_its_configmap_and_secret_as_soon_as_they_exist(brokers: B
     e.start_controller(e.settings(), brokers=True, topic_recheck_seconds=120, resync_seconds=300)
     brokers.broker("late", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "late-config"}})
     brokers.wait(kb.BROKERS, "late", "ConfigParsed", "False", "ConfigMapNotFound")
+    time.sleep(3)  # the echoes of the controller's own writes (finalizer, status) have reconciled it by now
     e.core.create_namespaced_config_map(e.namespace, {"metadata": {"name": "late-config"},
                                                       "data": {kb.KEY_PARTITIONS: "2"}})
     brokers.wait(kb.BROKERS, "late", "ConfigParsed", "True", timeout=15)
@@ -563,6 +566,7 @@ def test_a_broker_sees_its_configmap_and_secret_as_soon_as_they_exist(brokers: B
     brokers.broker("waits", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "secret-config",
                                         "namespace": e.system}})
     brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "False", "SecretNotFound")
+    time.sleep(3)
     e.core.create_namespaced_secret(e.system, {"metadata": {"name": "late-secret"},
                                                "stringData": e.kafka.connection_secret()})
     brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "True", timeout=15)
