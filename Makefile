@@ -29,7 +29,9 @@ run: ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays u
 	$(PY) -m kafka_eventing run $(ARGS)
 
 .PHONY: local-up
-local-up: setup ## Start a local Kafka node and Kubernetes API server on loopback (prints how to reach them).
+local-up: ## Start a local Kafka node and Kubernetes API server on loopback (prints how to reach them); sets up only those.
+	@hack/setup.sh python kafka
+	@hack/setup/go-tools.sh etcd kube-apiserver kube-controller-manager kubectl
 	$(PY) -m kafka_eventing.localstack up
 
 .PHONY: local-down

@@ -11,9 +11,14 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber"),
-    "receiver": ("kafka_eventing.receiver.__main__", "the shared ingress of channels, brokers and sinks"),
-    "dispatcher": ("kafka_eventing.dispatcher.__main__", "one channel's egress (consumer group per subscription)"),
-    "controller": ("kafka_eventing.controller.__main__", "the KafkaChannel reconciler"),
+    "receiver": ("kafka_eventing.receiver.__main__",
+                 "the shared ingress of every KafkaChannel, Kafka Broker and KafkaSink (gunicorn + falcon)"),
+    "dispatcher": ("kafka_eventing.dispatcher.__main__",
+                   "the egress of one KafkaChannel (a consumer group per Subscription), one Kafka Broker "
+                   "(one read for all its Triggers) or one KafkaSource"),
+    "controller": ("kafka_eventing.controller.__main__",
+                   "reconciles KafkaChannels, Kafka-class Brokers and their Triggers, KafkaSinks, KafkaSources "
+                   "and ResetOffsets"),
     "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),
     "local": ("kafka_eventing.localstack.__main__", "start/stop a local Kafka + Kubernetes API server"),
     "cesql": ("kafka_eventing.cesql.cli", "CloudEvents SQL: evaluate an expression, run conformance (TCK) files"),
@@ -23,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     lines = ["usage: kafka-eventing <command> [args...]", "", "commands:"]
     lines += [f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`kafka-eventing <command> --help` says more. The roles read KE_* environment variables",
+              "(docs/settings.md lists every one); outside a cluster they find the API server through KUBECONFIG."]
     return "\n".join(lines)
 
 

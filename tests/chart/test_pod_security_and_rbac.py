@@ -217,3 +217,39 @@ def test_the_opt_in_cluster_wide_secret_read_is_what_the_check_flags(value: str)
     problems = rbac_problems(helm(sets=(f"{value}=true",)))
     assert any("every namespace" in p for p in problems), problems
 
+
+def _read_rules(docs: Iterable[dict[str, Any]]) -> dict[str, set[str]]:
+    """The controller ClusterRole's read-only rules: API group → resources."""
+    (role,) = [d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("-controller")]
+    out: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        if rule["verbs"] == ["get", "list", "watch"] and rule["apiGroups"] != [""]:
+            (group,) = rule["apiGroups"]
+            out.setdefault(group, set()).update(rule["resources"])
+    return out
+
+
+def test_the_controller_reads_knative_addressables_and_sources_and_only_what_readable_kinds_lists() -> None:
+    """controller.rbac.readableKinds becomes one read-only rule per API group, nothing broader."""
+    rules = _read_rules(helm())
+    assert {"pingsources", "apiserversources", "containersources", "sinkbindings", "kafkasources"} <= rules[
+        "sources.knative.dev"]
+    assert {"sequences", "parallels"} <= rules["flows.knative.dev"]
+    assert {"jobsinks"} <= rules["sinks.knative.dev"]
+    assert {"kafkasinks", "brokers"} <= rules["eventing.knative.dev"]
+    assert {"services"} <= rules["serving.knative.dev"]
+    assert {"channels", "inmemorychannels", "kafkachannels"} <= rules["messaging.knative.dev"]
+    added = _read_rules(helm(sets=("controller.rbac.readableKinds.example\\.com={widgets,gadgets}",
+                                   "controller.rbac.readableKinds.flows\\.knative\\.dev=null")))
+    assert added["example.com"] == {"widgets", "gadgets"}
+    assert "flows.knative.dev" not in added
+    assert added["sources.knative.dev"] == rules["sources.knative.dev"]  # a new group keeps the defaults
+
+
+def test_readable_kinds_refuses_wildcards() -> None:
+    from .render import CHART, RELEASE, run, tool
+
+    for bad in ("controller.rbac.readableKinds.example\\.com={*}", "controller.rbac.readableKinds.*={widgets}",
+                "controller.rbac.readableKinds.example\\.com={widgets/status}"):
+        proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", bad], ok=False)
+        assert proc.returncode != 0 and "schema" in proc.stderr, (bad, proc.stderr)

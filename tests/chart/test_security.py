@@ -95,7 +95,8 @@ def test_rbac_grants_what_each_role_needs() -> None:
     for sub in ("brokers/status", "brokers/finalizers", "triggers/status"):
         assert ("eventing.knative.dev", sub, "patch") in controller
     assert {("eventing.knative.dev", r, "watch") for r in ("brokers", "triggers")} <= controller
-    assert {v for g, r, v in controller if r == "configmaps"} == {"get"}
+    # A Broker's ConfigMap in any namespace: read and watched by name, never written.
+    assert {v for g, r, v in controller if r == "configmaps"} == {"get", "list", "watch"}
     assert {(r, v) for g, r, v in dispatcher if g == "eventing.knative.dev"} == {
         (r, v) for r in ("brokers", "triggers") for v in ("get", "list", "watch")} | {
         ("triggers/status", v) for v in ("get", "patch")}

@@ -9,23 +9,31 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
+from test_controller import FAST, RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
 
 from fixtures.kube import gone
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
+from kafka_eventing.controller.connection import KEY_BOOTSTRAP, KEY_SECRET_NAME
+from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.dispatcher.status import REASON_JOINED, KubeTriggerStatusWriter, SubscriberStatus
 from kafka_eventing.localstack.kube import KubeControlPlane
+from kafka_eventing.localstack.tools import tool_path
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -427,3 +435,138 @@ def _resolve_ksvc(brokers: Brokers) -> None:
     brokers.ready_trigger("to-ksvc")
     assert brokers.get(kb.TRIGGERS, "to-ksvc")["status"]["subscriberUri"] == (
         f"http://hello.{e.namespace}.svc.cluster.local")
+
+
+# -- the controller's RBAC: only the kinds of controller.rbac.readableKinds ---------------------------------
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kafka-eventing"
+
+
+def _apply_controller_rbac(e: Env, release: str, *sets: str) -> str:
+    """The chart's controller ServiceAccount, ClusterRole and Role (release namespace = the test's system
+    namespace), created or replaced; the ServiceAccount's user name, for impersonation."""
+    args = [str(tool_path("helm")), "template", release, str(CHART), "-n", e.system, "--kube-version", "1.34.0",
+            "--show-only", "templates/controller/rbac.yaml", "--show-only", "templates/controller/serviceaccount.yaml"]
+    for s in sets:
+        args += ["--set", s]
+    docs = [d for d in yaml.safe_load_all(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+            if d]
+    rbac = client.RbacAuthorizationV1Api(e.api)
+    account = ""
+    for doc in docs:
+        if doc["kind"] == "ServiceAccount":
+            account = f"system:serviceaccount:{e.system}:{doc['metadata']['name']}"
+            with contextlib.suppress(ApiException):
+                e.core.create_namespaced_service_account(e.system, doc)
+        elif doc["kind"] == "ClusterRole":
+            try:
+                rbac.create_cluster_role(doc)
+            except ApiException:
+                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
+        elif doc["kind"] == "ClusterRoleBinding":
+            with contextlib.suppress(ApiException):
+                rbac.create_cluster_role_binding(doc)
+        elif doc["kind"] == "Role":
+            with contextlib.suppress(ApiException):
+                rbac.create_namespaced_role(e.system, doc)
+        elif doc["kind"] == "RoleBinding":
+            with contextlib.suppress(ApiException):
+                rbac.create_namespaced_role_binding(e.system, doc)
+    return account
+
+
+def test_refs_to_kinds_the_controller_may_not_read_name_the_value_to_extend(
+        brokers: Brokers, kube_control_plane: KubeControlPlane) -> None:
+    """The controller as the chart's ServiceAccount: a ref to a kind outside controller.rbac.readableKinds is a
+    condition naming the entry to add, a PingSource dependency is read (404 here, not 403), and extending the value
+    lets the next recheck read the ref."""
+    e = brokers.env
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+    account = _apply_controller_rbac(e, release)
+    rbac = client.RbacAuthorizationV1Api(e.api)
+    as_controller = api_client(kube_control_plane.kubeconfig)
+    as_controller.set_default_header("Impersonate-User", account)
+    try:
+        ctl = Controller(as_controller, e.settings(), ControllerOptions(
+            **{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}", "brokers": True}))
+        ctl.start()
+        e.controllers.append(ctl)
+        brokers.broker("b")
+        ping = json.dumps({"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "name": "ping"})
+        brokers.trigger("t", {"broker": "b", "subscriber": {
+            "ref": {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w"}}}, {kb.ANNOTATION_DEPENDENCY: ping})
+        forbidden = brokers.wait(kb.TRIGGERS, "t", kb.SUBSCRIBER_RESOLVED, "False", "DestinationForbidden")
+        assert "add widgets under example.com in the chart value controller.rbac.readableKinds" in (
+            forbidden["message"])
+        dependency = brokers.wait(kb.TRIGGERS, "t", kb.DEPENDENCY_READY, "False", "DependencyDoesNotExist")
+        assert dependency["message"] == "PingSource ping does not exist"  # readable: the API server says 404
+        _apply_controller_rbac(e, release, "controller.rbac.readableKinds.example\\.com={widgets}")
+        granted = brokers.wait(kb.TRIGGERS, "t", kb.SUBSCRIBER_RESOLVED, "False", "DestinationNotFound")
+        assert "does not exist" in granted["message"]
+    finally:
+        as_controller.close()
+        name = f"{release}-kafka-eventing-controller"
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role(name)
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role_binding(name)
+
+
+def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(brokers: Brokers) -> None:
+    """While a dispatcher pod still exists (held here by a finalizer, as a kubelet keeps a terminating pod until
+    its process exits) the topic stays; once the Deployment is gone, pods and all, the topic goes."""
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    topic = kb.broker_topic(e.namespace, "b")
+    assert e.topic(topic) is not None
+    dispatcher = broker_dispatcher_name(e.namespace, "b")
+    dep = e.apps.read_namespaced_deployment(dispatcher, e.system)
+    selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
+    pods = [p.metadata.name for p in e.core.list_namespaced_pod(e.system, label_selector=selector).items]
+    assert pods
+    for pod in pods:
+        e.core.patch_namespaced_pod(pod, e.system, {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}})
+
+    brokers.delete(kb.BROKERS, "b")
+    eventually(lambda: all(e.core.read_namespaced_pod(pod, e.system).metadata.deletion_timestamp for pod in pods),
+               what="the dispatcher pods terminating")
+    # The controller has had many reconciles (its recheck is 2 s, each Deployment event one more) to delete the
+    # topic early: it must not have.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert e.topic(topic) is not None, "the topic was deleted while the dispatcher pod still existed"
+        time.sleep(0.2)
+    assert not brokers.gone(kb.BROKERS, "b")
+
+    for pod in pods:
+        e.core.patch_namespaced_pod(pod, e.system, {"metadata": {"finalizers": None}})
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system)),
+               what="the dispatcher Deployment gone")
+    eventually(lambda: e.topic(topic) is None, what="the topic deleted after the dispatcher")
+    eventually(lambda: brokers.gone(kb.BROKERS, "b"), what="the Broker deleted")
+
+
+def test_a_broker_sees_its_configmap_and_secret_as_soon_as_they_exist(brokers: Brokers) -> None:
+    """The ConfigMap a Broker names and the Secret that ConfigMap names are watched: creating either reconciles the
+    Broker at once, although nothing else would for two minutes (recheck and resync set long here)."""
+    e = brokers.env
+    e.start_controller(e.settings(), brokers=True, topic_recheck_seconds=120, resync_seconds=300)
+    brokers.broker("late", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "late-config"}})
+    brokers.wait(kb.BROKERS, "late", "ConfigParsed", "False", "ConfigMapNotFound")
+    time.sleep(3)  # the echoes of the controller's own writes (finalizer, status) have reconciled it by now
+    e.core.create_namespaced_config_map(e.namespace, {"metadata": {"name": "late-config"},
+                                                      "data": {kb.KEY_PARTITIONS: "2"}})
+    brokers.wait(kb.BROKERS, "late", "ConfigParsed", "True", timeout=15)
+    e.core.patch_namespaced_config_map("late-config", e.namespace, {"data": {kb.KEY_PARTITIONS: "lots"}})
+    brokers.wait(kb.BROKERS, "late", "ConfigParsed", "False", "InvalidConfig", timeout=15)
+
+    # A config in the system namespace naming a Secret that does not exist yet.
+    e.core.create_namespaced_config_map(e.system, {"metadata": {"name": "secret-config"}, "data": {
+        KEY_SECRET_NAME: "late-secret", KEY_BOOTSTRAP: e.kafka.bootstrap_servers}})
+    brokers.broker("waits", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "secret-config",
+                                        "namespace": e.system}})
+    brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "False", "SecretNotFound")
+    time.sleep(3)
+    e.core.create_namespaced_secret(e.system, {"metadata": {"name": "late-secret"},
+                                               "stringData": e.kafka.connection_secret()})
+    brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "True", timeout=15)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -31,6 +33,7 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.crd import install_crd
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import KubeChannelSource
+from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
@@ -319,3 +322,64 @@ def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subsc
         managers = {m["manager"] for m in obj["metadata"].get("managedFields") or ()}
         assert managers and theirs not in managers, (obj["metadata"]["name"], managers)
     assert "status" not in brokers.get(kb.BROKERS, "mt")
+
+
+# -- rate limits: an annotation, since Knative's Subscription has no field for one and a Trigger none at all -------
+RATE, BURST, EVENTS = 4.0, 4, 12  # a burst of one second's worth, then one event every 1/RATE s
+
+
+def _paced(http: Subscriber, path: str, post: Callable[[str], None], prefix: str) -> None:
+    """Send EVENTS at once (in parallel), wait for all at ``path``, and check they arrived no faster than RATE."""
+    ids = [f"{prefix}-{i}" for i in range(EVENTS)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(EVENTS) as pool:
+        list(pool.map(post, ids))
+    sent_in = time.monotonic() - started
+    wait_for(lambda: sorted(http.ids(path)) == sorted(ids), 60, f"{EVENTS} events at {path}")
+    arrivals = sorted(r.at for r in http.at(path))
+    spread = arrivals[-1] - arrivals[0]
+    least = (EVENTS - BURST) / RATE  # 2 s
+    assert spread >= least * 0.9, f"{EVENTS} events in {spread:.2f} s: faster than {RATE}/s"
+    assert sent_in < spread / 2, f"sending took {sent_in:.2f} s: the pacing would not be the dispatcher's"
+
+
+def test_rate_limits_of_subscriptions_and_triggers_on_knatives_controller(
+        knative: Knative, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        kube_control_plane: KubeControlPlane) -> None:
+    e = knative.env
+    e.start_controller(brokers=True)
+    # A Subscription's limit: its channel's annotation (an invalid one is refused with a condition, not ignored).
+    e.create("slow", {"numPartitions": 1}, annotations={ANNOTATION_RATE_LIMIT: "fast"})
+    refused = e.wait_condition("slow", "ConfigParsed", "False")
+    assert refused["reason"] == "InvalidChannelSpec" and ANNOTATION_RATE_LIMIT in refused["message"]
+    e.custom.patch_namespaced_custom_object(
+        MESSAGING, "v1beta1", e.namespace, "kafkachannels", "slow",
+        {"metadata": {"annotations": {ANNOTATION_RATE_LIMIT: str(RATE)}}}, _content_type=MERGE)
+    e.wait_condition("slow", "ConfigParsed", "True")
+    knative.ready_channel("slow")
+    ref = {"apiVersion": f"{MESSAGING}/v1beta1", "kind": "KafkaChannel", "name": "slow"}
+    knative.subscription("slow-sub", ref, subscriber={"uri": http.url("/sub")})
+    knative.serve("slow")
+    knative.wait_ready("subscriptions", "slow-sub")
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    _paced(http, "/sub", lambda i: send(receiver, e.namespace, "slow", i, "com.example.paced"), "s")
+
+    # A Trigger's limit: its own annotation; the Broker's other Trigger is not limited by it.
+    brokers = Brokers(e)
+    brokers.ready_broker("default")
+    brokers.trigger("paced", {"broker": "default", "subscriber": {"uri": http.url("/trigger")}},
+                    {ANNOTATION_RATE_LIMIT: str(RATE)})
+    brokers.trigger("free", {"broker": "default", "subscriber": {"uri": http.url("/free")}})
+    ingress = f"{receiver.url}/{e.namespace}/default"
+    knative.serve("default", broker=True, reply_uri=ingress)
+    for name in ("paced", "free"):
+        brokers.wait(kb.TRIGGERS, name, "Ready", "True", timeout=60)
+
+    def post(event_id: str) -> None:
+        answer = httpx.post(ingress, content=b"{}", headers=binary_headers(event_id), timeout=20)
+        assert answer.status_code == 202, answer.text
+
+    _paced(http, "/trigger", post, "t")
+    free = sorted(r.at for r in http.at("/free"))
+    assert len(free) == EVENTS and free[-1] - free[0] < (EVENTS - BURST) / RATE  # the same events, unpaced

@@ -284,3 +284,14 @@ def test_a_component_that_dies_fails_start_with_its_log(tmp_path: Path, monkeypa
     assert "etcd: cannot start, disk on fire" in str(info.value)
     assert not plane.running
     assert plane.log_paths["etcd"].is_file()  # kept for the post-mortem
+
+
+def test_the_standard_kubeconfig_variable_reaches_the_api_server(kube_control_plane: KubeControlPlane) -> None:
+    """``KUBECONFIG`` alone (no ``KE_KUBECONFIG``) is how a role finds this API server, as kubectl would."""
+    from kafka_eventing.core.kube import api_client
+    from kafka_eventing.core.settings import Settings
+
+    settings = Settings.from_env({"KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    with api_client(settings.kubeconfig) as api:
+        names = {ns.metadata.name for ns in client.CoreV1Api(api).list_namespace().items}
+    assert "kube-system" in names

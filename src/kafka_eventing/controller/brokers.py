@@ -4,8 +4,8 @@ Broker: config (``spec.config`` → a ConfigMap, else the cluster default ``kafk
 namespace, else built-in defaults on the controller's own connection) → topic ``knative-broker-<ns>-<name>`` (or
 an existing external topic, only checked) → one dispatcher Deployment + headless Service (the channel's, under
 another name) → status: ConfigParsed, TopicReady, DataPlaneAvailable, Addressable, Ready and
-``status.address.url`` = ``http://<receiver>/<namespace>/<broker>``. A finalizer deletes the dispatcher and the
-topic (never an external one).
+``status.address.url`` = ``http://<receiver>/<namespace>/<broker>``. A finalizer deletes the dispatcher, waits
+until its Deployment (pods and all) is gone, then deletes the topic (never an external one).
 
 Trigger: BrokerReady, SubscriberResolved (``status.subscriberUri``), SubscriptionReady (its filters compile and
 its delivery parses), DependencyReady (``knative.dev/dependency``), DeadLetterSinkResolved when a sink is set,
@@ -14,8 +14,9 @@ controller keeps that one as stored and writes the status only at the resourceVe
 overwrites the other. Triggers whose Broker exists with another class belong to another implementation and are
 left alone.
 
-ConfigMaps and Secrets named by a Broker live in any namespace, so they are read from the API on each reconcile
-rather than cached; the periodic resync picks up their changes.
+ConfigMaps named by a Broker live in any namespace: each is watched by name (``core.informer.NamedWatches``), and
+its Secret lives in the system namespace, whose Secrets are watched; a change to either reconciles the Brokers
+that name it at once. The reconcile itself reads both from the API.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ from kafka_eventing.controller.connection import (
     connection_annotations,
     resolve,
 )
-from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_destination
 from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.conditions import Condition, find, from_dict
-from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
 from kafka_eventing.core.informer import Store
 from kafka_eventing.core.kafka_config import ConnectionRef, KafkaConfigError, connection_from_secret
 from kafka_eventing.core.settings import Settings
@@ -55,6 +56,8 @@ from kafka_eventing.core.settings import Settings
 log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
+#: how often a Broker being deleted re-checks that its dispatcher is gone, should its deletion event be missed
+STOP_RECHECK_SECONDS = 2.0
 HTTP_CONFLICT = 409
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
@@ -100,6 +103,15 @@ class BrokerConfigError(Exception):
 class BrokerStores:
     brokers: Store
     triggers: Store
+
+
+def config_map_of(broker: Mapping[str, Any], system_namespace: str, default_name: str) -> tuple[str, str]:
+    """(namespace, name) of the ConfigMap a Broker's config comes from: ``spec.config`` (in the Broker's namespace
+    unless it names one), else the cluster default in the system namespace."""
+    meta, ref = broker.get("metadata") or {}, (broker.get("spec") or {}).get("config") or {}
+    if ref.get("name"):
+        return str(ref.get("namespace") or meta.get("namespace") or ""), str(ref["name"])
+    return system_namespace, default_name
 
 
 def broker_dispatcher_name(namespace: str, name: str) -> str:
@@ -188,8 +200,7 @@ class BrokerReconciler:
 
     def broker_config(self, broker: Mapping[str, Any]) -> BrokerConfig:
         """Raises ``BrokerConfigError`` naming the object and key to fix."""
-        meta, spec = broker["metadata"], broker.get("spec") or {}
-        system = self.settings.system_namespace
+        spec = broker.get("spec") or {}
         ref = spec.get("config")
         if ref:
             kind, api_version = ref.get("kind") or "ConfigMap", ref.get("apiVersion") or "v1"
@@ -198,14 +209,14 @@ class BrokerReconciler:
                                         f"spec.config must reference a v1 ConfigMap, not {api_version} {kind}")
             if not ref.get("name"):
                 raise BrokerConfigError("InvalidConfig", "spec.config.name is required")
-            cm_ns, cm_name = ref.get("namespace") or meta["namespace"], ref["name"]
+        cm_ns, cm_name = config_map_of(broker, self.settings.system_namespace, self.broker_config_map)
+        if ref:
             data = self._read_config_map(cm_ns, cm_name)
             if data is None:
                 raise BrokerConfigError("ConfigMapNotFound",
                                         f"ConfigMap {cm_ns}/{cm_name} named by spec.config does not exist",
                                         retry=True)
         else:
-            cm_ns, cm_name = system, self.broker_config_map
             data = self._read_config_map(cm_ns, cm_name)
         where = f"ConfigMap {cm_ns}/{cm_name}" if data is not None else "built-in defaults"
         data = data or {}
@@ -318,13 +329,24 @@ class BrokerReconciler:
         namespace, name = meta["namespace"], meta["name"]
         system = self.settings.system_namespace
         dispatcher = broker_dispatcher_name(namespace, name)
-        for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service):
+        # The data plane stops before its topic goes: a dispatcher still consuming a deleted topic fills its log
+        # with UNKNOWN_TOPIC_OR_PART. Foreground deletion keeps the Deployment until its ReplicaSets and Pods are
+        # gone (the garbage collector), so "Deployment not found" means no dispatcher runs.
+        deleting = False
+        for delete, policy in ((self.apps.delete_namespaced_deployment, "Foreground"),
+                               (self.core.delete_namespaced_service, "Background")):
             self.base.writer.check()
             try:
-                delete(dispatcher, system, propagation_policy="Background", _request_timeout=(5, 30))
+                delete(dispatcher, system, propagation_policy=policy, _request_timeout=(5, 30))
+                deleting = deleting or policy == "Foreground"
             except ApiException as exc:
                 if exc.status != HTTP_NOT_FOUND:
                     raise
+        if deleting:
+            # Its removal is a Deployment event naming this Broker (ANNOTATION_BROKER): that enqueues it at once.
+            log.info("Broker finalizing: waiting for its dispatcher to stop",
+                     extra={"namespace": namespace, "broker": name, "deployment": f"{system}/{dispatcher}"})
+            return Result(requeue_after=STOP_RECHECK_SECONDS)
         external = (meta.get("annotations") or {}).get(kb.ANNOTATION_EXTERNAL_TOPIC)
         if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
             topic = kb.broker_topic(namespace, name)
@@ -375,7 +397,7 @@ class BrokerReconciler:
             status["subscriberUri"] = None
             conditions.append(Condition.false(SUBSCRIBER_RESOLVED, exc.reason, str(exc)))
             result = recheck
-        conditions.append(self._subscription(namespace, name, spec, broker))
+        conditions.append(self._subscription(namespace, name, spec, meta.get("annotations") or {}, broker))
         dependency = self._dependency(namespace, meta)
         conditions.append(dependency)
         if not dependency.is_true:
@@ -453,7 +475,7 @@ class BrokerReconciler:
                                  f"Broker {namespace}/{name}: {c.get('message') or 'not ready'}")
         return Condition.unknown(BROKER_READY, "BrokerNotReconciled", f"Broker {namespace}/{name} has no status yet")
 
-    def _subscription(self, namespace: str, name: str, spec: Mapping[str, Any],
+    def _subscription(self, namespace: str, name: str, spec: Mapping[str, Any], annotations: Mapping[str, Any],
                       broker: Mapping[str, Any] | None) -> Condition:
         try:
             self.filters.get((namespace, name), spec)
@@ -465,6 +487,10 @@ class BrokerReconciler:
                 DeliverySpec.from_dict(delivery)
             except DeliverySpecError as exc:
                 return Condition.false(SUBSCRIPTION_READY, "InvalidDelivery", f"{where}: {exc}")
+        try:
+            rate_limit_annotation(annotations)
+        except DeliverySpecError as exc:
+            return Condition.false(SUBSCRIPTION_READY, "InvalidRateLimit", str(exc))
         return Condition.true(SUBSCRIPTION_READY, "SubscriptionReady",
                               f"consumer group {kb.trigger_group(namespace, name)}")
 
@@ -484,6 +510,9 @@ class BrokerReconciler:
             obj = self.custom.get_namespaced_custom_object(group, version, ref.get("namespace") or namespace,
                                                            f"{str(kind).lower()}s", name, _request_timeout=(5, 15))
         except ApiException as exc:
+            if exc.status == HTTP_FORBIDDEN:
+                return Condition.false(DEPENDENCY_READY, "DependencyForbidden",
+                                       f"{kind} {name} cannot be read: {not_readable(str(kind), str(api_version))}")
             why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status})"
             return Condition.false(DEPENDENCY_READY, "DependencyDoesNotExist", f"{kind} {name} {why}")
         for c in (obj.get("status") or {}).get("conditions") or ():

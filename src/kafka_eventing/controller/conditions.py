@@ -7,6 +7,9 @@ from collections.abc import Iterable, Sequence
 from kafka_eventing.core.conditions import Condition
 
 READY = "Ready"
+#: The channel's annotations and spec parse as the dispatcher reads them (content mode, delivery order, rate limit,
+#: subscribers' delivery); False: the dispatcher would refuse the channel, and the message says which field.
+CONFIG_PARSED = "ConfigParsed"
 ADDRESSABLE = "Addressable"
 TOPIC_READY = "TopicReady"
 CHANNEL_SERVICE_READY = "ChannelServiceReady"
@@ -19,7 +22,7 @@ DEAD_LETTER_SINK_RESOLVED = "DeadLetterSinkResolved"
 DISPATCHER_AUTOSCALER_READY = "DispatcherAutoscalerReady"
 
 #: Conditions whose truth makes the channel Ready (DeadLetterSinkResolved counts only when a sink is set).
-DEPENDENTS = (TOPIC_READY, CHANNEL_SERVICE_READY, DISPATCHER_DEPLOYMENT_READY, DISPATCHER_SERVICE_READY,
+DEPENDENTS = (CONFIG_PARSED, TOPIC_READY, CHANNEL_SERVICE_READY, DISPATCHER_DEPLOYMENT_READY, DISPATCHER_SERVICE_READY,
               RECEIVER_DEPLOYMENT_READY, ADDRESSABLE)
 
 

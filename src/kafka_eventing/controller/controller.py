@@ -2,7 +2,8 @@
 
 Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
 change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
-Secret/ConfigMap enqueues the affected channels; a periodic resync enqueues all of them.
+Secret/ConfigMap enqueues the affected channels; a change to a Broker's ConfigMap or the Secret it names enqueues
+the Brokers that name it; a periodic resync enqueues all of them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import LostLeadership
-from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores
+from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores, config_map_of
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
@@ -34,7 +35,7 @@ from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.channels import GROUP, PLURAL
-from kafka_eventing.core.informer import Informer, Store
+from kafka_eventing.core.informer import Informer, NamedWatches, ObjKey, Store, obj_key
 from kafka_eventing.core.kafka_config import STATUS_SECRET
 from kafka_eventing.core.settings import Settings
 
@@ -185,6 +186,9 @@ class Controller:
         self.broker_reconciler: BrokerReconciler | None = None
         self.brokers: Informer | None = None
         self.triggers: Informer | None = None
+        #: the ConfigMaps Brokers name (any namespace), each watched by name while a Broker names it
+        self.broker_config_maps = NamedWatches("broker-configmaps", core.list_namespaced_config_map,
+                                               self._on_broker_config_map, watch_timeout_seconds=wt)
         if opts.brokers or (opts.brokers is None and _serves_brokers(custom)):
             self.brokers = Informer("brokers", custom.list_cluster_custom_object, self._on_broker,
                                     watch_timeout_seconds=wt, group=kb.GROUP, version=kb.VERSION, plural=kb.BROKERS)
@@ -248,11 +252,30 @@ class Controller:
             for target in informer.items() if informer is not None and kind != "RELISTED" else ():
                 if ((target.get("status") or {}).get("annotations") or {}).get(STATUS_SECRET) == secret:
                     handler(kind, target)
+        # ... and the Secrets that Broker configs name (they live in the system namespace too).
+        for key in self.broker_config_maps.watched():
+            config = self.broker_config_maps.get(*key) or {}
+            if ((config.get("data") or {}).get(KEY_SECRET_NAME) or "").strip() == meta.get("name"):
+                self._on_broker_config_map(kind, config)
+
+    def _broker_config_map(self, broker: Mapping[str, Any]) -> ObjKey:
+        return config_map_of(broker, self.settings.system_namespace, self.options.broker_config_map)
+
+    def _on_broker_config_map(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A Broker's ConfigMap (or the Secret it names) changed: reconcile the Brokers that name it."""
+        key = obj_key(obj)
+        for broker in self.brokers.items() if self.brokers is not None else ():
+            if self._broker_config_map(broker) == key:
+                self._on_broker("CONFIG", broker)
 
     def _on_broker(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         self.queue.add((BROKER, namespace, name))
+        if kind not in ("CONFIG", "RESYNC") and self.brokers is not None:
+            # Watch the ConfigMaps the Brokers name now: a Broker waiting for its config sees it at once.
+            self.broker_config_maps.want({self._broker_config_map(b) for b in self.brokers.items()
+                                          if kb.is_kafka_broker(b)})
         # A Broker's readiness and delivery defaults are part of its Triggers' status.
         for trigger in self.triggers.items() if self.triggers is not None else ():
             tmeta = trigger.get("metadata") or {}
@@ -302,6 +325,7 @@ class Controller:
             thread.join(timeout=15)
         self._threads.clear()
         self.elector.stop(release=True)
+        self.broker_config_maps.stop()
         for informer in self.informers:
             informer.stop()
         if self._http is not None:

@@ -9,7 +9,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
+#: the chart value that lists what the controller may read (rendered into its ClusterRole)
+READABLE_KINDS_VALUE = "controller.rbac.readableKinds"
 
 
 class Unresolved(Exception):
@@ -18,6 +21,15 @@ class Unresolved(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def not_readable(kind: str, api_version: str) -> str:
+    """What to grant when a read of ``kind`` is forbidden: the chart value's entry and the RBAC rule it renders."""
+    group, _, _ = api_version.rpartition("/")
+    plural = f"{kind.lower()}s"
+    return (f"the controller may not read {plural}.{group or 'core'}: add {plural} under {group or '(core)'} in the "
+            f"chart value {READABLE_KINDS_VALUE} (ClusterRole rule apiGroups: [\"{group}\"], resources: [{plural}], "
+            "verbs: [get, list, watch])")
 
 
 def resolve_destination(core: client.CoreV1Api, custom: client.CustomObjectsApi, destination: Mapping[str, Any],
@@ -47,8 +59,12 @@ def resolve_destination(core: client.CoreV1Api, custom: client.CustomObjectsApi,
                                  f"{what} {kind} {namespace}/{name} has no status.address.url yet")
             base = str(found)
     except ApiException as exc:
+        ref = f"{what} {kind} ({api_version}) {namespace}/{name}"
+        if exc.status == HTTP_FORBIDDEN:
+            hint = not_readable(str(kind), api_version)
+            raise Unresolved("DestinationForbidden", f"{ref} cannot be read: {hint}") from None
         why = "does not exist" if exc.status == HTTP_NOT_FOUND else f"cannot be read ({exc.status} {exc.reason})"
-        raise Unresolved("DestinationNotFound", f"{what} {kind} ({api_version}) {namespace}/{name} {why}") from None
+        raise Unresolved("DestinationNotFound", f"{ref} {why}") from None
     if uri:
         base = base.rstrip("/") + "/" + str(uri).lstrip("/")
     return base

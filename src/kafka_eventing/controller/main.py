@@ -1,4 +1,11 @@
-"""Process entry point: settings from the environment (only here), flags for the controller's own knobs."""
+"""`kafka-eventing controller`: reconciles KafkaChannels (topic, dispatcher Deployment, channel Service, status)
+and Kafka-class Brokers (topic, dispatcher, address) with their Triggers (subscriber, dependency, dead-letter sink,
+status) on the Kubernetes API (in a pod its service account; outside KE_KUBECONFIG or KUBECONFIG).
+
+Settings come from KE_* variables (docs/settings.md lists every one; the controller's own: KE_SYSTEM_NAMESPACE,
+KE_TOPIC_MANAGEMENT, KE_DELETE_TOPICS, KE_DISPATCHER_IMAGE, KE_DISPATCHER_REPLICAS, KE_RECEIVER_SERVICE,
+KE_RECEIVER_DEPLOYMENT); the flags below are the controller process's own knobs.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +20,12 @@ from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core.kube import api_client
-from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.settings import Settings, SettingsError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kafka_eventing.controller", description=__doc__)
+    p = argparse.ArgumentParser(prog="kafka-eventing controller", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=8, help="parallel reconciles (default 8)")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="re-check every channel this often")
     p.add_argument("--health-port", type=int, default=None,
@@ -39,7 +47,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+        api = api_client(settings.kubeconfig, pool_size=args.workers + 16)
+    except SettingsError as exc:
+        raise SystemExit(f"controller: {exc}") from None  # one line saying what to set, not a traceback
     ke_logging.configure(settings.log_level, settings.log_format)
     options = ControllerOptions(
         workers=args.workers, resync_seconds=args.resync_seconds,
@@ -49,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         retry_period=args.retry_period, config_map=args.config_map, kafka_timeout=args.kafka_timeout,
         identity=args.identity,
     )
-    controller = Controller(api_client(settings.kubeconfig, pool_size=args.workers + 16), settings, options)
+    controller = Controller(api, settings, options)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -29,7 +29,13 @@ from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutosca
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
-from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
+from kafka_eventing.core.channels import (
+    ANNOTATION_EXTERNAL_TOPIC,
+    GROUP,
+    PLURAL,
+    ChannelSpecError,
+    channel_from_resource,
+)
 from kafka_eventing.core.conditions import Condition, merge
 from kafka_eventing.core.durations import DurationError, parse_duration
 from kafka_eventing.core.informer import Store
@@ -109,6 +115,12 @@ class Reconciler:
         status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
         result = Result()
         write_errors: list[str] = []
+
+        try:
+            channel_from_resource(obj, self.settings)
+            conditions.append(Condition.true(cond.CONFIG_PARSED))
+        except ChannelSpecError as exc:
+            conditions.append(Condition.false(cond.CONFIG_PARSED, "InvalidChannelSpec", str(exc)))
 
         partitions = int(spec.get("numPartitions") or 1)
         connection: ResolvedConnection | None = None
@@ -266,8 +278,8 @@ class Reconciler:
         try:
             uri = resolve_destination(self.core, self.custom, sink, namespace, "dead-letter sink")
         except Unresolved as exc:
-            reason = "DeadLetterSinkNotAddressable" if exc.reason == "DestinationNotAddressable" \
-                else "DeadLetterSinkUnresolved"
+            reason = {"DestinationNotAddressable": "DeadLetterSinkNotAddressable",
+                      "DestinationForbidden": "DeadLetterSinkForbidden"}.get(exc.reason, "DeadLetterSinkUnresolved")
             return Condition.false(cond.DEAD_LETTER_SINK_RESOLVED, reason, str(exc)), None
         return Condition.true(cond.DEAD_LETTER_SINK_RESOLVED), uri
 

@@ -14,7 +14,12 @@ from typing import Any
 import yaml
 
 from kafka_eventing.core.binding import ContentMode
-from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.delivery import (
+    DeliverySpec,
+    DeliverySpecError,
+    parse_rate_limit,
+    rate_limit_annotation,
+)
 from kafka_eventing.core.kafka_config import ConnectionRef
 from kafka_eventing.core.settings import Settings
 
@@ -24,7 +29,6 @@ PLURAL = "kafkachannels"
 ANNOTATION_ORDER = "kafka.eventing.knative.dev/delivery.order"
 ANNOTATION_CONTENT_MODE = "kafka.eventing.knative.dev/content.mode"
 ANNOTATION_EXTERNAL_TOPIC = "kafka.eventing.knative.dev/external.topic"
-ANNOTATION_RATE_LIMIT = "kafka.eventing.knative.dev/rate.limit"
 CHANNEL_HOST_SUFFIX = "-kn-channel"
 
 ChannelKey = tuple[str, str]  # (namespace, name)
@@ -147,8 +151,10 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
 
     try:
         channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace)
+        rate = rate_limit_annotation(annotations)  # every subscriber's, unless its own rateLimit says otherwise
         subscribers = tuple(
-            _subscriber(sub, channel_delivery, ordered, where, namespace) for sub in spec.get("subscribers") or ()
+            _subscriber(sub, channel_delivery, ordered, where, namespace, rate_limit=rate)
+            for sub in spec.get("subscribers") or ()
         )
     except DeliverySpecError as exc:
         raise ChannelSpecError(f"{where}: {exc}") from None
@@ -163,7 +169,7 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
 
 
 def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, where: str,
-                namespace: str) -> Subscriber:
+                namespace: str, *, rate_limit: float | None = None) -> Subscriber:
     uid, uri = sub.get("uid"), sub.get("subscriberUri")
     if not uid or not uri:
         raise ChannelSpecError(f"{where}: every subscriber needs uid and subscriberUri")
@@ -172,12 +178,12 @@ def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, wh
         # No sink of its own: the channel's (or its problem).
         delivery = replace(delivery, dead_letter_uri=default.dead_letter_uri,
                            dead_letter_problem=default.dead_letter_problem)
-    rate = sub.get("rateLimit")
+    rate = parse_rate_limit(sub.get("rateLimit"), f"subscriber {uid} rateLimit")
     return Subscriber(
         uid=str(uid), subscriber_uri=str(uri), generation=int(sub.get("generation") or 0),
         reply_uri=sub.get("replyUri"), delivery=delivery,
         ordered=_ordered(sub.get("deliveryOrder"), f"{where} subscriber {uid}", ordered),
-        rate_limit=float(rate) if rate else None,
+        rate_limit=rate if rate is not None else rate_limit,
     )
 
 

@@ -9,6 +9,7 @@ Knative's per-destination content mode: ``json`` (structured, ``application/clou
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,8 +22,33 @@ from kafka_eventing.core.durations import DurationError, parse_duration
 RETRYABLE_STATUS = frozenset({404, 408, 409, 429})
 
 
+#: Events per second delivered to one subscriber (each consumer group), as an annotation: on a KafkaChannel for
+#: every Subscription to it (Knative's Subscription controller writes ``spec.subscribers`` and has no field for
+#: it), on a Trigger, on a KafkaSource. A burst of one second's worth is allowed; unset or 0: unlimited.
+ANNOTATION_RATE_LIMIT = "kafka.eventing.knative.dev/rate.limit"
+
+
 class DeliverySpecError(ValueError):
     """A DeliverySpec field is invalid; the message names the field and the value."""
+
+
+def parse_rate_limit(raw: object, where: str) -> float | None:
+    """A rate limit (events per second) from an annotation or field value; None (unlimited) when unset, empty
+    or 0. :class:`DeliverySpecError` names ``where`` and the value when it is not a finite number ≥ 0."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    try:
+        rate = float(str(raw).strip())
+    except ValueError:
+        rate = math.nan
+    if not math.isfinite(rate) or rate < 0:
+        raise DeliverySpecError(f"{where} {raw!r} is not a number of events per second (> 0; 0: unlimited)")
+    return rate or None
+
+
+def rate_limit_annotation(annotations: Mapping[str, Any] | None) -> float | None:
+    """The ``ANNOTATION_RATE_LIMIT`` of a resource's annotations (see ``parse_rate_limit``)."""
+    return parse_rate_limit((annotations or {}).get(ANNOTATION_RATE_LIMIT), f"annotation {ANNOTATION_RATE_LIMIT}")
 
 
 def service_url(name: str, namespace: str) -> str:

@@ -204,3 +204,52 @@ class Informer:
             if failures:
                 delay = min(self.max_backoff_seconds, 0.25 * 2 ** min(failures, 10))
                 self._stopping.wait(delay * random.uniform(0.5, 1.0))
+
+
+class NamedWatches:
+    """Watches of single named objects (a ``metadata.name`` field selector each), started when first wanted and
+    stopped when no longer: for objects that other resources name in any namespace (a Broker's ConfigMap), so a
+    change is seen at once without caching every object of the kind in the cluster.
+
+    ``handler`` gets every event of every watched object; ``get`` reads the watched objects' caches.
+    """
+
+    def __init__(self, name: str, list_func: Callable[..., Any], handler: Handler,
+                 **informer_kwargs: Any) -> None:
+        self.name, self.list_func, self.handler = name, list_func, handler
+        self.informer_kwargs = informer_kwargs
+        self._informers: dict[ObjKey, Informer] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def want(self, keys: set[ObjKey]) -> None:
+        """Watch exactly ``keys`` (namespace, name): start the new ones, stop the ones no longer wanted."""
+        with self._lock:
+            if self._stopped:
+                return
+            started = {key: Informer(f"{self.name}:{key[0]}/{key[1]}", self.list_func, self.handler,
+                                     namespace=key[0], field_selector=f"metadata.name={key[1]}",
+                                     **self.informer_kwargs)
+                       for key in keys - self._informers.keys()}
+            retired = [self._informers.pop(key) for key in self._informers.keys() - keys]
+            self._informers.update(started)
+        for informer in started.values():
+            informer.start()
+        for informer in retired:
+            informer.stop()
+
+    def watched(self) -> set[ObjKey]:
+        with self._lock:
+            return set(self._informers)
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        with self._lock:
+            informer = self._informers.get((namespace, name))
+        return informer.get(namespace, name) if informer is not None else None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            informers, self._informers = list(self._informers.values()), {}
+        for informer in informers:
+            informer.stop()

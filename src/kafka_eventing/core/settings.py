@@ -17,6 +17,7 @@ from kafka_eventing.core.kafka_config import PROVIDERS
 
 PREFIX = "KE_"
 OTEL_PREFIX = "OTEL_"
+KUBECONFIG = "KUBECONFIG"
 
 
 class SettingsError(ValueError):
@@ -59,12 +60,20 @@ class Settings:
     """All knobs of every role. Field ``foo_bar`` is read from ``KE_FOO_BAR``."""
 
     # -- where things are ---------------------------------------------------------------------------
+    #: the namespace of the installation: the receiver, the dispatcher Deployments, config-kafka, the connection
+    #: Secret, the leader-election Lease.
     system_namespace: str = "knative-eventing"
+    #: where the receiver and dispatcher read KafkaChannels (and Brokers/Triggers): ``kube`` (watched on the API
+    #: server, as installed) or ``file`` (``KE_CHANNELS_FILE``, standalone).
     channel_source: ChannelSourceKind = ChannelSourceKind.FILE
+    #: YAML file of KafkaChannel (and Broker/Trigger) documents, for ``KE_CHANNEL_SOURCE=file``.
     channels_file: Path | None = None
+    #: kubeconfig file of the API server to use (outside a cluster); unset, the standard ``KUBECONFIG`` is read,
+    #: and without either a role uses its pod's service account.
     kubeconfig: Path | None = None
 
     # -- Kafka connection ---------------------------------------------------------------------------
+    #: Kafka bootstrap servers, ``host:port[,host:port...]`` (a mounted Secret's ``bootstrap.servers`` wins).
     bootstrap_servers: str = "127.0.0.1:9092"
     #: directory holding the connection Secret's keys as files (a mounted Secret) — optional.
     kafka_secret_dir: Path | None = None
@@ -74,16 +83,23 @@ class Settings:
     kafka_extra: str = ""
 
     # -- naming templates ---------------------------------------------------------------------------
+    #: a KafkaChannel's topic, from ``{namespace}`` and ``{name}``.
     topic_template: str = "{namespace}.{name}"
+    #: a Subscription's consumer group, from ``{namespace}``, ``{channel}`` and the subscriber's ``{uid}``.
     consumer_group_template: str = "kafka.{namespace}.{channel}.{uid}"
 
     # -- receiver -----------------------------------------------------------------------------------
+    #: largest event accepted (bytes of the request body); larger is answered 413.
     max_event_bytes: int = 1024 * 1024
+    #: how long a request waits for Kafka's acknowledgement before it is answered 503 (the record is then not
+    #: written: librdkafka gives up on it at the same time).
     produce_timeout_seconds: float = 10.0
+    #: the ``Retry-After`` of a 503 (Kafka unavailable, producer queue full, channel not ready).
     retry_after_seconds: int = 5
     #: a request must arrive whole (head and body) within this many seconds of its first byte, and a new
     #: connection must start one as quickly; slower clients are cut off so they cannot hold connections forever.
     request_timeout_seconds: float = 30.0
+    #: the producer's ``compression.type`` (none, gzip, snappy, lz4, zstd).
     compression_type: str = "none"
     #: linger.ms of the producer that batches, used while a worker takes over ``batch_above_rate`` requests/s.
     linger_ms: float = 5.0
@@ -106,32 +122,49 @@ class Settings:
     auth_keys_ttl_seconds: float = 300.0
 
     # -- dispatcher ---------------------------------------------------------------------------------
+    #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).
     channel_name: str = ""
+    #: the namespace of ``KE_CHANNEL_NAME``.
     channel_namespace: str = ""
-    #: set instead of the channel's for a Broker's dispatcher (one Deployment per Broker).
+    #: set instead of the channel's for a Broker's dispatcher (one Deployment per Broker; its Triggers are
+    #: its subscribers).
     broker_name: str = ""
+    #: the namespace of ``KE_BROKER_NAME``.
     broker_namespace: str = ""
+    #: events delivered at once per unordered subscription (an ordered one delivers one per partition).
     max_in_flight: int = 64
+    #: longest wait a subscriber's ``Retry-After`` may ask for before the next attempt.
     retry_after_max_seconds: float = 600.0
     #: local fetch budget per subscription; 1024 keeps 15 subscriptions under 128 MiB RSS (bench-dispatcher).
     queued_max_messages_kbytes: int = 1024
+    #: where a new consumer group starts (``latest`` or ``earliest``); committed offsets always win.
     dispatcher_initial_offset: InitialOffset = InitialOffset.LATEST
 
     # -- controller ---------------------------------------------------------------------------------
+    #: ``admin``: the controller creates, grows and deletes topics; ``external``: topics exist already and are
+    #: only checked.
     topic_management: TopicManagement = TopicManagement.ADMIN
+    #: with ``admin`` topic management, delete a KafkaChannel's or Broker's topic when it is deleted.
     delete_topics: bool = True
+    #: image of the dispatcher Deployments the controller creates.
     dispatcher_image: str = "kafka-eventing-dispatcher:dev"
+    #: replicas of each dispatcher Deployment (members of every subscription's consumer group).
     dispatcher_replicas: int = 1
+    #: the receiver's Service in the system namespace: what channel Services point to and Broker addresses name.
     receiver_service: str = "kafka-channel-receiver"
     #: the sink ingress Service (on the receiver pods): a KafkaSink's address, and the Host the receiver tells
     #: a sink's requests by.
     sink_service: str = "kafka-sink-ingress"
-    #: the shared receiver Deployment whose availability is ReceiverDeploymentReady; empty = receiver_service.
+    #: the shared receiver Deployment whose availability is a channel's ReceiverDeploymentReady and a Broker's
+    #: DataPlaneAvailable; empty: the Deployment named ``KE_RECEIVER_SERVICE``.
     receiver_deployment: str = ""
 
     # -- observability ------------------------------------------------------------------------------
+    #: DEBUG, INFO, WARNING, ERROR.
     log_level: str = "INFO"
+    #: ``json`` (one object per line) or ``console``.
     log_format: LogFormat = LogFormat.JSON
+    #: port of ``/metrics`` (and the dispatcher's and controller's ``/healthz``, ``/readyz``).
     metrics_port: int = 9090
     #: OTLP/HTTP endpoint for traces (``http://collector:4318``); empty = tracing off, unless the standard
     #: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` is set (core/tracing.py).
@@ -170,10 +203,12 @@ class Settings:
                 continue
             name = key[len(PREFIX):].lower()
             if name not in known:
-                if name in _TOOLING_VARS:
+                if name in TOOLING_VARS:
                     continue
                 raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(known))}")
             values[name] = _coerce(key, hints[name], raw)
+        if values.get("kubeconfig") is None and env.get(KUBECONFIG):
+            values["kubeconfig"] = Path(env[KUBECONFIG])  # what kubectl and helm read: a path or a ":" list
         return cls(**values, otel=otel)
 
     def kafka_extra_config(self) -> dict[str, str]:
@@ -216,8 +251,13 @@ class Settings:
         return self.consumer_group_template.format(namespace=namespace, channel=channel, uid=subscriber_uid)
 
 
-# KE_ variables that belong to the tooling (make setup / local stack), not to a running role.
-_TOOLING_VARS = {"cache"}
+#: KE_ variables that belong to the tooling (make, the local stack, hack/images.sh), not to a running role: a role
+#: accepts them in its environment and ignores them.
+TOOLING_VARS: dict[str, str] = {
+    "cache": "the tool cache of `make setup` (Kafka jars, Spark connector, Go-built tools): default `<repo>/.cache`",
+    "save_images": "hack/images.sh: `docker save` every role image built into this file (`make cluster-images`)",
+    "keep_dockerd": "hack/images.sh: `1` leaves the private Docker engine it started running",
+}
 
 
 def _choice(key: str, kind: type[enum.StrEnum], raw: object) -> enum.StrEnum:

@@ -1,7 +1,11 @@
-"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of the channel named by the environment.
+"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of one KafkaChannel or one Kafka Broker.
 
-Settings come from ``KE_*`` variables (``KE_CHANNEL_NAMESPACE``, ``KE_CHANNEL_NAME``, ``KE_CHANNEL_SOURCE``...).
-SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before exit.
+A KafkaChannel's (KE_CHANNEL_NAMESPACE + KE_CHANNEL_NAME): a consumer group per subscriber, i.e. per Knative
+Subscription. A Broker's (KE_BROKER_NAMESPACE + KE_BROKER_NAME instead): a consumer group per Trigger, each with its
+filter. Both are read from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster)
+or file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_*
+variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before
+exit.
 """
 
 from __future__ import annotations
@@ -101,7 +105,8 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _limit_malloc_arenas()
-    parser = argparse.ArgumentParser(prog="kafka-eventing dispatcher", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kafka-eventing dispatcher", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics, /status")
     parser.parse_args(sys.argv[1:] if argv is None else argv, namespace=_ARGS)
     try:
@@ -115,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         # client spends ~10 % less CPU per request on it (bench/dispatcher.py, bare_http vs bare_http_uvloop).
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_run(settings))
-    except (SettingsError, ValueError) as exc:
+    except SettingsError as exc:
+        print(f"dispatcher: {exc}", file=sys.stderr)  # one line saying what to set, as for a bad variable
+        return 2
+    except ValueError as exc:
         log.error("dispatcher cannot start", extra={"error": str(exc)})
         return 2
     return 0

@@ -23,7 +23,7 @@ from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import find
-from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,15 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
         delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace)
     except DeliverySpecError as exc:
         hold = hold or f"invalid delivery: {exc}"
+    try:
+        rate_limit = rate_limit_annotation(meta.get("annotations"))
+    except DeliverySpecError as exc:
+        hold = hold or str(exc)  # the controller reports it too (SubscriptionReady=False, InvalidRateLimit)
     if hold:
         return Subscriber(uid=name, subscriber_uri=str(uri or ""), generation=generation, held=hold)
     order = str((meta.get("annotations") or {}).get(kb.ANNOTATION_DELIVERY_ORDER) or "unordered").lower()
     return Subscriber(uid=name, subscriber_uri=str(uri), generation=generation,
-                      reply_uri=reply_uri, delivery=delivery, ordered=order == "ordered",
+                      reply_uri=reply_uri, delivery=delivery, ordered=order == "ordered", rate_limit=rate_limit,
                       event_filter=RecordFilter(compiled), hop_ttl=True)
 
 

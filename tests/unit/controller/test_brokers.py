@@ -3,6 +3,7 @@ stored and never writes, patching at the resourceVersion it read."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client
@@ -11,6 +12,7 @@ from kubernetes.client.rest import ApiException
 from kafka_eventing.controller.brokers import TRIGGER_FINALIZER, BrokerReconciler, BrokerStores
 from kafka_eventing.controller.reconciler import Reconciler, Stores
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 
 from .fakes import SETTINGS, DictStore
 
@@ -82,3 +84,42 @@ def test_a_conflict_with_the_dispatchers_write_is_a_requeue_not_an_error() -> No
     base.custom = Conflict()  # type: ignore[assignment]
     result = BrokerReconciler(base, BrokerStores(DictStore(BROKER), DictStore(trigger()))).reconcile_trigger("ns", "t")
     assert result.error is None and result.requeue_after is not None
+
+
+def test_a_forbidden_read_is_a_condition_naming_the_chart_value_to_extend() -> None:
+    """A 403 on a subscriber, dead-letter sink or dependency says which readableKinds entry grants the read."""
+    class Forbidden(StatusPatches):
+        def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+            raise ApiException(status=403, reason="Forbidden")
+
+    obj = trigger()
+    obj["metadata"]["annotations"] = {kb.ANNOTATION_DEPENDENCY: json.dumps(
+        {"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "name": "ping"})}
+    obj["spec"]["subscriber"] = {"ref": {"apiVersion": "flows.knative.dev/v1", "kind": "Sequence", "name": "seq"}}
+    obj["spec"]["delivery"] = {"deadLetterSink": {"ref": {"apiVersion": "example.com/v1", "kind": "Widget",
+                                                          "name": "w"}}}
+    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(5))))
+    patches = Forbidden()
+    base.custom = patches  # type: ignore[assignment]
+    BrokerReconciler(base, BrokerStores(DictStore(BROKER), DictStore(obj))).reconcile_trigger("ns", "t")
+    conditions = by_type(patches.calls[0])
+    expected = {
+        kb.SUBSCRIBER_RESOLVED: ("DestinationForbidden", "add sequences under flows.knative.dev"),
+        kb.DEPENDENCY_READY: ("DependencyForbidden", "add pingsources under sources.knative.dev"),
+        "DeadLetterSinkResolved": ("DeadLetterSinkForbidden", "add widgets under example.com"),
+    }
+    for kind, (reason, hint) in expected.items():
+        c = conditions[kind]
+        assert (c["status"], c["reason"]) == ("False", reason), c
+        assert hint in c["message"] and "controller.rbac.readableKinds" in c["message"], c["message"]
+        assert "verbs: [get, list, watch]" in c["message"]
+
+
+def test_an_invalid_rate_limit_annotation_makes_the_subscription_not_ready() -> None:
+    obj = trigger()
+    obj["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "-3"}
+    c = by_type(reconcile(obj))[kb.SUBSCRIPTION_READY]
+    assert (c["status"], c["reason"]) == ("False", "InvalidRateLimit")
+    assert ANNOTATION_RATE_LIMIT in c["message"] and "'-3'" in c["message"]
+    obj["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "12.5"}
+    assert by_type(reconcile(obj))[kb.SUBSCRIPTION_READY]["status"] == "True"

@@ -11,6 +11,7 @@ from kafka_eventing.core.channels import (
     channel_key_from_host,
     load_channels_file,
 )
+from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.core.settings import Settings
 
 DOC = """
@@ -103,3 +104,29 @@ def test_delivery_format_of_the_channel_and_of_each_subscriber() -> None:
     obj["spec"]["subscribers"][1]["delivery"] = {"format": "cloudevents"}  # type: ignore[index]
     with pytest.raises(ChannelSpecError, match="format"):
         channel_from_resource(obj, Settings())
+
+
+def _with_rate(annotation: str | None, *subscribers: dict[str, object]) -> dict[str, object]:
+    annotations = {} if annotation is None else {ANNOTATION_RATE_LIMIT: annotation}
+    return {"kind": "KafkaChannel", "metadata": {"name": "c", "namespace": "ns", "annotations": annotations},
+            "spec": {"subscribers": list(subscribers)}}
+
+
+def test_the_channels_rate_limit_annotation_is_every_subscriptions_unless_its_own_field_says_otherwise() -> None:
+    """Knative's Subscription controller writes spec.subscribers without rateLimit: the channel's annotation is
+    how a Subscription gets one."""
+    channel = channel_from_resource(_with_rate(
+        "2.5", {"uid": "a", "subscriberUri": "http://a"}, {"uid": "b", "subscriberUri": "http://b", "rateLimit": 9}),
+        Settings())
+    assert [s.rate_limit for s in channel.subscribers] == [2.5, 9.0]
+    unlimited = channel_from_resource(_with_rate(None, {"uid": "a", "subscriberUri": "http://a"}), Settings())
+    assert unlimited.subscribers[0].rate_limit is None
+    zero = channel_from_resource(_with_rate("0", {"uid": "a", "subscriberUri": "http://a", "rateLimit": 0}),
+                                 Settings())
+    assert zero.subscribers[0].rate_limit is None  # 0: unlimited, as the CRD's rateLimit has always meant
+
+
+@pytest.mark.parametrize("raw", ["fast", "-1", "nan", "inf"])
+def test_an_invalid_rate_limit_annotation_names_it(raw: str) -> None:
+    with pytest.raises(ChannelSpecError, match=f"annotation {ANNOTATION_RATE_LIMIT} '{raw}' is not a number"):
+        channel_from_resource(_with_rate(raw, {"uid": "a", "subscriberUri": "http://a"}), Settings())

@@ -8,7 +8,7 @@ from typing import Any
 
 from kube_fakes import FakeCustomObjects, Obj, gone, kube_obj
 
-from kafka_eventing.core.informer import Informer
+from kafka_eventing.core.informer import Informer, NamedWatches
 from waiting import wait_for
 
 
@@ -107,3 +107,26 @@ def test_a_failing_handler_does_not_stop_the_watch_and_stop_is_prompt() -> None:
         informer.stop()
     assert time.monotonic() - began < 1.0
     assert names(informer.items()) == {"a", "b"}
+
+
+def test_named_watches_list_and_watch_one_object_each_and_stop_the_unwanted() -> None:
+    fake = FakeCustomObjects(lists=[{"metadata": {"resourceVersion": "3"},
+                                     "items": [kube_obj("cm", "2", namespace="a")]}])
+    events: list[tuple[str, str]] = []
+    watches = NamedWatches("configmaps", fake.list_namespaced_custom_object,
+                           lambda kind, obj: events.append((kind, str(obj["metadata"]["name"]))),
+                           watch_timeout_seconds=5)
+    try:
+        watches.want({("a", "cm"), ("b", "other")})
+        wait_for(lambda: {(c.get("namespace"), c.get("field_selector")) for c in fake.list_calls()} == {
+            ("a", "metadata.name=cm"), ("b", "metadata.name=other")})
+        wait_for(lambda: ("ADDED", "cm") in events)
+        assert watches.get("a", "cm") == kube_obj("cm", "2", namespace="a")
+        watches.want({("b", "other")})
+        assert watches.watched() == {("b", "other")}
+        assert watches.get("a", "cm") is None
+    finally:
+        watches.stop()
+    assert watches.watched() == set()
+    watches.want({("a", "cm")})  # after stop: nothing starts again
+    assert watches.watched() == set()

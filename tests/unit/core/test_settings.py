@@ -73,3 +73,23 @@ def test_kafka_extra() -> None:
     assert Settings(kafka_extra="a=1, b = 2").kafka_extra_config() == {"a": "1", "b": "2"}
     with pytest.raises(SettingsError):
         Settings(kafka_extra="novalue").kafka_extra_config()
+
+
+def test_every_ke_variable_the_project_names_is_a_setting_or_a_tooling_variable() -> None:
+    """docs/settings.md (generated from Settings and TOOLING_VARS) then documents every one of them."""
+    import re
+    from dataclasses import fields
+
+    from kafka_eventing.core.settings import PREFIX, TOOLING_VARS
+
+    root = Path(__file__).resolve().parents[3]
+    known = {f"{PREFIX}{f.name.upper()}" for f in fields(Settings) if f.name != "otel"}
+    known |= {f"{PREFIX}{name.upper()}" for name in TOOLING_VARS} | {"KE_FOO_BAR"}  # the docstring's example
+    sources = [root / "Makefile", *(root / "src").rglob("*.py"), *(root / "hack").rglob("*.sh"),
+               *(root / "hack").glob("*.py"), *(root / "charts").rglob("*.yaml"), *(root / "kustomize").rglob("*"),
+               *(root / "images").rglob("Dockerfile")]
+    named = {m for path in sources if path.is_file() for m in re.findall(r"\bKE_[A-Z][A-Z0-9_]*\b", path.read_text())}
+    assert named, "the scan found nothing: it would check nothing"
+    assert named - known == set()
+    documented = (root / "docs" / "settings.md").read_text()
+    assert all(f"`{name}`" in documented for name in known - {"KE_FOO_BAR"})

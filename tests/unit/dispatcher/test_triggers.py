@@ -6,6 +6,7 @@ from typing import Any
 
 from kafka_eventing.broker.filters import TriggerFilters
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.dispatcher.triggers import broker_channel, dispatch_hold, trigger_subscriber
 
 from .test_broker_dispatch import broker, trigger
@@ -66,3 +67,14 @@ def test_a_dead_letter_sink_ref_resolves_in_the_triggers_namespace() -> None:
     other = {"deadLetterSink": {"ref": {**sink["deadLetterSink"]["ref"], "namespace": "ops"}}}
     named = trigger_subscriber(trigger("t", delivery=other), broker(), TriggerFilters(), None)
     assert named.delivery.dead_letter_uri == "http://dls.ops.svc.cluster.local"
+
+
+def test_a_triggers_rate_limit_annotation_limits_its_subscriber_and_an_invalid_one_holds_it() -> None:
+    limited = trigger("t")
+    limited["metadata"]["annotations"][ANNOTATION_RATE_LIMIT] = "4"
+    assert trigger_subscriber(limited, broker(), TriggerFilters(), None).rate_limit == 4.0
+    assert trigger_subscriber(trigger("t"), broker(), TriggerFilters(), None).rate_limit is None
+    invalid = trigger("t")
+    invalid["metadata"]["annotations"][ANNOTATION_RATE_LIMIT] = "lots"
+    held = trigger_subscriber(invalid, broker(), TriggerFilters(), None)
+    assert ANNOTATION_RATE_LIMIT in held.held and "'lots'" in held.held
