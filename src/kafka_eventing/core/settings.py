@@ -108,6 +108,9 @@ class Settings:
     #: set instead of the channel's for a Broker's dispatcher (one Deployment per Broker).
     broker_name: str = ""
     broker_namespace: str = ""
+    #: set instead of the channel's for a KafkaSource's dispatcher (one Deployment per KafkaSource).
+    source_name: str = ""
+    source_namespace: str = ""
     max_in_flight: int = 64
     retry_after_max_seconds: float = 600.0
     #: local fetch budget per subscription; 1024 keeps 15 subscriptions under 128 MiB RSS (bench-dispatcher).

@@ -1,6 +1,8 @@
-"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of the channel named by the environment.
+"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of the KafkaChannel, Broker or KafkaSource
+named by the environment.
 
-Settings come from ``KE_*`` variables (``KE_CHANNEL_NAMESPACE``, ``KE_CHANNEL_NAME``, ``KE_CHANNEL_SOURCE``...).
+Settings come from ``KE_*`` variables (``KE_CHANNEL_NAMESPACE``/``KE_CHANNEL_NAME``, ``KE_BROKER_NAMESPACE``/
+``KE_BROKER_NAME`` or ``KE_SOURCE_NAMESPACE``/``KE_SOURCE_NAME``, ``KE_CHANNEL_SOURCE``...).
 SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before exit.
 """
 
@@ -53,6 +55,19 @@ async def _run(settings: Settings) -> None:
             writer = MemoryStatusWriter()
         else:
             raise SettingsError("a Broker's dispatcher in file mode needs KE_CHANNELS_FILE")
+    elif settings.source_name:
+        # A KafkaSource's dispatcher writes no status: the controller reports the source's conditions.
+        from kafka_eventing.dispatcher.sources import FileSourceSource, KubeSourceSource
+
+        writer = MemoryStatusWriter()
+        if settings.channel_source == "kube":
+            source = KubeSourceSource(kube_api_client(settings.kubeconfig), settings.source_namespace,
+                                      settings.source_name)
+        elif settings.channels_file is not None:
+            source = FileSourceSource(settings.channels_file, settings, settings.source_namespace,
+                                      settings.source_name)
+        else:
+            raise SettingsError("a KafkaSource's dispatcher in file mode needs KE_CHANNELS_FILE")
     elif settings.channel_source == "kube":
         api_client = kube_api_client(settings.kubeconfig)
         source = channel_source_from_settings(settings, api_client)
