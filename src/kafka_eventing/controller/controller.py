@@ -1,4 +1,6 @@
-"""The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics.
+"""The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics —
+for KafkaChannels, Kafka-class Brokers and their Triggers (controller/brokers.py), and KafkaSources
+(controller/kafkasources.py).
 
 Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
 change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
@@ -27,19 +29,21 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import LostLeadership
 from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
+from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SourceReconciler
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer, Store
 from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger", namespace, name) of the others.
+#: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger" | "KafkaSource", namespace, name) of the others.
 Key = tuple[str, ...]
-BROKER, TRIGGER = "Broker", "Trigger"
+BROKER, TRIGGER, SOURCE = "Broker", "Trigger", ks.KIND
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -66,6 +70,8 @@ class ControllerOptions:
     #: reconcile Kafka-class Brokers and their Triggers; None: when the API server serves their CRDs at start.
     brokers: bool | None = None
     broker_config_map: str = kb.DEFAULT_BROKER_CONFIG
+    #: reconcile KafkaSources; None: when the API server serves their CRD at start.
+    sources: bool | None = None
 
 
 def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
@@ -191,6 +197,15 @@ class Controller:
                 recheck_seconds=opts.topic_recheck_seconds, broker_config_map=opts.broker_config_map,
                 kafka_timeout=opts.kafka_timeout)
             self.metrics.registry.register(BrokerReadiness(self.brokers, self.triggers))
+        self.sources: Informer | None = None
+        self.source_reconciler: SourceReconciler | None = None
+        if opts.sources or (opts.sources is None and _serves(custom, ks.GROUP, ks.VERSION, {ks.PLURAL})):
+            self.sources = Informer("kafkasources", custom.list_cluster_custom_object, self._on_source,
+                                    watch_timeout_seconds=wt, group=ks.GROUP, version=ks.VERSION, plural=ks.PLURAL)
+            self.informers = (*self.informers, self.sources)
+            self.source_reconciler = SourceReconciler(self.reconciler, self.sources,
+                                                      recheck_seconds=opts.topic_recheck_seconds,
+                                                      kafka_timeout=opts.kafka_timeout)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -206,7 +221,11 @@ class Controller:
         annotations = meta.get("annotations") or {}
         owner = annotations.get(res.ANNOTATION_CHANNEL)
         broker = annotations.get(ANNOTATION_BROKER)
-        if owner and "/" in owner:
+        source = annotations.get(ANNOTATION_SOURCE)
+        if source and "/" in source:
+            namespace, _, name = source.partition("/")
+            self.queue.add((SOURCE, namespace, name))
+        elif owner and "/" in owner:
             namespace, _, name = owner.partition("/")
             self.queue.add((namespace, name))
         elif broker and "/" in broker:
@@ -237,6 +256,10 @@ class Controller:
             if tmeta.get("namespace") == namespace and kb.trigger_broker(trigger) == name:
                 self.queue.add((TRIGGER, namespace, str(tmeta.get("name"))))
 
+    def _on_source(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((SOURCE, str(meta.get("namespace")), str(meta.get("name"))))
+
     def _on_trigger(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         self.queue.add((TRIGGER, str(meta.get("namespace")), str(meta.get("name"))))
@@ -249,6 +272,8 @@ class Controller:
             self._on_channel("RESYNC", obj)
         for obj in self.brokers.items() if self.brokers is not None else ():
             self._on_broker("RESYNC", obj)
+        for obj in self.sources.items() if self.sources is not None else ():
+            self._on_source("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -338,8 +363,11 @@ class Controller:
     def _reconcile(self, key: Key) -> Result:
         if len(key) == 2:
             return self.reconciler.reconcile(*key)
-        assert self.broker_reconciler is not None
         kind, namespace, name = key
+        if kind == SOURCE:
+            assert self.source_reconciler is not None
+            return self.source_reconciler.reconcile(namespace, name)
+        assert self.broker_reconciler is not None
         if kind == BROKER:
             return self.broker_reconciler.reconcile_broker(namespace, name)
         return self.broker_reconciler.reconcile_trigger(namespace, name)
@@ -387,6 +415,19 @@ def _serves_brokers(custom: client.CustomObjectsApi) -> bool:
             return False
         raise
     return {kb.BROKERS, kb.TRIGGERS} <= {r.name for r in found.resources or ()}
+
+
+def _serves(custom: client.CustomObjectsApi, group: str, version: str, plurals: set[str]) -> bool:
+    """Whether the API server serves these resources of ``group``/``version``."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        found = custom.get_api_resources(group, version, _request_timeout=(5, 15))
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return plurals <= {r.name for r in found.resources or ()}
 
 
 def _expected(exc: BaseException) -> bool:

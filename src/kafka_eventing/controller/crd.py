@@ -1,4 +1,4 @@
-"""The CRDs shipped with the package (KafkaChannel; Broker and Trigger for clusters without Knative Eventing),
+"""The CRDs shipped with the package (KafkaChannel; Broker, Trigger and KafkaSource for clusters without Knative's),
 and a helper to install them (tests, benchmarks, local stack)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ CRD_NAME = "kafkachannels.messaging.knative.dev"
 #: The files of crds/ by what they define.
 CHANNEL_CRD = "kafkachannels.yaml"
 BROKER_CRDS = ("brokers.yaml", "triggers.yaml")
+SOURCE_CRD = "kafkasources.yaml"
 
 
 def crd_manifest(file: str = CHANNEL_CRD) -> dict[str, Any]:
