@@ -63,18 +63,26 @@ def dump(data: Any) -> str:
 # -- CRDs ------------------------------------------------------------------------------------------------------
 
 
-def optional_crd(source: Path) -> bool:
-    """Knative's own types (Broker, Trigger): installed only where Knative Eventing is not."""
-    return bool(yaml.safe_load(source.read_text())["spec"]["group"] == "eventing.knative.dev")
+#: Knative's own types, by API group: installed only where Knative does not define them, each group through an
+#: opt-in Kustomize component of its own.
+OPTIONAL_CRD_COMPONENTS = {"eventing.knative.dev": "broker-crds", "sources.knative.dev": "source-crds"}
+
+
+def optional_crd(source: Path, group: str | None = None) -> bool:
+    """Knative's own types (Broker, Trigger, KafkaSource): installed only where Knative (or upstream) is not."""
+    found = yaml.safe_load(source.read_text())["spec"]["group"]
+    return found in OPTIONAL_CRD_COMPONENTS if group is None else bool(found == group)
 
 
 def crds() -> None:
     every = sorted(CRDS.glob("*.yaml"))
     base = [s for s in every if not optional_crd(s)]
-    optional = [s for s in every if optional_crd(s)]
+    optional = [s for s in every if optional_crd(s, "eventing.knative.dev")]
     broker_crds = KUSTOMIZE / "components" / "broker-crds"
+    source_optional = [s for s in every if optional_crd(s, "sources.knative.dev")]
+    source_crds = KUSTOMIZE / "components" / "source-crds"
     for target_dir, sources in ((CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base),
-                                (broker_crds, optional)):
+                                (broker_crds, optional), (source_crds, source_optional)):
         target_dir.mkdir(parents=True, exist_ok=True)
         for stale in target_dir.glob("*.yaml"):
             if stale.name != "kustomization.yaml" and stale not in [target_dir / s.name for s in sources]:
@@ -96,6 +104,12 @@ def crds() -> None:
              "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
              *(f"  - {s.name}" for s in optional)]
     write(broker_crds / "kustomization.yaml", "\n".join(lines) + "\n")
+    lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
+             "# Opt-in: the KafkaSource CRD (sources.knative.dev) for clusters without Knative's eventing-kafka-broker.",
+             "# Leave it out where that is installed: its own CRD defines the type.",
+             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
+             *(f"  - {s.name}" for s in source_optional)]
+    write(source_crds / "kustomization.yaml", "\n".join(lines) + "\n")
 
 
 # -- provider presets ------------------------------------------------------------------------------------------

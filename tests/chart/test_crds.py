@@ -21,13 +21,15 @@ from .render import (
 )
 
 BROKER_CRD_FILES = ("brokers.yaml", "triggers.yaml")  # Knative's own types: opt-in copies
+SOURCE_CRD = "kafkasources.yaml"  # upstream eventing-kafka-broker's type: opt-in too
 
 
 @pytest.mark.parametrize(("copies", "optional"), [
     (CHART / "files" / "crds", True), (KUSTOMIZE / "base" / "crds", False),
 ], ids=["chart", "kustomize"])
 def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> None:
-    canonical = sorted(p for p in CRDS.glob("*.yaml") if optional or p.name not in BROKER_CRD_FILES)
+    canonical = sorted(p for p in CRDS.glob("*.yaml")
+                       if optional or p.name not in (*BROKER_CRD_FILES, SOURCE_CRD))
     assert CANONICAL_CRD in canonical, "the controller's canonical CRD is missing"
     assert sorted(p.name for p in copies.glob("*.yaml") if p.name != "kustomization.yaml") == [
         p.name for p in canonical], "run `make generate`"
@@ -36,6 +38,9 @@ def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> N
     component = KUSTOMIZE / "components" / "broker-crds"
     for name in BROKER_CRD_FILES:
         assert (component / name).read_bytes() == (CRDS / name).read_bytes(), "run `make generate`"
+    component = KUSTOMIZE / "components" / "source-crds"
+    assert (component / SOURCE_CRD).read_bytes() == (CRDS / SOURCE_CRD).read_bytes(), "run `make generate`"
+    assert yaml.safe_load((component / "kustomization.yaml").read_text())["resources"] == [SOURCE_CRD]
 
 
 def test_broker_crds_are_opt_in() -> None:
@@ -48,6 +53,16 @@ def test_broker_crds_are_opt_in() -> None:
             canonical = yaml.safe_load((CRDS / f"{crd['spec']['names']['plural']}.yaml").read_text())
             assert crd["spec"] == canonical["spec"]
     assert not of_kind(helm(sets=("crds.brokers=true", "crds.install=false")), "CustomResourceDefinition")
+    with_sources = of_kind(helm(sets=("crds.sources=true",)), "CustomResourceDefinition")
+    assert {c["spec"]["names"]["kind"] for c in with_sources} == {"KafkaChannel", "KafkaSource"}
+    (source,) = (c for c in with_sources if c["spec"]["group"] == "sources.knative.dev")
+    assert source["spec"] == yaml.safe_load((CRDS / SOURCE_CRD).read_text())["spec"]
+    assert [v["name"] for v in source["spec"]["versions"]] == ["v1", "v1beta1"]
+    for version in source["spec"]["versions"]:
+        assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.consumers",
+                                                    "statusReplicasPath": ".status.consumers",
+                                                    "labelSelectorPath": ".status.selector"}
+        assert version["schema"] == source["spec"]["versions"][0]["schema"]  # v1beta1: the same schema
     config = one(helm(sets=("broker.defaultTopicPartitions=6",)), "ConfigMap", "kafka-broker-config")
     assert config["data"] == {"default.topic.partitions": "6", "default.topic.replication.factor": "1"}
 
@@ -72,7 +87,7 @@ def test_make_generate_writes_the_crd_copies_and_removes_stale_ones(tmp_path: Pa
     for name, value in (("ROOT", tmp_path), ("CRDS", sources), ("CHART", chart), ("KUSTOMIZE", kustomize)):
         monkeypatch.setattr(generate, name, value)
     sources.mkdir()
-    for name in ("kafkachannels.yaml", *BROKER_CRD_FILES):
+    for name in ("kafkachannels.yaml", *BROKER_CRD_FILES, SOURCE_CRD):
         (sources / name).write_bytes((CRDS / name).read_bytes())
     stale_chart, stale_base = chart / "files" / "crds" / "gone.yaml", kustomize / "base" / "crds" / "gone.yaml"
     for stale in (stale_chart, stale_base):
@@ -85,9 +100,11 @@ def test_make_generate_writes_the_crd_copies_and_removes_stale_ones(tmp_path: Pa
     def names(folder: Path) -> list[str]:
         return sorted(p.name for p in folder.glob("*.yaml"))
 
-    assert names(chart / "files" / "crds") == ["brokers.yaml", "kafkachannels.yaml", "triggers.yaml"]
+    assert names(chart / "files" / "crds") == ["brokers.yaml", "kafkachannels.yaml", "kafkasources.yaml",
+                                               "triggers.yaml"]
     assert names(kustomize / "base" / "crds") == ["kafkachannels.yaml", "kustomization.yaml"]
     assert names(kustomize / "components" / "broker-crds") == ["brokers.yaml", "kustomization.yaml", "triggers.yaml"]
+    assert names(kustomize / "components" / "source-crds") == ["kafkasources.yaml", "kustomization.yaml"]
     for copy in (chart / "files" / "crds", kustomize / "base" / "crds", kustomize / "components" / "broker-crds"):
         for crd in copy.glob("*.yaml"):
             if crd.name != "kustomization.yaml":

@@ -2,17 +2,20 @@
 
 A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be honoured is a False condition
 naming it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``) and its dead-letter sink
-(``status.deadLetterSinkUri``) → its connection (``bootstrapServers``, ``net.sasl``/``net.tls`` Secrets of its
-namespace) checked against Kafka: every topic exists, readable with those credentials (ConnectionEstablished) →
+(``status.deadLetterSinkUri``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls`` Secret keys)
+checked against Kafka: every topic exists and is readable with those credentials (ConnectionEstablished) →
 partitions of the group that have no committed offset set to ``initialOffset`` and **committed**, so a restart
 never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment (the existing dispatcher,
-``KE_SOURCE_*``) with ``spec.consumers`` replicas, never more than the largest topic has partitions, and the
-connection as a Secret of its own in the system namespace (Deployed) → Ready; ``status.consumers`` and
-``status.selector`` serve the scale subresource.
+``KE_SOURCE_*``) with ``spec.consumers`` replicas, never more than the largest topic has partitions (Deployed) →
+Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
 
-Deleting a source (finalizer): the Deployment and its Secret are deleted first; the consumer group is deleted
-once its members have left — a slow or hanging subscriber only delays it by the dispatcher's shutdown grace,
-and a member that never says goodbye by Kafka's session timeout (retried with backoff meanwhile).
+The Secrets named by ``net`` are read in the system namespace, as a Broker's ``auth.secret.ref.name`` is: the
+dispatcher runs there and mounts the named keys (a projected volume, the protocol beside them from a pod
+annotation), and neither the controller nor the dispatcher reads or writes Secrets anywhere else.
+
+Deleting a source (finalizer): the Deployment is deleted first (foreground: it stays until its pods are gone);
+the consumer group is deleted once its members have left — a slow or hanging subscriber only delays that by the
+dispatcher's shutdown grace, a member that never says goodbye by Kafka's session timeout (retried with backoff).
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from kafka_eventing.core.kafka_config import KafkaConfigError, KafkaConnection, 
 
 log = logging.getLogger(__name__)
 
-HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
 SOURCE_API = (ks.GROUP, ks.VERSION, ks.PLURAL)
 SOURCE_FINALIZER = "kafka.eventing.knative.dev/kafkasource"
@@ -50,6 +52,10 @@ SOURCE_DISPATCHER_SUFFIX = "-ks-dispatcher"
 #: Which condition a refused field makes False (the rest are Unknown until it is fixed).
 _SPEC_CONDITION = {"InvalidKeyType": ks.KEY_TYPE_CORRECT, "InvalidBootstrapServers": ks.CONNECTION_ESTABLISHED,
                    "InvalidTopics": ks.CONNECTION_ESTABLISHED, "InvalidSecretReference": ks.CONNECTION_ESTABLISHED}
+
+
+#: (file name in the dispatcher's secret directory, the Secret key it comes from)
+Mounted = tuple[str, ks.SecretKeyRef]
 
 
 class ConnectionProblem(Exception):
@@ -127,9 +133,10 @@ class SourceReconciler:
             if not sink[0].is_true:
                 result = recheck
         data: dict[str, str] = {}
+        files: list[Mounted] = []
         partitions = 0
         try:
-            data, connection = self.connection(spec)
+            data, connection, files = self.connection(spec)
             partitions = self._partitions(spec, connection)
             conditions.append(Condition.true(ks.CONNECTION_ESTABLISHED, "ConnectionEstablished",
                                              f"{len(spec.topics)} topic(s), up to {partitions} partitions"))
@@ -148,7 +155,7 @@ class SourceReconciler:
         except ConnectionProblem as exc:
             conditions.append(Condition.false(ks.INITIAL_OFFSETS_COMMITTED, exc.reason, str(exc)))
             result = Result(error=str(exc))
-        deployed, consumers, errors = self._data_plane(obj, spec, data, partitions)
+        deployed, consumers, errors = self._data_plane(spec, data, files, partitions)
         conditions.append(deployed)
         status["consumers"] = consumers
         conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
@@ -160,9 +167,11 @@ class SourceReconciler:
         return result
 
     # -- connection -------------------------------------------------------------------------------------
-    def connection(self, spec: ks.SourceSpec) -> tuple[dict[str, str], KafkaConnection]:
-        """The connection Secret's data (the project's format) made of the source's references, and the
-        connection itself. Raises ``ConnectionProblem`` naming the Secret or key to fix (never a value)."""
+    def connection(self, spec: ks.SourceSpec) -> tuple[dict[str, str], KafkaConnection, list[Mounted]]:
+        """The connection Secret's data (the project's format) made of the source's references, the connection,
+        and which Secret key is which file. Raises ``ConnectionProblem`` naming the Secret or key to fix (never a
+        value)."""
+        system = self.settings.system_namespace
         data = {"bootstrap.servers": ",".join(spec.bootstrap_servers), "protocol": spec.protocol}
         refs: list[tuple[str, ks.SecretKeyRef | None]] = []
         if spec.sasl is not None:
@@ -170,42 +179,32 @@ class SourceReconciler:
                      ("sasl.mechanism", spec.sasl.mechanism)]
         if spec.tls is not None:
             refs += [("ca.crt", spec.tls.ca_cert), ("user.crt", spec.tls.cert), ("user.key", spec.tls.key)]
-        secrets: dict[str, dict[str, bytes]] = {}
+        files: list[Mounted] = []
         for key, ref in refs:
             if ref is None:
                 continue
-            if ref.name not in secrets:
-                secrets[ref.name] = self._read_secret(spec.namespace, ref.name)
-            value = secrets[ref.name].get(ref.key)
+            secret = self.stores.secrets.get(system, ref.name)
+            if secret is None:
+                raise ConnectionProblem("SecretNotFound",
+                                        f"Secret {ref.name} named by spec.net does not exist in {system}, the "
+                                        "namespace the source's dispatcher runs in (it can mount no other)")
+            value = (secret.get("data") or {}).get(ref.key)
             if value is None:
-                raise ConnectionProblem("SecretKeyNotFound", f"Secret {spec.namespace}/{ref.name} has no key "
-                                                             f"{ref.key!r} (named by spec.net)")
-            data[key] = value.decode(errors="replace")
+                raise ConnectionProblem("SecretKeyNotFound",
+                                        f"Secret {system}/{ref.name} has no key {ref.key!r} (named by spec.net)")
+            data[key] = base64.b64decode(value).decode(errors="replace")
+            files.append((key, ref))
         if "sasl.mechanism" in data:
-            data["sasl.mechanism"] = data["sasl.mechanism"].strip().upper()
-            if data["sasl.mechanism"] not in ks.SASL_MECHANISMS:
+            mechanism = data["sasl.mechanism"].strip().upper()
+            if mechanism not in ks.SASL_MECHANISMS:
                 raise ConnectionProblem("InvalidSaslMechanism",
-                                        f"spec.net.sasl.type: {data['sasl.mechanism']!r} is not one of "
+                                        f"spec.net.sasl.type: the Secret's value is not one of "
                                         f"{', '.join(ks.SASL_MECHANISMS)}")
         try:
             connection = connection_from_secret(data, extra=self.settings.kafka_extra_config())
         except KafkaConfigError as exc:
             raise ConnectionProblem("InvalidConnection", str(exc)) from None
-        return data, connection
-
-    def _read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
-        try:
-            secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=(5, 15))
-        except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND:
-                raise ConnectionProblem("SecretNotFound",
-                                        f"Secret {namespace}/{name} named by spec.net does not exist") from None
-            if exc.status == HTTP_FORBIDDEN:
-                raise ConnectionProblem("SecretNotReadable",
-                                        f"the controller may not read Secret {namespace}/{name}: grant it `get` on "
-                                        "Secrets there (chart: controller.rbac.clusterWideSecretRead)") from None
-            raise
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        return data, connection, files
 
     def _admin(self, connection: KafkaConnection) -> tuple[KafkaTopicAdmin, AdminClient]:
         key = hashlib.sha256(json.dumps(connection.config, sort_keys=True, default=str).encode()).hexdigest()
@@ -274,26 +273,31 @@ class SourceReconciler:
             consumer.close()
 
     # -- data plane -------------------------------------------------------------------------------------
-    def _data_plane(self, obj: Mapping[str, Any], spec: ks.SourceSpec, data: Mapping[str, str],
+    def _data_plane(self, spec: ks.SourceSpec, data: Mapping[str, str], files: list[Mounted],
                     partitions: int) -> tuple[Condition, int, str]:
         """(Deployed, the replicas wanted, an API error or "")."""
         namespace, name = spec.namespace, spec.name
         dispatcher = source_dispatcher_name(namespace, name)
         system = self.settings.system_namespace
         ref = res.ChannelRef(namespace, name, spec.uid)
-        owner = res.Owner(dispatcher, ANNOTATION_SOURCE,
-                          (("KE_CHANNEL_NAME", ""), ("KE_CHANNEL_NAMESPACE", ""), ("KE_SOURCE_NAMESPACE", namespace),
-                           ("KE_SOURCE_NAME", name), ("KE_DISPATCHER_INITIAL_OFFSET", spec.initial_offset)))
+        env = [("KE_CHANNEL_NAME", ""), ("KE_CHANNEL_NAMESPACE", ""), ("KE_SOURCE_NAMESPACE", namespace),
+               ("KE_SOURCE_NAME", name), ("KE_DISPATCHER_INITIAL_OFFSET", spec.initial_offset)]
+        if files:
+            env.append(("KE_KAFKA_SECRET_DIR", res.SECRET_MOUNT))
+        owner = res.Owner(dispatcher, ANNOTATION_SOURCE, tuple(env))
         # Consumers beyond the largest topic's partition count would sit idle in the group.
         replicas = max(0, min(spec.consumers, partitions))
+        # The pods roll when a referenced Secret's value changes.
         checksum = hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()[:16]
-        config = res.DispatcherConfig(replicas=replicas, checksum=checksum, secret_name=dispatcher,
+        config = res.DispatcherConfig(replicas=replicas, checksum=checksum,
                                       bootstrap_servers=data["bootstrap.servers"])
         deployment = res.dispatcher_deployment(ref, self.settings, config, max(1, partitions), owner=owner)
-        deployment["spec"]["replicas"] = replicas
-        res.stamp(deployment, deployment["spec"])
+        spec_part = deployment["spec"]
+        spec_part["replicas"] = replicas
+        if files:
+            _mount_connection(spec_part["template"], spec.protocol, files)
+        res.stamp(deployment, spec_part)
         try:
-            self._apply_secret(dispatcher, ref.key, data)
             live = self.base._apply_deployment(deployment)
         except ApiException as exc:
             from kafka_eventing.controller.api import api_error
@@ -306,27 +310,6 @@ class SourceReconciler:
             return Condition.false(ks.DEPLOYED, "DeploymentUnavailable",
                                    f"dispatcher Deployment {system}/{dispatcher}: {why}"), replicas, ""
         return Condition.true(ks.DEPLOYED), replicas, ""
-
-    def _apply_secret(self, name: str, owner: str, data: Mapping[str, str]) -> None:
-        """The dispatcher's connection Secret (the source's credentials gathered from its references)."""
-        system = self.settings.system_namespace
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": name, "namespace": system, "labels": res.labels("dispatcher"),
-                             "annotations": {ANNOTATION_SOURCE: owner}},
-                "stringData": dict(data)}
-        res.stamp(body, {"data": dict(data)})
-        live = self.stores.secrets.get(system, name)
-        if live is not None and not res.needs_update(live, body):
-            return
-        self.base.writer.check()
-        if live is None:
-            try:
-                self.core.create_namespaced_secret(system, body, _request_timeout=(5, 30))
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        self.core.replace_namespaced_secret(name, system, body, _request_timeout=(5, 30))
 
     # -- deletion ---------------------------------------------------------------------------------------
     def _finalize(self, obj: Mapping[str, Any]) -> Result:
@@ -351,7 +334,7 @@ class SourceReconciler:
             spec = None
         if spec is not None:
             try:
-                _, connection = self.connection(spec)
+                _, connection, _ = self.connection(spec)
                 self._admin(connection)[0].delete_group(spec.consumer_group)
             except ConnectionProblem as exc:
                 log.warning("consumer group left behind: the connection is unusable",
@@ -361,12 +344,6 @@ class SourceReconciler:
                 # session timeout removes them.
                 return Result(error=str(exc))
         try:
-            self.base.writer.check()
-            self.core.delete_namespaced_secret(dispatcher, system, _request_timeout=(5, 30))
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
-        try:
             self.base.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != SOURCE_FINALIZER],
                                      SOURCE_API)
         except ApiException as exc:
@@ -374,3 +351,22 @@ class SourceReconciler:
                 raise
         log.info("KafkaSource finalized", extra={"namespace": namespace, "source": name})
         return Result()
+
+
+#: The pod annotation the connection's protocol is projected from (the rest of the connection is Secret keys).
+ANNOTATION_PROTOCOL = "kafka.eventing.knative.dev/protocol"
+
+
+def _mount_connection(template: dict[str, Any], protocol: str, files: list[Mounted]) -> None:
+    """The connection as the dispatcher reads it (``KE_KAFKA_SECRET_DIR``, one file per key): the referenced
+    Secret keys and the protocol, projected into one read-only volume."""
+    template["metadata"]["annotations"][ANNOTATION_PROTOCOL] = protocol
+    sources: list[dict[str, Any]] = []
+    for path, ref in files:
+        sources.append({"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}})
+    sources.append({"downwardAPI": {"items": [
+        {"path": "protocol", "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_PROTOCOL}']"}}]}})
+    pod = template["spec"]
+    pod["volumes"].append({"name": "kafka-secret", "projected": {"sources": sources}})
+    pod["containers"][0]["volumeMounts"].append({"name": "kafka-secret", "mountPath": res.SECRET_MOUNT,
+                                                 "readOnly": True})
