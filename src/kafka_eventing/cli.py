@@ -10,10 +10,13 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber"),
+    "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber "
+                                              "(--broker, --source)"),
     "receiver": ("kafka_eventing.receiver.__main__", "the shared ingress (gunicorn + falcon)"),
-    "dispatcher": ("kafka_eventing.dispatcher.__main__", "one channel's egress (consumer group per subscription)"),
-    "controller": ("kafka_eventing.controller.__main__", "the KafkaChannel reconciler"),
+    "dispatcher": ("kafka_eventing.dispatcher.__main__",
+                   "one channel's, Broker's or KafkaSource's egress (consumer group per subscription)"),
+    "controller": ("kafka_eventing.controller.__main__",
+                   "the reconciler of KafkaChannels, Kafka Brokers and Triggers, and KafkaSources"),
     "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),
     "local": ("kafka_eventing.localstack.__main__", "start/stop a local Kafka + Kubernetes API server"),
     "cesql": ("kafka_eventing.cesql.cli", "CloudEvents SQL: evaluate an expression, run conformance (TCK) files"),

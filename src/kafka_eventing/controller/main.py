@@ -1,4 +1,6 @@
-"""Process entry point: settings from the environment (only here), flags for the controller's own knobs."""
+"""The controller of KafkaChannels, Kafka-class Brokers and their Triggers, and KafkaSources (each served when the
+API server serves its CRD). Process entry point: settings from the environment (only here), flags for the
+controller's own knobs."""
 
 from __future__ import annotations
 
