@@ -33,6 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
@@ -236,7 +237,7 @@ class SourceReconciler:
 
         Only while the group has no members: once the dispatcher runs, partitions added later are started by
         its own rebalance (at the earliest offset) and a commit from outside the group would be refused."""
-        _, admin = self._admin(connection)
+        topics, admin = self._admin(connection)
         group = spec.consumer_group
         try:
             described = admin.describe_consumer_groups([group], request_timeout=self.kafka_timeout)[group].result(
@@ -249,9 +250,8 @@ class SourceReconciler:
         consumer = self._consumer(spec, connection)
         try:
             wanted = []
-            admin_topics, _ = self._admin(connection)
             for topic in spec.topics:
-                count = admin_topics.describe(topic).partitions
+                count = topics.describe(topic).partitions
                 tps = consumer.committed([TopicPartition(topic, p) for p in range(count)],
                                          timeout=self.kafka_timeout)
                 for tp in tps:
@@ -300,8 +300,6 @@ class SourceReconciler:
         try:
             live = self.base._apply_deployment(deployment)
         except ApiException as exc:
-            from kafka_eventing.controller.api import api_error
-
             return Condition.false(ks.DEPLOYED, "DispatcherFailed", api_error(exc)), replicas, api_error(exc)
         if replicas == 0:
             return Condition.true(ks.DEPLOYED, "ScaledToZero", "spec.consumers is 0"), 0, ""

@@ -119,7 +119,7 @@ def event_source(namespace: str, name: str, topic: str) -> str:
 def _ref(obj: Any, where: str) -> SecretKeyRef | None:
     if not obj:
         return None
-    ref = (obj or {}).get("secretKeyRef") if isinstance(obj, Mapping) else None
+    ref = obj.get("secretKeyRef") if isinstance(obj, Mapping) else None
     if not isinstance(ref, Mapping) or not ref.get("name") or not ref.get("key"):
         raise SourceSpecError("InvalidSecretReference", f"{where}.secretKeyRef needs name and key")
     return SecretKeyRef(str(ref["name"]), str(ref["key"]))
