@@ -240,6 +240,12 @@ class Controller:
 
     def _on_secret(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
+        if self.sources is not None and kind != "RELISTED":
+            # A rotated Secret named by a KafkaSource's net rolls that source's dispatcher.
+            name = meta.get("name")
+            for source in self.sources.items():
+                if name in ks.secret_names(source):
+                    self._on_source(kind, source)
         cm = self.config_maps.get(self.settings.system_namespace, self.options.config_map) or {}
         named = ((cm.get("data") or {}).get(KEY_SECRET_NAME) or "").strip()
         # Only the connection Secret matters, not every token or release Secret of the namespace.

@@ -125,6 +125,18 @@ def _ref(obj: Any, where: str) -> SecretKeyRef | None:
     return SecretKeyRef(str(ref["name"]), str(ref["key"]))
 
 
+def secret_names(obj: Mapping[str, Any]) -> set[str]:
+    """The Secrets a KafkaSource's ``net`` names (whatever else its spec says)."""
+    net = (obj.get("spec") or {}).get("net") or {}
+    names = set()
+    for part in (net.get("sasl") or {}, net.get("tls") or {}):
+        for value in part.values() if isinstance(part, Mapping) else ():
+            ref = value.get("secretKeyRef") if isinstance(value, Mapping) else None
+            if isinstance(ref, Mapping) and ref.get("name"):
+                names.add(str(ref["name"]))
+    return names
+
+
 def parse_source(obj: Mapping[str, Any]) -> SourceSpec:
     """The typed spec; ``SourceSpecError`` (with a condition reason) for a field that cannot be honoured."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}

@@ -204,3 +204,11 @@ def test_refused_with_reason(patch: dict[str, Any], labels: dict[str, str] | Non
     with pytest.raises(ks.SourceSpecError) as caught:
         ks.parse_source(source(patch, labels))
     assert caught.value.reason == reason
+
+
+def test_secret_names() -> None:
+    ref = lambda name: {"secretKeyRef": {"name": name, "key": "k"}}  # noqa: E731
+    obj = source({"net": {"sasl": {"enable": True, "user": ref("a"), "password": ref("b")},
+                          "tls": {"enable": False, "caCert": ref("c")}}})
+    assert ks.secret_names(obj) == {"a", "b", "c"}
+    assert ks.secret_names(source({})) == set()
