@@ -105,7 +105,7 @@ def crds() -> None:
              *(f"  - {s.name}" for s in optional)]
     write(broker_crds / "kustomization.yaml", "\n".join(lines) + "\n")
     lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
-             "# Opt-in: the KafkaSource CRD (sources.knative.dev) for clusters without Knative's eventing-kafka-broker.",
+             "# Opt-in: the KafkaSource CRD (sources.knative.dev) for clusters without eventing-kafka-broker.",
              "# Leave it out where that is installed: its own CRD defines the type.",
              "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
              *(f"  - {s.name}" for s in source_optional)]
