@@ -16,8 +16,10 @@ CRDS=$ROOT/src/kafka_eventing/controller/crds
 # `make generate`; a stale copy would ship an old schema, so refuse to render one.
 for crd in "$CRDS"/*.yaml; do
   base=$ROOT/kustomize/base/crds
-  # Knative's own types (Broker, Trigger) are an opt-in component, not part of the base.
+  # Knative's own types (Broker, Trigger; KafkaSource) are opt-in components, not part of the base
+  # (hack/generate.py's OPTIONAL_CRD_COMPONENTS).
   grep -q '^  group: eventing.knative.dev$' "$crd" && base=$ROOT/kustomize/components/broker-crds
+  grep -q '^  group: sources.knative.dev$' "$crd" && base=$ROOT/kustomize/components/source-crds
   for copy in "$base/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
     if ! cmp -s "$crd" "$copy"; then
       echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2
