@@ -69,24 +69,41 @@ def dump(data: Any) -> str:
 # -- CRDs ------------------------------------------------------------------------------------------------------
 
 
-#: The KafkaSink CRD: upstream eventing-kafka-broker's type, an opt-in component of its own (not Knative Eventing's).
-SINK_CRDS = ("kafkasinks.yaml",)
+#: Opt-in CRDs by file: the Kustomize component that installs each, and what its kustomization says. The rest are
+#: in the base. The chart has a value for each (crds.brokers, crds.sinks, crds.sources).
+OPTIONAL_CRDS = {
+    "brokers.yaml": "broker-crds",
+    "triggers.yaml": "broker-crds",
+    "kafkasinks.yaml": "sink-crds",
+    "kafkasources.yaml": "source-crds",
+}
+COMPONENT_COMMENTS = {
+    "broker-crds": [
+        "# Opt-in: Knative-compatible Broker and Trigger CRDs for clusters without Knative Eventing. Leave it out",
+        "# where Knative Eventing is installed: its own CRDs define these types."],
+    "sink-crds": [
+        "# Opt-in: the KafkaSink CRD (eventing.knative.dev/v1alpha1) for clusters without upstream's Kafka data",
+        "# plane. Leave it out where eventing-kafka-broker's own KafkaSink CRD is installed."],
+    "source-crds": [
+        "# Opt-in: the KafkaSource CRD (sources.knative.dev) for clusters without eventing-kafka-broker.",
+        "# Leave it out where that is installed: its own CRD defines the type."],
+}
 
 
 def optional_crd(source: Path) -> bool:
-    """Knative's own types (Broker, Trigger): installed only where Knative Eventing is not."""
-    return bool(yaml.safe_load(source.read_text())["spec"]["group"] == "eventing.knative.dev")
+    """Types defined elsewhere (Knative's Broker and Trigger, upstream's KafkaSink and KafkaSource): installed only
+    where their owner is not."""
+    return source.name in OPTIONAL_CRDS
 
 
 def crds() -> None:
     every = sorted(CRDS.glob("*.yaml"))
     base = [s for s in every if not optional_crd(s)]
-    optional = [s for s in every if optional_crd(s) and s.name not in SINK_CRDS]
-    sinks = [s for s in every if s.name in SINK_CRDS]
-    broker_crds = KUSTOMIZE / "components" / "broker-crds"
-    sink_crds = KUSTOMIZE / "components" / "sink-crds"
-    for target_dir, sources in ((CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base),
-                                (broker_crds, optional), (sink_crds, sinks)):
+    components = sorted(set(OPTIONAL_CRDS.values()))
+    targets = [(CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base)]
+    targets += [(KUSTOMIZE / "components" / c, [s for s in every if OPTIONAL_CRDS.get(s.name) == c])
+                for c in components]
+    for target_dir, sources in targets:
         target_dir.mkdir(parents=True, exist_ok=True)
         for stale in target_dir.glob("*.yaml"):
             if stale.name != "kustomization.yaml" and stale not in [target_dir / s.name for s in sources]:
@@ -102,18 +119,11 @@ def crds() -> None:
              "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", "resources:",
              *(f"  - {s.name}" for s in base)]
     write(KUSTOMIZE / "base" / "crds" / "kustomization.yaml", "\n".join(lines) + "\n")
-    lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
-             "# Opt-in: Knative-compatible Broker and Trigger CRDs for clusters without Knative Eventing. Leave it out",
-             "# where Knative Eventing is installed: its own CRDs define these types.",
-             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
-             *(f"  - {s.name}" for s in optional)]
-    write(broker_crds / "kustomization.yaml", "\n".join(lines) + "\n")
-    lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
-             "# Opt-in: the KafkaSink CRD (eventing.knative.dev/v1alpha1) for clusters without upstream's Kafka data",
-             "# plane. Leave it out where eventing-kafka-broker's own KafkaSink CRD is installed.",
-             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
-             *(f"  - {s.name}" for s in sinks)]
-    write(sink_crds / "kustomization.yaml", "\n".join(lines) + "\n")
+    for component in components:
+        lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"), *COMPONENT_COMMENTS[component],
+                 "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
+                 *(f"  - {s.name}" for s in every if OPTIONAL_CRDS.get(s.name) == component)]
+        write(KUSTOMIZE / "components" / component / "kustomization.yaml", "\n".join(lines) + "\n")
 
 
 # -- provider presets ------------------------------------------------------------------------------------------

@@ -16,10 +16,12 @@ CRDS=$ROOT/src/kafka_eventing/controller/crds
 # `make generate`; a stale copy would ship an old schema, so refuse to render one.
 for crd in "$CRDS"/*.yaml; do
   base=$ROOT/kustomize/base/crds
-  # Knative's own types (Broker, Trigger) are an opt-in component, not part of the base.
+  # Types defined elsewhere (Broker, Trigger; KafkaSink; KafkaSource) are opt-in components, not part of the base
+  # (hack/generate.py's OPTIONAL_CRDS).
   grep -q '^  group: eventing.knative.dev$' "$crd" && base=$ROOT/kustomize/components/broker-crds
   # The KafkaSink (upstream eventing-kafka-broker's type) is an opt-in component of its own.
   [[ ${crd##*/} == kafkasinks.yaml ]] && base=$ROOT/kustomize/components/sink-crds
+  grep -q '^  group: sources.knative.dev$' "$crd" && base=$ROOT/kustomize/components/source-crds
   for copy in "$base/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
     if ! cmp -s "$crd" "$copy"; then
       echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2

@@ -10,15 +10,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber"),
+    "run": ("kafka_eventing.localstack.demo", "the main job: local Kafka + receiver + dispatcher + demo subscriber "
+                                              "(--broker, --source)"),
     "receiver": ("kafka_eventing.receiver.__main__",
                  "the shared ingress of every KafkaChannel, Kafka Broker and KafkaSink (gunicorn + falcon)"),
     "dispatcher": ("kafka_eventing.dispatcher.__main__",
                    "the egress of one KafkaChannel (a consumer group per Subscription), one Kafka Broker "
-                   "(one read for all its Triggers) or one KafkaSource"),
+                   "(per Trigger) or one KafkaSource"),
     "controller": ("kafka_eventing.controller.__main__",
-                   "reconciles KafkaChannels, Kafka-class Brokers and their Triggers, KafkaSinks, KafkaSources "
-                   "and ResetOffsets"),
+                   "reconciles KafkaChannels, Kafka-class Brokers and their Triggers, KafkaSinks and KafkaSources"),
     "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),
     "local": ("kafka_eventing.localstack.__main__", "start/stop a local Kafka + Kubernetes API server"),
     "cesql": ("kafka_eventing.cesql.cli", "CloudEvents SQL: evaluate an expression, run conformance (TCK) files"),

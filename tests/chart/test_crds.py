@@ -22,6 +22,7 @@ from .render import (
 
 BROKER_CRD_FILES = ("brokers.yaml", "triggers.yaml")  # Knative's own types: opt-in copies
 SINK_CRD_FILES = ("kafkasinks.yaml",)  # upstream eventing-kafka-broker's type: an opt-in copy of its own
+SOURCE_CRD = "kafkasources.yaml"  # upstream eventing-kafka-broker's type: opt-in too
 
 
 @pytest.mark.parametrize(("copies", "optional"), [
@@ -29,7 +30,7 @@ SINK_CRD_FILES = ("kafkasinks.yaml",)  # upstream eventing-kafka-broker's type: 
 ], ids=["chart", "kustomize"])
 def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> None:
     canonical = sorted(p for p in CRDS.glob("*.yaml")
-                       if optional or p.name not in (*BROKER_CRD_FILES, *SINK_CRD_FILES))
+                       if optional or p.name not in (*BROKER_CRD_FILES, *SINK_CRD_FILES, SOURCE_CRD))
     assert CANONICAL_CRD in canonical, "the controller's canonical CRD is missing"
     assert sorted(p.name for p in copies.glob("*.yaml") if p.name != "kustomization.yaml") == [
         p.name for p in canonical], "run `make generate`"
@@ -41,6 +42,9 @@ def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> N
     for name in SINK_CRD_FILES:
         copy = KUSTOMIZE / "components" / "sink-crds" / name
         assert copy.read_bytes() == (CRDS / name).read_bytes(), "run `make generate`"
+    component = KUSTOMIZE / "components" / "source-crds"
+    assert (component / SOURCE_CRD).read_bytes() == (CRDS / SOURCE_CRD).read_bytes(), "run `make generate`"
+    assert yaml.safe_load((component / "kustomization.yaml").read_text())["resources"] == [SOURCE_CRD]
 
 
 def test_broker_crds_are_opt_in() -> None:
@@ -53,6 +57,18 @@ def test_broker_crds_are_opt_in() -> None:
             canonical = yaml.safe_load((CRDS / f"{crd['spec']['names']['plural']}.yaml").read_text())
             assert crd["spec"] == canonical["spec"]
     assert not of_kind(helm(sets=("crds.brokers=true", "crds.install=false")), "CustomResourceDefinition")
+    with_sources = of_kind(helm(sets=("crds.sources=true",)), "CustomResourceDefinition")
+    assert {c["spec"]["names"]["kind"] for c in with_sources} == {"KafkaChannel", "KafkaSource"}
+    (source,) = (c for c in with_sources if c["spec"]["group"] == "sources.knative.dev")
+    assert source["spec"] == yaml.safe_load((CRDS / SOURCE_CRD).read_text())["spec"]
+    assert [v["name"] for v in source["spec"]["versions"]] == ["v1", "v1beta1"]
+    for version in source["spec"]["versions"]:
+        assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.consumers",
+                                                    "statusReplicasPath": ".status.consumers",
+                                                    "labelSelectorPath": ".status.selector"}
+        assert version["schema"] == source["spec"]["versions"][0]["schema"]  # v1beta1: the same schema
+    config = one(helm(sets=("broker.defaultTopicPartitions=6",)), "ConfigMap", "kafka-broker-config")
+    assert config["data"] == {"default.topic.partitions": "6", "default.topic.replication.factor": "1"}
 
 
 def test_the_sink_crd_is_opt_in_on_its_own() -> None:
@@ -63,8 +79,6 @@ def test_the_sink_crd_is_opt_in_on_its_own() -> None:
     with_brokers = of_kind(helm(sets=("crds.brokers=true",)), "CustomResourceDefinition")
     assert "KafkaSink" not in {c["spec"]["names"]["kind"] for c in with_brokers}
     assert not of_kind(helm(sets=("crds.sinks=true", "crds.install=false")), "CustomResourceDefinition")
-    config = one(helm(sets=("broker.defaultTopicPartitions=6",)), "ConfigMap", "kafka-broker-config")
-    assert config["data"] == {"default.topic.partitions": "6", "default.topic.replication.factor": "1"}
 
 
 def test_chart_crd_toggles() -> None:
@@ -87,7 +101,7 @@ def test_make_generate_writes_the_crd_copies_and_removes_stale_ones(tmp_path: Pa
     for name, value in (("ROOT", tmp_path), ("CRDS", sources), ("CHART", chart), ("KUSTOMIZE", kustomize)):
         monkeypatch.setattr(generate, name, value)
     sources.mkdir()
-    for name in ("kafkachannels.yaml", *BROKER_CRD_FILES, *SINK_CRD_FILES):
+    for name in ("kafkachannels.yaml", *BROKER_CRD_FILES, *SINK_CRD_FILES, SOURCE_CRD):
         (sources / name).write_bytes((CRDS / name).read_bytes())
     stale_chart, stale_base = chart / "files" / "crds" / "gone.yaml", kustomize / "base" / "crds" / "gone.yaml"
     for stale in (stale_chart, stale_base):
@@ -101,12 +115,13 @@ def test_make_generate_writes_the_crd_copies_and_removes_stale_ones(tmp_path: Pa
         return sorted(p.name for p in folder.glob("*.yaml"))
 
     assert names(chart / "files" / "crds") == ["brokers.yaml", "kafkachannels.yaml", "kafkasinks.yaml",
-                                               "triggers.yaml"]
+                                               "kafkasources.yaml", "triggers.yaml"]
     assert names(kustomize / "base" / "crds") == ["kafkachannels.yaml", "kustomization.yaml"]
     assert names(kustomize / "components" / "broker-crds") == ["brokers.yaml", "kustomization.yaml", "triggers.yaml"]
     assert names(kustomize / "components" / "sink-crds") == ["kafkasinks.yaml", "kustomization.yaml"]
+    assert names(kustomize / "components" / "source-crds") == ["kafkasources.yaml", "kustomization.yaml"]
     for copy in (chart / "files" / "crds", kustomize / "base" / "crds", kustomize / "components" / "broker-crds",
-                 kustomize / "components" / "sink-crds"):
+                 kustomize / "components" / "sink-crds", kustomize / "components" / "source-crds"):
         for crd in copy.glob("*.yaml"):
             if crd.name != "kustomization.yaml":
                 assert crd.read_bytes() == (sources / crd.name).read_bytes()

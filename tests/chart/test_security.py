@@ -100,6 +100,12 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert {(r, v) for g, r, v in dispatcher if g == "eventing.knative.dev"} == {
         (r, v) for r in ("brokers", "triggers") for v in ("get", "list", "watch")} | {
         ("triggers/status", v) for v in ("get", "patch")}
+    # KafkaSources: the controller owns their status and finalizer; their dispatcher only reads them.
+    for sub in ("kafkasources/status", "kafkasources/finalizers"):
+        assert ("sources.knative.dev", sub, "patch") in controller
+    assert ("sources.knative.dev", "kafkasources", "watch") in controller
+    assert {(r, v) for g, r, v in dispatcher if g == "sources.knative.dev"} == {
+        ("kafkasources", v) for v in ("get", "list", "watch")}
     # Cluster-wide Secret reads only when asked for, and then only read verbs.
     wide = rules_of(helm(sets=("controller.rbac.clusterWideSecretRead=true",)), "ClusterRole",
                     "kafka-eventing-controller")

@@ -49,3 +49,21 @@ def test_run_broker_fans_out_by_filter(tmp_path: Path) -> None:
     assert got["not-orders"] == set(sent) - orders
     assert got["eu-orders"] < orders and got["eu-orders"]
     assert "fan-out complete" in out and "all stopped" in out
+
+
+def test_run_source_turns_plain_records_into_cloudevents(tmp_path: Path) -> None:
+    """`run --source`: plain records written to a topic arrive at the demo subscriber as CloudEvents, printed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kafka_eventing", "run", "--source", "--exit-after-demo", "--port", "0",
+         "--workdir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=240, check=False)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    received = re.findall(r"\[subscriber\] received CloudEvent id=(\S+) type=(\S+) source=(\S+) data=(.*)", out)
+    assert [r[0] for r in received] == [f"partition:0/offset:{i}" for i in range(3)]
+    assert {r[1] for r in received} == {"dev.knative.kafka.event"}
+    assert {r[2] for r in received} == {"/apis/v1/namespaces/default/kafkasources/demo#demo-orders"}
+    assert received[0][3].startswith('{"order": 1, "total": 9.5} ')
+    assert "key=order-1" in received[0][3] and "kafkaheaderxshop=eu-1" in received[0][3]
+    assert "demo=true" in received[2][3] and "kafkaheadertraceid=abc123" in received[2][3]
+    assert "source complete: 3 plain records" in out

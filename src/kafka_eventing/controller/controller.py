@@ -1,4 +1,6 @@
-"""The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics.
+"""The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics —
+for KafkaChannels, Kafka-class Brokers and their Triggers (controller/brokers.py), and KafkaSources
+(controller/kafkasources.py).
 
 Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
 change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
@@ -28,11 +30,13 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import LostLeadership
 from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores, config_map_of
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
+from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SourceReconciler
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
 from kafka_eventing.controller.sinks import SinkReconciler
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ksrc
 from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer, NamedWatches, ObjKey, Store, obj_key
@@ -41,10 +45,11 @@ from kafka_eventing.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger", namespace, name) of the others.
+#: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger" | "KafkaSource", namespace, name) of the others.
 Key = tuple[str, ...]
 BROKER, TRIGGER = "Broker", "Trigger"
 SINK = "KafkaSink"
+SOURCE = ksrc.KIND
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -73,6 +78,8 @@ class ControllerOptions:
     broker_config_map: str = kb.DEFAULT_BROKER_CONFIG
     #: reconcile KafkaSinks; None: when the API server serves their CRD at start.
     sinks: bool | None = None
+    #: reconcile KafkaSources; None: when the API server serves their CRD at start.
+    sources: bool | None = None
 
 
 def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
@@ -210,6 +217,16 @@ class Controller:
             self.sink_reconciler = SinkReconciler(self.reconciler, self.sinks,
                                                   recheck_seconds=opts.topic_recheck_seconds,
                                                   kafka_timeout=opts.kafka_timeout)
+        self.sources: Informer | None = None
+        self.source_reconciler: SourceReconciler | None = None
+        if opts.sources or (opts.sources is None and _serves(custom, ksrc.GROUP, ksrc.VERSION, {ksrc.PLURAL})):
+            self.sources = Informer("kafkasources", custom.list_cluster_custom_object, self._on_source,
+                                    watch_timeout_seconds=wt, group=ksrc.GROUP, version=ksrc.VERSION,
+                                    plural=ksrc.PLURAL)
+            self.informers = (*self.informers, self.sources)
+            self.source_reconciler = SourceReconciler(self.reconciler, self.sources,
+                                                      recheck_seconds=opts.topic_recheck_seconds,
+                                                      kafka_timeout=opts.kafka_timeout)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -225,7 +242,11 @@ class Controller:
         annotations = meta.get("annotations") or {}
         owner = annotations.get(res.ANNOTATION_CHANNEL)
         broker = annotations.get(ANNOTATION_BROKER)
-        if owner and "/" in owner:
+        source = annotations.get(ANNOTATION_SOURCE)
+        if source and "/" in source:
+            namespace, _, name = source.partition("/")
+            self.queue.add((SOURCE, namespace, name))
+        elif owner and "/" in owner:
             namespace, _, name = owner.partition("/")
             self.queue.add((namespace, name))
         elif broker and "/" in broker:
@@ -240,6 +261,12 @@ class Controller:
 
     def _on_secret(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
+        if self.sources is not None and kind != "RELISTED":
+            # A rotated Secret named by a KafkaSource's net rolls that source's dispatcher.
+            name = meta.get("name")
+            for source in self.sources.items():
+                if name in ksrc.secret_names(source):
+                    self._on_source(kind, source)
         cm = self.config_maps.get(self.settings.system_namespace, self.options.config_map) or {}
         named = ((cm.get("data") or {}).get(KEY_SECRET_NAME) or "").strip()
         # Only the connection Secret matters, not every token or release Secret of the namespace.
@@ -285,6 +312,9 @@ class Controller:
     def _on_sink(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         self.queue.add((SINK, str(meta.get("namespace")), str(meta.get("name"))))
+    def _on_source(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((SOURCE, str(meta.get("namespace")), str(meta.get("name"))))
 
     def _on_trigger(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -300,6 +330,8 @@ class Controller:
             self._on_broker("RESYNC", obj)
         for obj in self.sinks.items() if self.sinks is not None else ():
             self._on_sink("RESYNC", obj)
+        for obj in self.sources.items() if self.sources is not None else ():
+            self._on_source("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -394,6 +426,9 @@ class Controller:
         if kind == SINK:
             assert self.sink_reconciler is not None
             return self.sink_reconciler.reconcile_sink(namespace, name)
+        if kind == SOURCE:
+            assert self.source_reconciler is not None
+            return self.source_reconciler.reconcile(namespace, name)
         assert self.broker_reconciler is not None
         if kind == BROKER:
             return self.broker_reconciler.reconcile_broker(namespace, name)

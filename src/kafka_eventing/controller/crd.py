@@ -1,5 +1,5 @@
 """The CRDs shipped with the package (KafkaChannel; Broker and Trigger for clusters without Knative Eventing;
-KafkaSink for clusters without upstream's),
+KafkaSink and KafkaSource for clusters without upstream's),
 and a helper to install them (tests, benchmarks, local stack)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ CRD_NAME = "kafkachannels.messaging.knative.dev"
 CHANNEL_CRD = "kafkachannels.yaml"
 BROKER_CRDS = ("brokers.yaml", "triggers.yaml")
 SINK_CRDS = ("kafkasinks.yaml",)
+SOURCE_CRD = "kafkasources.yaml"
 
 
 def crd_manifest(file: str = CHANNEL_CRD) -> dict[str, Any]:

@@ -55,6 +55,14 @@ class Subscriber:
     #: Why this subscriber must not be consumed yet ("" when it may): a Trigger that the controller does not
     #: report ready for dispatch, or whose filter or delivery is invalid. Reported, never joined.
     held: str = ""
+    #: A KafkaSource's: the topic this subscriber reads ("" = the channel's) and its consumer group ("" = derived).
+    topic: str = ""
+    group: str = ""
+    #: A KafkaSource's: turns a record that is not a CloudEvent into one (``kafkasources.PlainEvent``) instead of
+    #: dropping it; called with the consumed record.
+    convert: Callable[[Any], Any] | None = None
+    #: ``ceOverrides.extensions``: set on every event delivered (and dead-lettered).
+    extensions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,10 @@ class Settings:
     broker_name: str = ""
     #: the namespace of ``KE_BROKER_NAME``.
     broker_namespace: str = ""
+    #: set instead of the channel's for a KafkaSource's dispatcher (one Deployment per KafkaSource).
+    source_name: str = ""
+    #: the namespace of ``KE_SOURCE_NAME``.
+    source_namespace: str = ""
     #: events delivered at once per unordered subscription (an ordered one delivers one per partition).
     max_in_flight: int = 64
     #: longest wait a subscriber's ``Retry-After`` may ask for before the next attempt.

@@ -1,11 +1,13 @@
-"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of one KafkaChannel or one Kafka Broker.
+"""`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of one KafkaChannel, one Kafka Broker or one
+KafkaSource.
 
 A KafkaChannel's (KE_CHANNEL_NAMESPACE + KE_CHANNEL_NAME): a consumer group per subscriber, i.e. per Knative
 Subscription. A Broker's (KE_BROKER_NAMESPACE + KE_BROKER_NAME instead): a consumer group per Trigger, each with its
-filter. Both are read from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster)
-or file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_*
-variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before
-exit.
+filter. A KafkaSource's (KE_SOURCE_NAMESPACE + KE_SOURCE_NAME): the source's one group over its topics, records
+that are not CloudEvents converted as upstream does. All are read from KE_CHANNEL_SOURCE: kube (the API server:
+KE_KUBECONFIG or KUBECONFIG outside a cluster) or file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS,
+KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_* variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done
+work is committed and every consumer closed before exit.
 """
 
 from __future__ import annotations
@@ -57,6 +59,19 @@ async def _run(settings: Settings) -> None:
             writer = MemoryStatusWriter()
         else:
             raise SettingsError("a Broker's dispatcher in file mode needs KE_CHANNELS_FILE")
+    elif settings.source_name:
+        # A KafkaSource's dispatcher writes no status: the controller reports the source's conditions.
+        from kafka_eventing.dispatcher.sources import FileSourceSource, KubeSourceSource
+
+        writer = MemoryStatusWriter()
+        if settings.channel_source == "kube":
+            source = KubeSourceSource(kube_api_client(settings.kubeconfig), settings.source_namespace,
+                                      settings.source_name)
+        elif settings.channels_file is not None:
+            source = FileSourceSource(settings.channels_file, settings, settings.source_namespace,
+                                      settings.source_name)
+        else:
+            raise SettingsError("a KafkaSource's dispatcher in file mode needs KE_CHANNELS_FILE")
     elif settings.channel_source == "kube":
         api_client = kube_api_client(settings.kubeconfig)
         source = channel_source_from_settings(settings, api_client)

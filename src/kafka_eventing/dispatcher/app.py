@@ -1,4 +1,5 @@
-"""The dispatcher of one KafkaChannel: reconciles one consumer group per subscriber, live, and serves probes.
+"""The dispatcher of one KafkaChannel, Broker or KafkaSource: reconciles one consumer group per subscriber
+(a Trigger, or one topic of a KafkaSource, all of its topics in the source's one group), live, and serves probes.
 
 ``create_dispatcher`` builds it from injected parts (settings, Kafka connection, channel source, HTTP session,
 status writer); only ``__main__`` reads the environment.
@@ -107,9 +108,13 @@ class Dispatcher:
         max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
         self.broker = bool(settings.broker_name)
+        #: A KafkaSource's dispatcher (dispatcher/sources.py): its subscribers are its topics, one group.
+        self.kafka_source = bool(settings.source_name)
         if self.broker and not settings.broker_namespace:
             raise ValueError("a Broker's dispatcher needs KE_BROKER_NAMESPACE and KE_BROKER_NAME")
-        if not self.broker and (not settings.channel_name or not settings.channel_namespace):
+        if self.kafka_source and not settings.source_namespace:
+            raise ValueError("a KafkaSource's dispatcher needs KE_SOURCE_NAMESPACE and KE_SOURCE_NAME")
+        if not (self.broker or self.kafka_source) and (not settings.channel_name or not settings.channel_namespace):
             raise ValueError("the dispatcher needs KE_CHANNEL_NAMESPACE and KE_CHANNEL_NAME "
                              "(or KE_BROKER_NAMESPACE and KE_BROKER_NAME)")
         if initial_offset not in INITIAL_OFFSETS:
@@ -119,6 +124,7 @@ class Dispatcher:
         self.source = channel_source
         # A Broker is served as a channel whose subscribers are its Triggers (dispatcher/triggers.py).
         self.key: ChannelKey = ((settings.broker_namespace, settings.broker_name) if self.broker
+                                else (settings.source_namespace, settings.source_name) if self.kafka_source
                                 else (settings.channel_namespace, settings.channel_name))
         self.registry = registry
         self.metrics = metrics_for(registry)
@@ -210,7 +216,7 @@ class Dispatcher:
         if channel is not None:
             wanted = {s.uid: s for s in channel.subscribers}
             if not channel.ready:
-                what = "Broker" if self.broker else "channel"
+                what = "Broker" if self.broker else "KafkaSource" if self.kafka_source else "channel"
                 for sub in channel.subscribers:
                     self.board.set(sub.uid, sub.generation, False, f"{what} not ready: {channel.reason}",
                                    REASON_NOT_READY)
@@ -228,7 +234,7 @@ class Dispatcher:
                 self.board.set(uid, sub.generation, False, problem, REASON_DEAD_LETTER)
                 del wanted[uid]
         for uid, current in list(self._subs.items()):
-            if uid not in wanted or channel is None or current.consumer.topic != channel.topic:
+            if uid not in wanted or channel is None or current.consumer.topic != (wanted[uid].topic or channel.topic):
                 self._retire(uid)
         if channel is None:
             return
@@ -246,8 +252,8 @@ class Dispatcher:
 
     def _launch(self, channel: Channel, sub: Subscriber) -> None:
         assert self._deliverer is not None
-        group = (kb.trigger_group(channel.namespace, sub.uid) if self.broker
-                 else self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid))
+        group = sub.group or (kb.trigger_group(channel.namespace, sub.uid) if self.broker
+                              else self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid))
         config = consumer_settings(self.settings, self.connection, group, self.initial_offset,
                                    channel.num_partitions)
         kwargs: dict[str, Any] = {} if self._factory is None else {"consumer_factory": self._factory}
@@ -307,7 +313,8 @@ class Dispatcher:
             return False, "channel source not synced"
         channel = self._channel()
         if channel is None:
-            return False, f"{'Broker' if self.broker else 'KafkaChannel'} {'/'.join(self.key)} not found"
+            what = "Broker" if self.broker else "KafkaSource" if self.kafka_source else "KafkaChannel"
+            return False, f"{what} {'/'.join(self.key)} not found"
         waiting = [uid for uid, r in self._subs.items() if not r.consumer.joined]
         if waiting:
             return False, f"consumer groups not joined yet: {', '.join(sorted(waiting))}"

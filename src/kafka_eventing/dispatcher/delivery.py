@@ -37,6 +37,7 @@ from kafka_eventing.core.http_delivery import (
     retry_delay,
     sink_policy,
 )
+from kafka_eventing.core.kafkasources import PlainEvent, http_value
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 
@@ -121,15 +122,22 @@ class Deliverer:
         """``count``: attempts already made (another member's, before a revoke); counted on as they are made.
         ``record``, the consumed message itself, is for the traced deliverer's span attributes."""
         started = time.monotonic()
+        plain: PlainEvent | None = None
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
             # it is needed (a dead letter), which saves most of the per-event decoding cost.
             out_headers, body = kafka_to_http(headers, value, trace=True)
         except BindingError as exc:
-            # Nothing can be delivered or dead-lettered without an event; counted so that it is visible.
-            log.error("record is not a CloudEvent, skipped", extra={**labels.as_dict(), "error": str(exc)})
-            self.metrics.dropped.labels(*labels, "not_a_cloudevent").inc()
-            return Outcome.DROPPED
+            if subscriber.convert is None or record is None:
+                # Nothing can be delivered or dead-lettered without an event; counted so that it is visible.
+                log.error("record is not a CloudEvent, skipped", extra={**labels.as_dict(), "error": str(exc)})
+                self.metrics.dropped.labels(*labels, "not_a_cloudevent").inc()
+                return Outcome.DROPPED
+            # A KafkaSource's record: made a CloudEvent as upstream does (core/kafkasources.py).
+            plain = subscriber.convert(record)
+            out_headers, body = plain.http()
+        if subscriber.extensions:
+            out_headers.update((f"ce-{k}", http_value(v)) for k, v in subscriber.extensions)
         ttl: int | None = None
         if subscriber.hop_ttl:
             ttl = hop_ttl(out_headers)
@@ -157,7 +165,10 @@ class Deliverer:
             dest, attempt = subscriber.reply_uri, reply_failed
         else:
             dest = subscriber.subscriber_uri
-        event = event_from_kafka(headers, value)  # valid: kafka_to_http accepted the same record
+        # valid: kafka_to_http accepted the same record
+        event = plain.cloudevent() if plain is not None else event_from_kafka(headers, value)
+        if subscriber.extensions:
+            event = with_extensions(event, **dict(subscriber.extensions))
         return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=_trace(out_headers))
 
     async def _with_retries(

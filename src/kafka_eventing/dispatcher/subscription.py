@@ -87,7 +87,7 @@ class SubscriptionConsumer:
         event_filter: EventFilter | None = None,
         max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
-        self.topic = channel.topic
+        self.topic = subscriber.topic or channel.topic
         self.group_id = group_id
         self.labels = Labels(channel.namespace, channel.name, subscriber.uid)
         self._subscriber = subscriber

@@ -1,4 +1,5 @@
-"""`kafka-eventing run` (`make run`): the whole data path on this machine, then a round trip to watch.
+"""`kafka-eventing run` (`make run`): the whole data path on this machine, then a round trip to watch
+(`--broker`: a Kafka Broker and Triggers; `--source`: a KafkaSource turning plain records into CloudEvents).
 
 Starts a local Kafka node, writes a channels YAML (KafkaChannel ``default/demo``, 3 partitions, one
 subscriber), creates its topic with the Admin API, starts the receiver (gunicorn) and the channel's
@@ -36,6 +37,8 @@ from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.tools import cache_dir
 
 NAMESPACE, CHANNEL = "default", "demo"
+#: Attributes the demo subscriber prints first; the rest (subject, time, extensions) follow them.
+_PRINTED = frozenset(("id", "type", "source", "specversion"))
 PARTITIONS = 3
 
 
@@ -79,6 +82,9 @@ class DemoSubscriber:
                     text = data.decode(errors="replace") if isinstance(data, bytes) else json.dumps(data)
                     line = (f"[subscriber] received CloudEvent id={event.get_id()} type={event.get_type()} "
                             f"source={event.get_source()} data={text}")
+                    extra = {k: v for k, v in event.get_attributes().items() if k not in _PRINTED}
+                    if extra:
+                        line += " " + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
                     with demo._lock:
                         demo.received.append(event.get_id())
                     status = 200
@@ -249,6 +255,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workdir", type=Path, default=cache_dir() / "run", help="state and logs (wiped first)")
     parser.add_argument("--broker", action="store_true",
                         help="the Kafka Broker instead: one Broker, three Triggers with different filters, fan-out")
+    parser.add_argument("--source", action="store_true",
+                        help="a KafkaSource instead: plain (non-CloudEvent) records written to a topic arrive at "
+                             "the subscriber as CloudEvents")
     args = parser.parse_args(argv)
 
     workdir: Path = args.workdir
@@ -261,6 +270,8 @@ def main(argv: list[str]) -> int:
         with _signals():
             if args.broker:
                 return _run_broker(args, workdir, node, children)
+            if args.source:
+                return _run_source(args, workdir, node, subscriber, children)
             return _run(args, workdir, node, subscriber, children)
     except _Interrupted:
         say("\nstopping (interrupted)...")
@@ -421,3 +432,79 @@ def _demo_match(trigger: str, event_type: str, region: str) -> bool:
     """What each demo Trigger's filter selects, said independently of the filter engine (checks the output)."""
     order = event_type.startswith("com.example.order.")
     return {"all-orders": order, "eu-orders": order and region == "eu", "not-orders": not order}[trigger]
+
+
+# -- `kafka-eventing run --source` ---------------------------------------------------------------------------
+SOURCE, SOURCE_TOPIC = "demo", "demo-orders"
+#: What the demo writes to the topic: (key, headers, value) — records no CloudEvents SDK wrote.
+DEMO_RECORDS: tuple[tuple[bytes | None, list[tuple[str, str | bytes | None]], bytes], ...] = (
+    (b"order-1", [("content-type", b"application/json"), ("X-Shop", b"eu-1")], b'{"order": 1, "total": 9.5}'),
+    (b"order-2", [], b"plain text, no headers"),
+    (None, [("trace-id", b"abc123")], b"a record without a key"),
+)
+
+
+def source_yaml(subscriber_uri: str) -> str:
+    source = {
+        "apiVersion": "sources.knative.dev/v1", "kind": "KafkaSource",
+        "metadata": {"name": SOURCE, "namespace": NAMESPACE, "uid": "demo-source"},
+        "spec": {"bootstrapServers": ["(the dispatcher's KE_BOOTSTRAP_SERVERS)"], "topics": [SOURCE_TOPIC],
+                 "initialOffset": "earliest", "ordering": "ordered",
+                 "ceOverrides": {"extensions": {"demo": "true"}},
+                 "delivery": {"retry": 5, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S"},
+                 "sink": {"uri": subscriber_uri}},
+    }
+    return "# Written by `kafka-eventing run --source`: the KafkaSource the demo's dispatcher serves.\n" + \
+        yaml.safe_dump(source, sort_keys=False)
+
+
+def _run_source(args: argparse.Namespace, workdir: Path, node: KafkaNode, subscriber: DemoSubscriber,
+                children: Children) -> int:
+    from confluent_kafka import Producer
+
+    say(f"starting a local Kafka node (logs: {node.log_path})...")
+    with progress("the Kafka node"):
+        node.start()
+    create_topic(node.bootstrap_servers, SOURCE_TOPIC)
+    say(f"kafka ready at {node.bootstrap_servers}; topic {SOURCE_TOPIC} ({PARTITIONS} partitions) created")
+    subscriber.start()
+    sub_uri = f"http://127.0.0.1:{subscriber.port}/"
+    config = workdir / "source.yaml"
+    config.write_text(source_yaml(sub_uri))
+    say(f"source file: {config} (KafkaSource {NAMESPACE}/{SOURCE}, topic {SOURCE_TOPIC}, sink {sub_uri})")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+           "KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(config),
+           "KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_LOG_FORMAT": "json",
+           "KE_SOURCE_NAMESPACE": NAMESPACE, "KE_SOURCE_NAME": SOURCE, "KE_DISPATCHER_INITIAL_OFFSET": "earliest"}
+    dispatcher_port = _proc.free_port()
+    children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                   {**env, "KE_METRICS_PORT": str(dispatcher_port)}, workdir / "dispatcher.log")
+    with progress("the dispatcher"):
+        wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", children, 60, "dispatcher")
+    say(f"dispatcher ready; status at http://127.0.0.1:{dispatcher_port}/status (logs: {workdir / 'dispatcher.log'})")
+
+    producer = Producer({"bootstrap.servers": node.bootstrap_servers})
+    ids: list[str] = []
+
+    def written(err: Any, msg: Any) -> None:
+        if err is None:
+            ids.append(f"partition:{msg.partition()}/offset:{msg.offset()}")
+
+    for key, headers, value in DEMO_RECORDS:
+        producer.produce(SOURCE_TOPIC, value=value, key=key, headers=headers, partition=0, on_delivery=written)
+        say(f"[producer] plain record key={key!r} headers={[h for h, _ in headers]} value={value!r}")
+    if producer.flush(30) or len(ids) != len(DEMO_RECORDS):
+        raise RuntimeError("the demo records were not written to Kafka")
+    deadline = time.monotonic() + args.deadline
+    while not subscriber.got(ids):
+        children.check()
+        if time.monotonic() > deadline:
+            say(f"NOT DELIVERED within {args.deadline:.0f}s: {sorted(set(ids) - set(subscriber.received))}")
+            return 1
+        time.sleep(0.05)
+    say(f"source complete: {len(ids)} plain records went Kafka -> dispatcher -> subscriber as CloudEvents "
+        "(type dev.knative.kafka.event, the key and headers as extensions)")
+    say("\nwrite more with any Kafka client, e.g.:\n"
+        f"  echo 'hello' | kafka-console-producer.sh --bootstrap-server {node.bootstrap_servers} "
+        f"--topic {SOURCE_TOPIC}")
+    return stay_up(args, children)

@@ -1,0 +1,370 @@
+"""Reconcile KafkaSources (``sources.knative.dev/v1``) — level-based and idempotent, like the Broker reconciler.
+
+A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be honoured is a False condition
+naming it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``) and its dead-letter sink
+(``status.deadLetterSinkUri``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls`` Secret keys)
+checked against Kafka: every topic exists and is readable with those credentials (ConnectionEstablished) →
+partitions of the group that have no committed offset set to ``initialOffset`` and **committed**, so a restart
+never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment (the existing dispatcher,
+``KE_SOURCE_*``) with ``spec.consumers`` replicas, never more than the largest topic has partitions (Deployed) →
+Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
+
+The Secrets named by ``net`` are read in the system namespace, as a Broker's ``auth.secret.ref.name`` is: the
+dispatcher runs there and mounts the named keys (a projected volume, the protocol beside them from a pod
+annotation), and neither the controller nor the dispatcher reads or writes Secrets anywhere else.
+
+Deleting a source (finalizer): the Deployment is deleted first (foreground: it stays until its pods are gone);
+the consumer group is deleted once its members have left — a slow or hanging subscriber only delays that by the
+dispatcher's shutdown grace, a member that never says goodbye by Kafka's session timeout (retried with backoff).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from kubernetes.client.rest import ApiException
+
+from kafka_eventing.controller import conditions as cond
+from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.api import api_error
+from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.reconciler import Reconciler, Result
+from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
+from kafka_eventing.core import kafkasources as ks
+from kafka_eventing.core.conditions import Condition
+from kafka_eventing.core.informer import Store
+from kafka_eventing.core.kafka_config import KafkaConfigError, KafkaConnection, connection_from_secret
+
+log = logging.getLogger(__name__)
+
+HTTP_NOT_FOUND = 404
+SOURCE_API = (ks.GROUP, ks.VERSION, ks.PLURAL)
+SOURCE_FINALIZER = "kafka.eventing.knative.dev/kafkasource"
+#: Names the KafkaSource ("<namespace>/<name>") a dispatcher Deployment or Secret belongs to.
+ANNOTATION_SOURCE = "kafka.eventing.knative.dev/kafkasource"
+SOURCE_DISPATCHER_SUFFIX = "-ks-dispatcher"
+#: Which condition a refused field makes False (the rest are Unknown until it is fixed).
+_SPEC_CONDITION = {"InvalidKeyType": ks.KEY_TYPE_CORRECT, "InvalidBootstrapServers": ks.CONNECTION_ESTABLISHED,
+                   "InvalidTopics": ks.CONNECTION_ESTABLISHED, "InvalidSecretReference": ks.CONNECTION_ESTABLISHED}
+
+
+#: (file name in the dispatcher's secret directory, the Secret key it comes from)
+Mounted = tuple[str, ks.SecretKeyRef]
+
+
+class ConnectionProblem(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def source_dispatcher_name(namespace: str, name: str) -> str:
+    return res.dispatcher_name(namespace, name, suffix=SOURCE_DISPATCHER_SUFFIX)
+
+
+def selector(name: str) -> str:
+    """``status.selector``: the dispatcher pods' label selector, for the scale subresource (HPA, KEDA)."""
+    return f"{res.LABEL_NAME}={res.DISPATCHER_APP},{res.LABEL_DISPATCHER}={name}"
+
+
+class SourceReconciler:
+    """Shares the channel ``Reconciler``'s API clients, caches, leadership check and write helpers."""
+
+    def __init__(self, base: Reconciler, sources: Store, *, recheck_seconds: float = 60.0,
+                 kafka_timeout: float = 10.0) -> None:
+        self.base = base
+        self.settings = base.settings
+        self.stores = base.stores
+        self.sources = sources
+        self.core, self.apps, self.custom = base.core, base.apps, base.custom
+        self.recheck_seconds = recheck_seconds
+        self.kafka_timeout = kafka_timeout
+        self._admins: dict[str, tuple[KafkaTopicAdmin, AdminClient]] = {}
+
+    # -- reconcile --------------------------------------------------------------------------------------
+    def reconcile(self, namespace: str, name: str) -> Result:
+        obj = self.sources.get(namespace, name)
+        if obj is None:
+            return Result()
+        meta = obj.get("metadata") or {}
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            return self._finalize(obj) if SOURCE_FINALIZER in finalizers else Result()
+        if SOURCE_FINALIZER not in finalizers:
+            obj = self.base.set_finalizers(obj, [*finalizers, SOURCE_FINALIZER], SOURCE_API)
+        return self._reconcile(obj)
+
+    def _reconcile(self, obj: Mapping[str, Any]) -> Result:
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        dispatcher = source_dispatcher_name(namespace, name)
+        status: dict[str, Any] = {"observedGeneration": meta.get("generation"), "selector": selector(dispatcher)}
+        conditions: list[Condition] = []
+        recheck = Result(requeue_after=self.recheck_seconds)
+        try:
+            spec = ks.parse_source(obj)
+        except ks.SourceSpecError as exc:
+            failed = _SPEC_CONDITION.get(exc.reason, ks.DEPLOYED)
+            conditions.append(Condition.false(failed, exc.reason, str(exc)))
+            conditions += [Condition.unknown(kind, "SpecInvalid", f"waiting for a valid spec: {exc}")
+                           for kind in ks.DEPENDENTS if kind != failed]
+            conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
+            self.base.patch_status(obj, status, conditions, SOURCE_API)
+            return Result()  # a spec change is a watch event
+        result = Result()
+        conditions.append(Condition.true(ks.KEY_TYPE_CORRECT))
+        try:
+            status["sinkUri"] = resolve_destination(self.core, self.custom, spec.sink, namespace, "sink")
+            conditions.append(Condition.true(ks.SINK_PROVIDED))
+        except Unresolved as exc:
+            status["sinkUri"] = None
+            conditions.append(Condition.false(ks.SINK_PROVIDED, exc.reason, str(exc)))
+            result = recheck
+        sink = self.base.dead_letter_sink(namespace, {"delivery": spec.delivery or {}})
+        status["deadLetterSinkUri"] = sink[1] if sink else None
+        if sink is not None:
+            conditions.append(sink[0])
+            if not sink[0].is_true:
+                result = recheck
+        data: dict[str, str] = {}
+        files: list[Mounted] = []
+        partitions = 0
+        try:
+            data, connection, files = self.connection(spec)
+            partitions = self._partitions(spec, connection)
+            conditions.append(Condition.true(ks.CONNECTION_ESTABLISHED, "ConnectionEstablished",
+                                             f"{len(spec.topics)} topic(s), up to {partitions} partitions"))
+        except ConnectionProblem as exc:
+            conditions.append(Condition.false(ks.CONNECTION_ESTABLISHED, exc.reason, str(exc)))
+            conditions += [Condition.unknown(kind, "ConnectionNotEstablished", "waiting for the connection")
+                           for kind in (ks.INITIAL_OFFSETS_COMMITTED, ks.DEPLOYED)]
+            conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
+            status["consumers"] = 0
+            self.base.patch_status(obj, status, conditions, SOURCE_API)
+            return recheck
+        try:
+            committed = self._commit_initial_offsets(spec, connection)
+            conditions.append(Condition.true(ks.INITIAL_OFFSETS_COMMITTED, "InitialOffsetsCommitted",
+                                             f"group {spec.consumer_group}: {committed}"))
+        except ConnectionProblem as exc:
+            conditions.append(Condition.false(ks.INITIAL_OFFSETS_COMMITTED, exc.reason, str(exc)))
+            result = Result(error=str(exc))
+        deployed, consumers, errors = self._data_plane(spec, data, files, partitions)
+        conditions.append(deployed)
+        status["consumers"] = consumers
+        conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
+        self.base.patch_status(obj, status, conditions, SOURCE_API)
+        if errors:
+            return Result(error=errors)
+        if not deployed.is_true and result.error is None:
+            return recheck
+        return result
+
+    # -- connection -------------------------------------------------------------------------------------
+    def connection(self, spec: ks.SourceSpec) -> tuple[dict[str, str], KafkaConnection, list[Mounted]]:
+        """The connection Secret's data (the project's format) made of the source's references, the connection,
+        and which Secret key is which file. Raises ``ConnectionProblem`` naming the Secret or key to fix (never a
+        value)."""
+        system = self.settings.system_namespace
+        data = {"bootstrap.servers": ",".join(spec.bootstrap_servers), "protocol": spec.protocol}
+        refs: list[tuple[str, ks.SecretKeyRef | None]] = []
+        if spec.sasl is not None:
+            refs += [("user", spec.sasl.user), ("password", spec.sasl.password),
+                     ("sasl.mechanism", spec.sasl.mechanism)]
+        if spec.tls is not None:
+            refs += [("ca.crt", spec.tls.ca_cert), ("user.crt", spec.tls.cert), ("user.key", spec.tls.key)]
+        files: list[Mounted] = []
+        for key, ref in refs:
+            if ref is None:
+                continue
+            secret = self.stores.secrets.get(system, ref.name)
+            if secret is None:
+                raise ConnectionProblem("SecretNotFound",
+                                        f"Secret {ref.name} named by spec.net does not exist in {system}, the "
+                                        "namespace the source's dispatcher runs in (it can mount no other)")
+            value = (secret.get("data") or {}).get(ref.key)
+            if value is None:
+                raise ConnectionProblem("SecretKeyNotFound",
+                                        f"Secret {system}/{ref.name} has no key {ref.key!r} (named by spec.net)")
+            data[key] = base64.b64decode(value).decode(errors="replace")
+            files.append((key, ref))
+        if "sasl.mechanism" in data:
+            mechanism = data["sasl.mechanism"].strip().upper()
+            if mechanism not in ks.SASL_MECHANISMS:
+                raise ConnectionProblem("InvalidSaslMechanism",
+                                        f"spec.net.sasl.type: the Secret's value is not one of "
+                                        f"{', '.join(ks.SASL_MECHANISMS)}")
+        try:
+            connection = connection_from_secret(data, extra=self.settings.kafka_extra_config())
+        except KafkaConfigError as exc:
+            raise ConnectionProblem("InvalidConnection", str(exc)) from None
+        return data, connection, files
+
+    def _admin(self, connection: KafkaConnection) -> tuple[KafkaTopicAdmin, AdminClient]:
+        key = hashlib.sha256(json.dumps(connection.config, sort_keys=True, default=str).encode()).hexdigest()
+        found = self._admins.get(key)
+        if found is None:
+            if len(self._admins) > 32:
+                self._admins.clear()
+            config = connection.admin_config()
+            found = self._admins[key] = (KafkaTopicAdmin(config, timeout=self.kafka_timeout), AdminClient(config))
+        return found
+
+    def _partitions(self, spec: ks.SourceSpec, connection: KafkaConnection) -> int:
+        """The largest partition count of the topics (every one must exist and be readable)."""
+        admin, _ = self._admin(connection)
+        most = 0
+        for topic in spec.topics:
+            try:
+                most = max(most, admin.describe(topic).partitions)
+            except TopicError as exc:
+                raise ConnectionProblem(exc.reason, exc.message) from None
+        return most
+
+    def _consumer(self, spec: ks.SourceSpec, connection: KafkaConnection) -> Consumer:
+        return Consumer(connection.consumer_config(spec.consumer_group, **{"enable.auto.commit": False,
+                                                                           "log_level": 3}))
+
+    def _commit_initial_offsets(self, spec: ks.SourceSpec, connection: KafkaConnection) -> str:
+        """Commit ``initialOffset`` for every partition of the group that has no committed offset yet.
+
+        Only while the group has no members: once the dispatcher runs, partitions added later are started by
+        its own rebalance (at the earliest offset) and a commit from outside the group would be refused."""
+        topics, admin = self._admin(connection)
+        group = spec.consumer_group
+        try:
+            described = admin.describe_consumer_groups([group], request_timeout=self.kafka_timeout)[group].result(
+                timeout=self.kafka_timeout + 2)
+            if described.state not in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD,
+                                       ConsumerGroupState.UNKNOWN) and described.members:
+                return f"consumed by {len(described.members)} member(s)"
+        except KafkaException as exc:
+            raise ConnectionProblem("OffsetsNotCommitted", f"cannot describe group {group!r}: {exc}") from None
+        consumer = self._consumer(spec, connection)
+        try:
+            wanted = []
+            for topic in spec.topics:
+                count = topics.describe(topic).partitions
+                tps = consumer.committed([TopicPartition(topic, p) for p in range(count)],
+                                         timeout=self.kafka_timeout)
+                for tp in tps:
+                    if tp.offset >= 0:
+                        continue
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition),
+                                                               timeout=self.kafka_timeout)
+                    wanted.append(TopicPartition(topic, tp.partition, low if spec.initial_offset == "earliest"
+                                                 else high))
+            if wanted:
+                consumer.commit(offsets=wanted, asynchronous=False)
+                log.info("initial offsets committed", extra={"group": group, "partitions": len(wanted),
+                                                             "initial_offset": spec.initial_offset})
+            return f"{len(wanted)} partition(s) set to {spec.initial_offset}" if wanted else "already committed"
+        except (KafkaException, TopicError) as exc:
+            raise ConnectionProblem("OffsetsNotCommitted",
+                                    f"cannot commit the initial offsets of group {group!r}: {exc}") from None
+        finally:
+            consumer.close()
+
+    # -- data plane -------------------------------------------------------------------------------------
+    def _data_plane(self, spec: ks.SourceSpec, data: Mapping[str, str], files: list[Mounted],
+                    partitions: int) -> tuple[Condition, int, str]:
+        """(Deployed, the replicas wanted, an API error or "")."""
+        namespace, name = spec.namespace, spec.name
+        dispatcher = source_dispatcher_name(namespace, name)
+        system = self.settings.system_namespace
+        ref = res.ChannelRef(namespace, name, spec.uid)
+        env = [("KE_CHANNEL_NAME", ""), ("KE_CHANNEL_NAMESPACE", ""), ("KE_SOURCE_NAMESPACE", namespace),
+               ("KE_SOURCE_NAME", name), ("KE_DISPATCHER_INITIAL_OFFSET", spec.initial_offset)]
+        if files:
+            env.append(("KE_KAFKA_SECRET_DIR", res.SECRET_MOUNT))
+        owner = res.Owner(dispatcher, ANNOTATION_SOURCE, tuple(env))
+        # Consumers beyond the largest topic's partition count would sit idle in the group.
+        replicas = max(0, min(spec.consumers, partitions))
+        # The pods roll when a referenced Secret's value changes.
+        checksum = hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()[:16]
+        config = res.DispatcherConfig(replicas=replicas, checksum=checksum,
+                                      bootstrap_servers=data["bootstrap.servers"])
+        deployment = res.dispatcher_deployment(ref, self.settings, config, max(1, partitions), owner=owner)
+        spec_part = deployment["spec"]
+        spec_part["replicas"] = replicas
+        if files:
+            _mount_connection(spec_part["template"], spec.protocol, files)
+        res.stamp(deployment, spec_part)
+        try:
+            live = self.base._apply_deployment(deployment)
+        except ApiException as exc:
+            return Condition.false(ks.DEPLOYED, "DispatcherFailed", api_error(exc)), replicas, api_error(exc)
+        if replicas == 0:
+            return Condition.true(ks.DEPLOYED, "ScaledToZero", "spec.consumers is 0"), 0, ""
+        ok, why = res.deployment_available(live)
+        if not ok:
+            return Condition.false(ks.DEPLOYED, "DeploymentUnavailable",
+                                   f"dispatcher Deployment {system}/{dispatcher}: {why}"), replicas, ""
+        return Condition.true(ks.DEPLOYED), replicas, ""
+
+    # -- deletion ---------------------------------------------------------------------------------------
+    def _finalize(self, obj: Mapping[str, Any]) -> Result:
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        system = self.settings.system_namespace
+        dispatcher = source_dispatcher_name(namespace, name)
+        try:
+            self.base.writer.check()
+            self.apps.delete_namespaced_deployment(dispatcher, system, propagation_policy="Foreground",
+                                                   _request_timeout=(5, 30))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        if self.stores.deployments.get(system, dispatcher) is not None:
+            # Its pods are still stopping (a slow subscriber's deliveries drain for the shutdown grace): the group
+            # keeps members until they are gone. The Deployment's deletion event brings this back.
+            return Result(requeue_after=2.0)
+        try:
+            spec: ks.SourceSpec | None = ks.parse_source(obj)
+        except ks.SourceSpecError:
+            spec = None
+        if spec is not None:
+            try:
+                _, connection, _ = self.connection(spec)
+                self._admin(connection)[0].delete_group(spec.consumer_group)
+            except ConnectionProblem as exc:
+                log.warning("consumer group left behind: the connection is unusable",
+                            extra={"source": f"{namespace}/{name}", "reason": exc.reason})
+            except TopicError as exc:
+                # Members still in the group (a pod killed without leaving): retried with backoff until Kafka's
+                # session timeout removes them.
+                return Result(error=str(exc))
+        try:
+            self.base.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != SOURCE_FINALIZER],
+                                     SOURCE_API)
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        log.info("KafkaSource finalized", extra={"namespace": namespace, "source": name})
+        return Result()
+
+
+#: The pod annotation the connection's protocol is projected from (the rest of the connection is Secret keys).
+ANNOTATION_PROTOCOL = "kafka.eventing.knative.dev/protocol"
+
+
+def _mount_connection(template: dict[str, Any], protocol: str, files: list[Mounted]) -> None:
+    """The connection as the dispatcher reads it (``KE_KAFKA_SECRET_DIR``, one file per key): the referenced
+    Secret keys and the protocol, projected into one read-only volume."""
+    template["metadata"]["annotations"][ANNOTATION_PROTOCOL] = protocol
+    sources: list[dict[str, Any]] = []
+    for path, ref in files:
+        sources.append({"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}})
+    sources.append({"downwardAPI": {"items": [
+        {"path": "protocol", "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_PROTOCOL}']"}}]}})
+    pod = template["spec"]
+    pod["volumes"].append({"name": "kafka-secret", "projected": {"sources": sources}})
+    pod["containers"][0]["volumeMounts"].append({"name": "kafka-secret", "mountPath": res.SECRET_MOUNT,
+                                                 "readOnly": True})

@@ -1,0 +1,392 @@
+"""KafkaSources reconciled by the controller on a real kube-apiserver (+ controller-manager) and real Kafka, with
+the source's dispatcher run in-process against the same API server (as its pod would, the tests playing the
+kubelet as the channel tests do).
+
+Lifecycle, every field, every condition reason; initial offsets committed before Ready (a new group never
+replays from the beginning); the scale subresource and the partition cap; a source on the SASL_SSL listener
+through ``net.sasl`` Secrets; deletion removing the Deployment, its Secret and the consumer group while the sink
+hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client import CollectorRegistry
+from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
+from test_dispatcher import Subscriber, http  # noqa: F401 - http is a fixture used by name
+
+from fixtures.kube import gone
+from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
+from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SOURCE_FINALIZER, selector, source_dispatcher_name
+from kafka_eventing.controller.main import api_client
+from kafka_eventing.core import kafkasources as ks
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.dispatcher import create_dispatcher
+from kafka_eventing.dispatcher.sources import KubeSourceSource
+from kafka_eventing.localstack.kafka import KafkaNode
+from kafka_eventing.localstack.kube import KubeControlPlane
+from waiting import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+
+MERGE = "application/merge-patch+json"
+
+
+@pytest.fixture(scope="module")
+def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
+    c = api_client(kube_control_plane.kubeconfig)
+    install_crd(c)
+    install_crd(c, file=SOURCE_CRD)
+    yield c
+    c.close()
+
+
+class Sources:
+    def __init__(self, environment: Env, kafka: KafkaNode) -> None:
+        self.env, self.ns, self.custom, self.kafka = environment, environment.namespace, environment.custom, kafka
+        self.admin = AdminClient(kafka.client_config())
+        self.dispatchers: list[tuple[Any, threading.Thread]] = []
+
+    def create(self, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None,
+               version: str = ks.VERSION) -> None:
+        body = {"apiVersion": f"{ks.GROUP}/{version}", "kind": ks.KIND,
+                "metadata": {"name": name, "namespace": self.ns, "labels": labels or {}}, "spec": spec}
+        self.custom.create_namespaced_custom_object(ks.GROUP, version, self.ns, ks.PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(ks.GROUP, ks.VERSION, self.ns, ks.PLURAL, name))
+
+    def patch(self, name: str, body: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(ks.GROUP, ks.VERSION, self.ns, ks.PLURAL, name, body,
+                                                   _content_type=MERGE)
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(ks.GROUP, ks.VERSION, self.ns, ks.PLURAL, name)
+
+    def condition(self, name: str, kind: str) -> dict[str, Any] | None:
+        for c in (self.get(name).get("status") or {}).get("conditions") or ():
+            if c["type"] == kind:
+                return dict(c)
+        return None
+
+    def wait(self, name: str, kind: str, status: str, reason: str | None = None,
+             timeout: float = 40) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            c = self.condition(name, kind)
+            ok = c is not None and c["status"] == status and (reason is None or c.get("reason") == reason)
+            return c if ok else None
+
+        return eventually(check, timeout, f"{name} {kind}={status} {reason or ''}")
+
+    def topic(self, partitions: int) -> str:
+        name = f"ks.{uuid.uuid4().hex[:10]}"
+        for fut in self.admin.create_topics([NewTopic(name, num_partitions=partitions,
+                                                      replication_factor=1)]).values():
+            fut.result(timeout=30)
+        return name
+
+    def produce(self, topic: str, values: list[bytes], partition: int = 0, *, sasl: bool = False) -> None:
+        producer = Producer(self.kafka.client_config(sasl_ssl=sasl))
+        for value in values:
+            producer.produce(topic, value=value, partition=partition)
+        assert producer.flush(30) == 0
+
+    def committed(self, group: str, topic: str, partitions: int) -> list[int]:
+        consumer = Consumer({**self.kafka.client_config(), "group.id": group, "enable.auto.commit": False})
+        try:
+            return [tp.offset for tp in consumer.committed(
+                [TopicPartition(topic, p) for p in range(partitions)], timeout=10)]
+        finally:
+            consumer.close()
+
+    def group_exists(self, group: str) -> bool:
+        listed = self.admin.list_consumer_groups(request_timeout=10).result(timeout=15)
+        return group in {g.group_id for g in listed.valid}
+
+    def deployment(self, name: str) -> Any:
+        return self.env.apps.read_namespaced_deployment(source_dispatcher_name(self.ns, name), self.env.system)
+
+    def ready(self, name: str) -> dict[str, Any]:
+        dispatcher = source_dispatcher_name(self.ns, name)
+        eventually(lambda: self.env.apps.read_namespaced_deployment(dispatcher, self.env.system),
+                   what="source dispatcher Deployment")
+        self.env.make_available(dispatcher)
+        self.wait(name, "Ready", "True")
+        return self.get(name)
+
+    def mount(self, name: str, tmp_path: Path) -> tuple[Path | None, str]:
+        """What the kubelet makes of the Deployment's projected connection volume (Secret keys of the system
+        namespace, the protocol from a pod annotation), and the bootstrap servers from its env."""
+        dep = self.deployment(name)
+        pod = dep.spec.template
+        variables = {e.name: e.value for e in pod.spec.containers[0].env}
+        volume = next((v for v in pod.spec.volumes if v.name == "kafka-secret"), None)
+        if volume is None:
+            return None, variables["KE_BOOTSTRAP_SERVERS"]
+        mount = tmp_path / f"secret-{name}"
+        mount.mkdir()
+        for source in volume.projected.sources:
+            if source.secret is not None:
+                data = self.env.core.read_namespaced_secret(source.secret.name, self.env.system).data
+                for item in source.secret.items:
+                    (mount / item.path).write_bytes(base64.b64decode(data[item.key]))
+            else:
+                for item in source.downward_api.items:
+                    key = item.field_ref.field_path.split("'")[1]
+                    (mount / item.path).write_text(pod.metadata.annotations[key])
+        assert variables["KE_KAFKA_SECRET_DIR"] == "/etc/kafka-secret"
+        return mount, variables["KE_BOOTSTRAP_SERVERS"]
+
+    def run_dispatcher(self, name: str, tmp_path: Path) -> Any:
+        """The source's dispatcher as its pod runs it: its connection mounted, the source watched on the API."""
+        mount, servers = self.mount(name, tmp_path)
+        settings = Settings(source_namespace=self.ns, source_name=name, kafka_secret_dir=mount, log_level="WARNING",
+                            bootstrap_servers=servers,
+                            kafka_extra="session.timeout.ms=6000,heartbeat.interval.ms=500")
+        source = KubeSourceSource(self.env.api, self.ns, name, watch_timeout_seconds=30)
+        dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                       registry=CollectorRegistry(), host="127.0.0.1", port=0,
+                                       shutdown_grace=1.0)
+        thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), daemon=True)
+        thread.start()
+        self.dispatchers.append((dispatcher, thread))
+        wait_for(lambda: dispatcher.readiness()[0], 40, f"dispatcher of {name} joined")
+        return dispatcher
+
+    def stop_dispatchers(self) -> None:
+        for dispatcher, thread in self.dispatchers:
+            dispatcher.stop()
+            thread.join(30)
+        self.dispatchers.clear()
+
+
+@pytest.fixture
+def sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F811 - the fixture imported above
+    s = Sources(env, kafka_running)
+    env.start_controller(env.settings(), sources=True, brokers=False)
+    try:
+        yield s
+    finally:
+        s.stop_dispatchers()
+        for ctl in env.controllers:
+            ctl.stop()
+        env.controllers.clear()
+        for item in env.custom.list_namespaced_custom_object(ks.GROUP, ks.VERSION, s.ns, ks.PLURAL)["items"]:
+            with contextlib.suppress(ApiException):
+                s.patch(item["metadata"]["name"], {"metadata": {"finalizers": []}})
+
+
+def sink_service(s: Sources, name: str = "sink") -> None:
+    s.env.core.create_namespaced_service(s.ns, {"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}})
+
+
+def test_lifecycle_every_field_scale_and_no_replay(sources: Sources, http: Subscriber,  # noqa: F811
+                                                   tmp_path: Path) -> None:
+    s = sources
+    sink_service(s)
+    t1, t2 = s.topic(3), s.topic(2)
+    s.produce(t1, [b"old-1", b"old-2"])  # before the source: never delivered (initialOffset latest)
+    spec = {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [t1, t2], "consumerGroup": "grp-" + t1,
+            "initialOffset": "latest", "consumers": 5, "ordering": "unordered",
+            "ceOverrides": {"extensions": {"team": "pay"}},
+            "delivery": {"retry": 1, "backoffDelay": "PT0.01S", "deadLetterSink": {"uri": http.url("/dls")}},
+            "sink": {"ref": {"apiVersion": "v1", "kind": "Service", "name": "sink"}, "uri": "/events"}}
+    s.create("life", spec, {ks.LABEL_KEY_TYPE: "string"})
+    obj = s.ready("life")
+    status = obj["status"]
+    assert status["sinkUri"] == f"http://sink.{s.ns}.svc.cluster.local/events"
+    assert status["deadLetterSinkUri"] == http.url("/dls")
+    dispatcher = source_dispatcher_name(s.ns, "life")
+    assert status["selector"] == selector(dispatcher)
+    assert status["consumers"] == 3  # 5 asked, the largest topic has 3 partitions
+    for kind in ks.DEPENDENTS:
+        assert s.condition("life", kind)["status"] == "True", kind
+    assert SOURCE_FINALIZER in obj["metadata"]["finalizers"]
+    # Committed before Ready: latest = the end of each partition, so a restart never replays from the beginning.
+    assert s.committed("grp-" + t1, t1, 3) == [2, 0, 0]
+    assert s.committed("grp-" + t1, t2, 2) == [0, 0]
+    dep = s.deployment("life")
+    assert dep.spec.replicas == 3
+    dep_env = {e.name: e.value for e in dep.spec.template.spec.containers[0].env}
+    assert (dep_env["KE_SOURCE_NAMESPACE"], dep_env["KE_SOURCE_NAME"]) == (s.ns, "life")
+    assert dep_env["KE_DISPATCHER_INITIAL_OFFSET"] == "latest"
+    assert dep_env["KE_BOOTSTRAP_SERVERS"] == s.kafka.bootstrap_servers
+    assert dep.spec.template.metadata.annotations[ANNOTATION_SOURCE] == f"{s.ns}/life"
+    pods = s.env.core.list_namespaced_pod(s.env.system, label_selector=status["selector"]).items
+    assert pods, "status.selector selects the dispatcher pods"
+
+    # v1beta1 serves the same object.
+    beta = s.custom.get_namespaced_custom_object(ks.GROUP, "v1beta1", s.ns, ks.PLURAL, "life")
+    assert beta["spec"]["topics"] == [t1, t2]
+
+    # The scale subresource: kubectl scale / KEDA set spec.consumers.
+    s.custom.patch_namespaced_custom_object_scale(ks.GROUP, ks.VERSION, s.ns, ks.PLURAL, "life",
+                                                  {"spec": {"replicas": 1}}, _content_type=MERGE)
+    eventually(lambda: s.deployment("life").spec.replicas == 1, what="scaled down to 1")
+    scale = s.custom.get_namespaced_custom_object_scale(ks.GROUP, ks.VERSION, s.ns, ks.PLURAL, "life")
+    assert scale["spec"]["replicas"] == 1 and scale["status"]["selector"] == status["selector"]
+    s.custom.patch_namespaced_custom_object_scale(ks.GROUP, ks.VERSION, s.ns, ks.PLURAL, "life",
+                                                  {"spec": {"replicas": 2}}, _content_type=MERGE)
+    eventually(lambda: s.deployment("life").spec.replicas == 2, what="scaled up to 2")
+    s.patch("life", {"spec": {"consumers": 0}})
+    s.wait("life", ks.DEPLOYED, "True", "ScaledToZero")
+    assert s.deployment("life").spec.replicas == 0
+    eventually(lambda: s.get("life")["status"]["consumers"] == 0, what="status.consumers 0")
+
+    # The sink in-process: the source's own URI for the dispatcher run here (the Service's DNS name is not).
+    s.patch("life", {"spec": {"consumers": 1, "sink": {"ref": None, "uri": http.url("/events")}}})
+    eventually(lambda: s.get("life")["status"].get("sinkUri") == http.url("/events"), what="sinkUri updated")
+    s.run_dispatcher("life", tmp_path)
+    s.produce(t1, [b"new-1"], partition=1)
+    s.produce(t2, [b"new-2"], partition=0)
+    wait_for(lambda: len(http.at("/events")) >= 2, 30, "two events")
+    time.sleep(1)
+    got = {r.body: r for r in http.at("/events")}
+    assert set(got) == {b"new-1", b"new-2"}  # nothing from before the source
+    assert got[b"new-1"].headers["ce-source"] == f"/apis/v1/namespaces/{s.ns}/kafkasources/life#{t1}"
+    assert got[b"new-1"].headers["ce-id"] == "partition:1/offset:0"
+    assert got[b"new-2"].headers["ce-team"] == "pay"
+
+
+def test_initial_offset_earliest_is_committed_at_the_start(sources: Sources) -> None:
+    s = sources
+    topic = s.topic(2)
+    s.produce(topic, [b"a", b"b", b"c"], partition=1)
+    s.create("early", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic],
+                       "initialOffset": "earliest", "sink": {"uri": "http://127.0.0.1:9/x"}})
+    s.wait("early", ks.INITIAL_OFFSETS_COMMITTED, "True")
+    uid = s.get("early")["metadata"]["uid"]
+    assert s.committed(f"knative-kafka-source-{uid}", topic, 2) == [0, 0]
+    # Committed once: later reconciles do not move it (the running group owns its offsets).
+    s.produce(topic, [b"d"], partition=0)
+    time.sleep(2.5)
+    assert s.committed(f"knative-kafka-source-{uid}", topic, 2) == [0, 0]
+
+
+def test_condition_reasons_and_recovery(sources: Sources) -> None:
+    s = sources
+    servers = [s.kafka.bootstrap_servers]
+    sink = {"uri": "http://127.0.0.1:9/x"}
+    missing = f"ks.missing.{uuid.uuid4().hex[:6]}"
+    s.create("notopic", {"bootstrapServers": servers, "topics": [missing], "sink": sink})
+    c = s.wait("notopic", ks.CONNECTION_ESTABLISHED, "False", "TopicNotFound")
+    assert missing in c["message"]
+    assert s.condition("notopic", "Ready")["reason"] == "TopicNotFound"
+    for fut in s.admin.create_topics([NewTopic(missing, num_partitions=1, replication_factor=1)]).values():
+        fut.result(timeout=30)
+    s.wait("notopic", ks.CONNECTION_ESTABLISHED, "True")
+
+    topic = s.topic(1)
+    s.create("nosink", {"bootstrapServers": servers, "topics": [topic],
+                        "sink": {"ref": {"apiVersion": "v1", "kind": "Service", "name": "absent"}}})
+    c = s.wait("nosink", ks.SINK_PROVIDED, "False", "DestinationNotFound")
+    assert "absent" in c["message"]
+    sink_service(s, "absent")
+    s.wait("nosink", ks.SINK_PROVIDED, "True")
+
+    s.create("badorder", {"bootstrapServers": servers, "topics": [topic], "sink": sink, "ordering": "sorted"})
+    s.wait("badorder", ks.DEPLOYED, "False", "InvalidOrdering")
+    assert s.condition("badorder", "Ready")["reason"] == "InvalidOrdering"
+    s.patch("badorder", {"spec": {"ordering": "ordered"}})
+    s.wait("badorder", ks.DEPLOYED, "False", "DeploymentUnavailable")
+
+    for name, spec, labels, kind, reason in [
+        ("badoffset", {"initialOffset": "middle"}, None, ks.DEPLOYED, "InvalidInitialOffset"),
+        ("badkey", {}, {ks.LABEL_KEY_TYPE: "uuid"}, ks.KEY_TYPE_CORRECT, "InvalidKeyType"),
+        ("baddelivery", {"delivery": {"backoffPolicy": "random"}}, None, ks.DEPLOYED, "InvalidDelivery"),
+        ("badext", {"ceOverrides": {"extensions": {"Not-Valid": "x"}}}, None, ks.DEPLOYED, "InvalidCeOverrides"),
+        ("nosecret", {"net": {"sasl": {"enable": True, "user": {"secretKeyRef": {"name": "gone", "key": "u"}},
+                                       "password": {"secretKeyRef": {"name": "gone", "key": "p"}}}}},
+         None, ks.CONNECTION_ESTABLISHED, "SecretNotFound"),
+        ("nokey", {"net": {"sasl": {"enable": True, "user": {"secretKeyRef": {"name": "creds", "key": "user"}},
+                                    "password": {"secretKeyRef": {"name": "creds", "key": "nope"}}}}},
+         None, ks.CONNECTION_ESTABLISHED, "SecretKeyNotFound"),
+        ("badmech", {"net": {"sasl": {"enable": True, "user": {"secretKeyRef": {"name": "creds", "key": "user"}},
+                                      "password": {"secretKeyRef": {"name": "creds", "key": "user"}},
+                                      "type": {"secretKeyRef": {"name": "creds", "key": "mech"}}}}},
+         None, ks.CONNECTION_ESTABLISHED, "InvalidSaslMechanism"),
+    ]:
+        if name == "nokey":
+            s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "creds"},
+                                                       "stringData": {"user": "u", "mech": "GSSAPI"}})
+        s.create(name, {"bootstrapServers": servers, "topics": [topic], "sink": sink, **spec}, labels)
+        c = s.wait(name, kind, "False", reason)
+        assert s.condition(name, "Ready")["status"] == "False", name
+        assert "GSSAPI" not in c["message"], c  # a Secret's value is never in a message
+
+
+def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,  # noqa: F811
+                                             tmp_path: Path) -> None:
+    s = sources
+    topic = s.topic(1)
+    user = s.kafka.scram_user
+    s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "kafka-creds"}, "stringData": {
+        "user": user.name, "password": user.password, "mechanism": "SCRAM-SHA-512",
+        "ca.crt": s.kafka.ca_path.read_text()}})
+    ref = lambda key: {"secretKeyRef": {"name": "kafka-creds", "key": key}}  # noqa: E731
+    net = {"sasl": {"enable": True, "user": ref("user"), "password": ref("password"), "type": ref("mechanism")},
+           "tls": {"enable": True, "caCert": ref("ca.crt")}}
+    s.create("secure", {"bootstrapServers": [s.kafka.sasl_ssl_bootstrap_servers], "topics": [topic],
+                        "initialOffset": "earliest", "net": net, "sink": {"uri": http.url("/secure")}})
+    s.ready("secure")
+    (tmp_path / "check").mkdir()
+    mount, _ = s.mount("secure", tmp_path / "check")
+    assert mount is not None
+    assert (mount / "protocol").read_text() == "SASL_SSL"
+    assert (mount / "sasl.mechanism").read_text() == "SCRAM-SHA-512"
+    assert sorted(p.name for p in mount.iterdir()) == ["ca.crt", "password", "protocol", "sasl.mechanism", "user"]
+    s.produce(topic, [b"over SASL_SSL"], sasl=True)
+    s.run_dispatcher("secure", tmp_path)
+    wait_for(lambda: len(http.at("/secure")) >= 1, 30, "the event through SASL_SSL")
+    assert http.at("/secure")[0].body == b"over SASL_SSL"
+
+    # A wrong password: the connection is refused, said so, and the password is never in the message.
+    s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "wrong"}, "stringData": {
+        "user": user.name, "password": "not-the-password-123", "mechanism": "SCRAM-SHA-512",
+        "ca.crt": s.kafka.ca_path.read_text()}})
+    wrong = {"secretKeyRef": {"name": "wrong", "key": "password"}}
+    s.create("denied", {"bootstrapServers": [s.kafka.sasl_ssl_bootstrap_servers], "topics": [topic],
+                        "net": {**net, "sasl": {**net["sasl"], "password": wrong}}, "sink": {"uri": http.url("/x")}})
+    c = s.wait("denied", ks.CONNECTION_ESTABLISHED, "False", timeout=60)
+    assert "not-the-password-123" not in str(s.get("denied")["status"])
+    assert c["reason"] in ("TopicNotAuthorized", "KafkaUnreachable", "AuthenticationFailed"), c
+
+
+def test_delete_removes_the_deployment_then_the_group_while_the_sink_hangs(
+        sources: Sources, http: Subscriber, tmp_path: Path) -> None:  # noqa: F811
+    s = sources
+    topic = s.topic(2)
+    # Hangs longer than the deletion may take (and short enough for the test server to stop after it).
+    http.behaviours["/hang"] = lambda _r, _a: (200, {}, b"", 15.0)
+    s.create("bye", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic], "consumerGroup": "bye-grp",
+                     "sink": {"uri": http.url("/hang")}, "delivery": {"timeout": "PT120S"}})
+    s.ready("bye")
+    s.run_dispatcher("bye", tmp_path)
+    s.produce(topic, [b"stuck"])
+    wait_for(lambda: len(http.at("/hang")) >= 1, 30, "the delivery hangs")
+    assert s.group_exists("bye-grp")
+    name = source_dispatcher_name(s.ns, "bye")
+    started = time.monotonic()
+    s.delete("bye")
+    # The source, its Deployment and its group are gone while the sink still holds the request.
+    eventually(lambda: gone(lambda: s.get("bye")), 12, "the source gone")
+    assert http.active == 1, "the sink was still answering"
+    assert time.monotonic() - started < 12
+    assert not s.group_exists("bye-grp")
+    assert gone(lambda: s.env.apps.read_namespaced_deployment(name, s.env.system))
+    wait_for(lambda: http.active == 0, 20, "the sink's late answer (so that the test server can stop)")
