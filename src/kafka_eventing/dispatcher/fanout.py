@@ -141,6 +141,7 @@ class SharedReader(_LoopBound):
         self._consumer: Any = None
         self._poller: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopping = False
+        self.stop_requested = False
         self._waiter: asyncio.Future[None] | None = None
         self._next_commit = 0.0
         self._next_lag = 0.0
@@ -182,7 +183,7 @@ class SharedReader(_LoopBound):
                 log.warning("consumer group not deleted", extra={"group": lane.group_id, "error": str(exc)})
 
     def stop(self) -> None:
-        self._stopping = True
+        self.stop_requested = self._stopping = True
         self._wake()
 
     def stats(self) -> dict[str, Any]:
@@ -801,6 +802,8 @@ class BrokerDispatcher(Dispatcher):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if reader.stop_requested:
+                    return
                 failures += 1
                 log.exception("broker reader failed, restarting")
                 for lane in reader.lanes.values():
