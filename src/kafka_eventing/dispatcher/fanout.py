@@ -304,8 +304,9 @@ class SharedReader(_LoopBound):
                 lane.blocked_since = None
                 continue
             holds = lane.room(attached)[1]
+            queued = lane.flow.queued(attached)
             for part in attached:
-                if lane.wants_paused(part, attached):
+                if lane.wants_paused(part, queued):
                     want.add(part.number)
                     holds = True
             if holds:
@@ -676,7 +677,8 @@ class CatchUp:
                     return
                 parts = lane.behind_parts()
                 room, full = lane.room(parts)
-                pause = [p for p in parts if lane.wants_paused(p, parts)]
+                queued = lane.flow.queued(parts)
+                pause = [p for p in parts if lane.wants_paused(p, queued)]
                 if full or len(pause) == len(parts):
                     await self._sleep(MAX_IDLE_POLL)
                     continue

@@ -221,9 +221,9 @@ class TriggerLane:
         """Records this lane can take into ``parts`` now, and whether its budget is full."""
         return self.flow.room(parts, self.scheduler)
 
-    def wants_paused(self, part: Partition, parts: list[Partition]) -> bool:
-        """Whether ``part`` should stop being fed (by the scheduler's rules), updating its ``paused`` flag."""
-        queued = self.flow.queued(parts)
+    def wants_paused(self, part: Partition, queued: int) -> bool:
+        """Whether ``part`` should stop being fed (by the scheduler's rules), updating its ``paused`` flag;
+        ``queued``: the bytes the partitions fed alike (attached, or behind) hold."""
         if not part.paused and self.scheduler.must_pause(part, queued, self.flow.queue_bytes, self.flow.byte_cap):
             part.paused = True
         elif part.paused and self.scheduler.may_resume(part, queued, self.flow.queue_bytes, self.flow.byte_cap):
