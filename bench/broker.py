@@ -234,6 +234,21 @@ def wait_http(url: str, procs: Procs, timeout: float) -> None:
             time.sleep(0.1)
 
 
+def wait_port(port: int, procs: Procs, timeout: float) -> None:
+    """Until something listens on 127.0.0.1:``port`` (the hops answer only POST, so no GET probe)."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        procs.check()
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on port {port}")
+        time.sleep(0.1)
+
+
 def sink_total(sink: str) -> tuple[int, float, float]:
     stats = get_json(f"{sink}/stats")["stats"]
     if not stats:
@@ -303,6 +318,7 @@ def base_env(node: KafkaNode, config: Path, workdir: Path) -> dict[str, str]:
 def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: str) -> tuple[str, list[str]]:
     """Start one system's processes; returns its ingress URL and the names of its eventing processes."""
     receiver_port, dispatcher_port = free_port(), free_port()
+    hops = forward = 0
     config = workdir / f"{kind}.yaml"
     if kind == "broker":
         ingress = f"http://127.0.0.1:{receiver_port}/{NS}/{BROKER}"
@@ -339,6 +355,9 @@ def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: 
                 {**env, **extra, "KE_METRICS_PORT": str(dispatcher_port)})
     wait_http(f"http://127.0.0.1:{receiver_port}/readyz", procs, 90)
     wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", procs, 120)
+    if kind != "broker":  # a loaded machine starts the hops late: the first post would be refused
+        wait_port(hops, procs, 60)
+        wait_port(forward, procs, 60)
     names = ["receiver", "dispatcher"] + ([] if kind == "broker" else ["filters", "forward"])
     return ingress, names
 
