@@ -345,3 +345,26 @@ def test_a_filtered_out_record_moves_the_mark_without_queueing() -> None:
     tracker.add(11)
     assert tracker.skip(12) is None  # behind an unfinished one: the mark waits
     assert tracker.done(11) == 13
+
+
+def test_a_changed_filter_applies_from_the_next_record_read() -> None:
+    log = Log()
+
+    async def scenario() -> None:
+        rig = Rig(log)
+        lane = rig.add(sub("t", filters=[{"exact": {"type": "a"}}]))
+        task = asyncio.create_task(rig.reader.run())
+        await rig.until(lambda: rig.reader.joined and not rig.reader._unplaced)
+        log.append(0, "a", 2)
+        log.append(0, "b", 2)
+        await rig.until(lambda: rig.reader.next.get(0) == 4)
+        lane.update(sub("t", filters=[{"exact": {"type": "b"}}]))
+        log.append(0, "a", 2)
+        log.append(0, "b", 2)
+        await rig.until(lambda: rig.reader.next.get(0) == 8)
+        await rig.until(lambda: rig.offsets.groups.get("knative-trigger-ns-t", {}).get(0) == 8)
+        rig.reader.stop()
+        await task
+        assert sorted(rig.deliverer.delivered["t"]) == ["0-0", "0-1", "0-6", "0-7"]
+
+    run(scenario)
