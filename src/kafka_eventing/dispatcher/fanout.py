@@ -137,6 +137,8 @@ class SharedReader(_LoopBound):
         #: Lanes not yet placed on the assigned partitions (added after the assignment).
         self._unplaced: set[str] = set()
         self._retiring: set[asyncio.Task[None]] = set()
+        #: Removed lanes still draining: a revoke meanwhile commits their marks too, before the partition moves.
+        self._draining: set[TriggerLane] = set()
         self._commits: dict[str, tuple[concurrent.futures.Future[Any], TriggerLane, list[int]]] = {}
         self._consumer: Any = None
         self._poller: concurrent.futures.ThreadPoolExecutor | None = None
@@ -162,6 +164,7 @@ class SharedReader(_LoopBound):
         if lane is None:
             return
         lane.stopping = True
+        self._draining.add(lane)
         catchup = self.catchups.pop(uid, None)
         task = asyncio.get_running_loop().create_task(self._retire(lane, catchup, delete_group))
         self._retiring.add(task)
@@ -173,6 +176,7 @@ class SharedReader(_LoopBound):
             catchup.stop()
             await catchup.done.wait()
         points = await lane.drain(self.grace)
+        self._draining.discard(lane)
         await asyncio.to_thread(self._commit_now, lane.group_id, points)
         lane.release(list(lane.parts))
         if delete_group:
@@ -530,7 +534,7 @@ class SharedReader(_LoopBound):
         for number in numbers:
             self.next.pop(number, None)
             self.paused.discard(number)
-        for lane in self.lanes.values():
+        for lane in [*self.lanes.values(), *self._draining]:
             done = lane.release(numbers)
             if done:
                 points[lane.group_id] = done
@@ -755,6 +759,9 @@ class BrokerDispatcher(Dispatcher):
         for uid in list(reader.lanes):
             if uid not in wanted:
                 reader.remove(uid, delete_group=uid not in known)
+        if not wanted:
+            self._stop_reader()  # nothing to read for (the Broker not ready, every Trigger held or gone)
+            return
         for uid, sub in wanted.items():
             lane = reader.lanes.get(uid)
             if lane is None:
