@@ -419,8 +419,9 @@ def drain(kind: str, triggers: int, *, node: KafkaNode, workdir: Path, sink: str
     """The dispatcher alone on a backlog produced straight to Kafka: CPU per delivery of the dispatcher process.
 
     ``fanout`` and ``per_trigger`` are a Broker with ``triggers`` half-matching Triggers (this tree's shared read,
-    and the tree at ``--baseline-src`` with one consumer group per Trigger); ``channel`` is the channel dispatcher
-    with one subscription to the same subscriber, for its CPU per event.
+    and the tree at ``--baseline-src`` with one consumer group per Trigger); ``peer`` the same Broker and Triggers
+    on Knative's Java dispatcher; ``channel`` is the channel dispatcher with one subscription to the same
+    subscriber, for its CPU per event. A first run, not measured, warms every side up alike.
     """
     import uuid
 
@@ -456,18 +457,36 @@ def drain(kind: str, triggers: int, *, node: KafkaNode, workdir: Path, sink: str
     env = {**base_env(node, config, workdir), **extra, "PYTHONPATH": str(src)}
     port = free_port()
     procs = Procs(workdir)
+    peer_proc = None
     count = max(200, args.drain_deliveries // per_event)
     producer = Producer({**node.client_config(), "linger.ms": 5})
     body = b'{"hello": "world"}'
     try:
-        procs.start(f"drain-{kind}", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
-                    {**env, "KE_METRICS_PORT": str(port)})
-        wait_http(f"http://127.0.0.1:{port}/readyz", procs, 180)
-        pids = procs.pids([f"drain-{kind}"])
+        if kind == "peer":
+            # Knative's Java dispatcher, given the same Broker and Triggers through its contract: one consumer group
+            # per Trigger (knative-trigger-<ns>-<name>, as its control plane names them), the same filters.
+            import peer
+
+            egs = []
+            for i in range(triggers):
+                eg = peer.egress(f"{sink}/d{i}", group=f"knative-trigger-{NS}-t{i}", ordered=False, namespace=NS,
+                                 trigger=f"t{i}")
+                flt = HALF[i % 2]["filters"][0]
+                eg["dialectedFilter"] = [{dialect: {"attributes": attrs}} for dialect, attrs in flt.items()]
+                egs.append(eg)
+            peer_proc = peer.start_peer_dispatcher(node.bootstrap_servers, topic, f"{sink}/d0", workdir,
+                                                   ordered=False, group=f"knative-trigger-{NS}-t0", namespace=NS,
+                                                   name=BROKER, egresses=egs, timeout=300)
+            pids = process_tree(peer_proc.pid)
+        else:
+            procs.start(f"drain-{kind}", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                        {**env, "KE_METRICS_PORT": str(port)})
+            wait_http(f"http://127.0.0.1:{port}/readyz", procs, 180)
+            pids = procs.pids([f"drain-{kind}"])
         out: dict[str, Any] = {"events_per_run": count, "deliveries_per_event": per_event,
                                "cpu_us_per_delivery_runs": [], "rate_runs": [], "pss_mib_runs": []}
         seq = 0
-        for _ in range(args.repeats):
+        for run in range(args.repeats + 1):  # the first, unmeasured, warms up every side alike (the peer's JIT)
             get_json(f"{sink}/reset")
             cpu0 = cpu_seconds(pids)
             for _i in range(count):
@@ -480,6 +499,8 @@ def drain(kind: str, triggers: int, *, node: KafkaNode, workdir: Path, sink: str
             producer.flush(30)
             _, first, last = wait_delivered(sink, count * per_event, procs, 900)
             cpu = cpu_seconds(pids) - cpu0
+            if run == 0:
+                continue
             out["cpu_us_per_delivery_runs"].append(cpu / (count * per_event) * 1e6)
             out["rate_runs"].append(count * per_event / max(last - first, 1e-9))
             out["pss_mib_runs"].append(pss_bytes(pids) / 2**20)
@@ -490,6 +511,10 @@ def drain(kind: str, triggers: int, *, node: KafkaNode, workdir: Path, sink: str
         return out
     finally:
         procs.stop()
+        if peer_proc is not None:
+            import peer
+
+            peer.stop(peer_proc)
         for fut in admin.delete_topics([topic], operation_timeout=10).values():
             with contextlib.suppress(Exception):  # cleanup of a throwaway topic
                 fut.result(timeout=30)
@@ -525,6 +550,8 @@ def main() -> int:
     parser.add_argument("--baseline-src", type=Path, default=ROOT.parent.parent / "main" / "src",
                         help="a tree whose Broker dispatcher runs one consumer group per Trigger (per_trigger)")
     parser.add_argument("--skip-e2e", action="store_true", help="only the dispatcher-only drain runs")
+    parser.add_argument("--peer", action="store_true",
+                        help="also drain with Knative's Java Broker dispatcher (make peer builds it)")
     args = parser.parse_args()
     if args.serve == "sink":
         serve_sink(args.port)
@@ -571,6 +598,8 @@ def main() -> int:
             if args.baseline_src.is_dir():
                 runs["per_trigger"] = drain("per_trigger", n, node=node, workdir=workdir, sink=sink,
                                              args=args, src=args.baseline_src)
+            if args.peer:
+                runs["peer"] = drain("peer", n, node=node, workdir=workdir, sink=sink, args=args, src=ROOT / "src")
         result["drain"]["channel_1_subscriber"] = drain("channel", 1, node=node, workdir=workdir,
                                                               sink=sink, args=args, src=ROOT / "src")
         if not args.skip_e2e:
