@@ -615,7 +615,7 @@ def main() -> int:
         if n != "channel_1_subscriber":
             runs["fanout_vs_channel_cpu_per_delivery"] = runs["fanout"]["cpu_us_per_delivery_median"] / channel_cpu
     if args.skip_e2e:
-        write_json(NAME, result)
+        write_json(f"{NAME}-drain", result)  # beside, not over, the full run's broker.json
         print(json.dumps(result["drain"], indent=2))
         return 0
     b, c = result["broker"], result["channel"]
