@@ -3,8 +3,8 @@
 Both carry the same load to the same 10 Triggers (mixed filters: attributes, exact, prefix, suffix, cesql, any,
 all, not, none) on one local Kafka node, side by side in one run:
 
-- **broker**: client → receiver (``/<ns>/<broker>``, gunicorn) → Kafka → Broker dispatcher (one consumer group
-  per Trigger, filter applied in the dispatcher) → subscriber;
+- **broker**: client → receiver (``/<ns>/<broker>``, gunicorn) → Kafka → Broker dispatcher (one shared read
+  fanned out to the Triggers, filters applied in the dispatcher) → subscriber;
 - **channel**: client → ingress hop (a small HTTP forwarder) → receiver (``/<ns>/<channel>``) → Kafka → channel
   dispatcher (one subscription per Trigger) → filter hop (an HTTP service applying the same compiled filter and
   forwarding matches) → subscriber. This is how the channel-based MT broker is assembled upstream.
@@ -17,7 +17,11 @@ Measured per system:
    generator and the subscriber are not counted);
 2. open loop at ``--rate`` events/s for ``--seconds``: end-to-end latency p50/p99 (the send time is in the event,
    extension ``sentat``, read by the subscriber);
-3. in-process: the 10 compiled filters' evaluation cost per event.
+3. in-process: the 10 compiled filters' evaluation cost per event;
+4. the dispatcher alone draining a backlog produced straight to Kafka (``drain``): CPU per delivery of the
+   dispatcher process with ``--triggers`` half-matching Triggers — this tree's shared read (``fanout``) and, from
+   ``--baseline-src``, one consumer group per Trigger (``per_trigger``) — beside the channel dispatcher's CPU per
+   event with one subscription to the same subscriber.
 
 The subscriber (``--serve sink``), the ingress hop (``--serve forward``) and the filter hops (``--serve filters``)
 are aiohttp servers in their own processes. Every process listens on 127.0.0.1 and is stopped at the end.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +52,7 @@ from _common import (
     new_figure,
     percentile,
     process_tree,
+    pss_bytes,
     save_png,
     write_json,
 )
@@ -228,6 +234,21 @@ def wait_http(url: str, procs: Procs, timeout: float) -> None:
             time.sleep(0.1)
 
 
+def wait_port(port: int, procs: Procs, timeout: float) -> None:
+    """Until something listens on 127.0.0.1:``port`` (the hops answer only POST, so no GET probe)."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        procs.check()
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on port {port}")
+        time.sleep(0.1)
+
+
 def sink_total(sink: str) -> tuple[int, float, float]:
     stats = get_json(f"{sink}/stats")["stats"]
     if not stats:
@@ -240,7 +261,12 @@ def wait_delivered(sink: str, expected: int, procs: Procs, timeout: float) -> tu
     deadline = time.monotonic() + timeout
     while True:
         procs.check()
-        got = sink_total(sink)
+        try:
+            got = sink_total(sink)
+        except OSError:  # the subscriber slow to answer on a loaded machine: ask again
+            if time.monotonic() > deadline:
+                raise
+            continue
         if got[0] >= expected:
             return got
         if time.monotonic() > deadline:
@@ -297,6 +323,7 @@ def base_env(node: KafkaNode, config: Path, workdir: Path) -> dict[str, str]:
 def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: str) -> tuple[str, list[str]]:
     """Start one system's processes; returns its ingress URL and the names of its eventing processes."""
     receiver_port, dispatcher_port = free_port(), free_port()
+    hops = forward = 0
     config = workdir / f"{kind}.yaml"
     if kind == "broker":
         ingress = f"http://127.0.0.1:{receiver_port}/{NS}/{BROKER}"
@@ -333,6 +360,9 @@ def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: 
                 {**env, **extra, "KE_METRICS_PORT": str(dispatcher_port)})
     wait_http(f"http://127.0.0.1:{receiver_port}/readyz", procs, 90)
     wait_http(f"http://127.0.0.1:{dispatcher_port}/readyz", procs, 120)
+    if kind != "broker":  # a loaded machine starts the hops late: the first post would be refused
+        wait_port(hops, procs, 60)
+        wait_port(forward, procs, 60)
     names = ["receiver", "dispatcher"] + ([] if kind == "broker" else ["filters", "forward"])
     return ingress, names
 
@@ -385,6 +415,116 @@ def measure(kind: str, node: KafkaNode, workdir: Path, sink: str, *, filters: li
         procs.stop()
 
 
+#: The drain runs' Triggers: every other one matches every event, the rest match none ("half matching").
+HALF = [{"filters": [{"prefix": {"type": "com.example."}}]}, {"filters": [{"exact": {"type": "com.example.none"}}]}]
+
+
+def drain(kind: str, triggers: int, *, node: KafkaNode, workdir: Path, sink: str, args: argparse.Namespace,
+          src: Path) -> dict[str, Any]:
+    """The dispatcher alone on a backlog produced straight to Kafka: CPU per delivery of the dispatcher process.
+
+    ``fanout`` and ``per_trigger`` are a Broker with ``triggers`` half-matching Triggers (this tree's shared read,
+    and the tree at ``--baseline-src`` with one consumer group per Trigger); ``peer`` the same Broker and Triggers
+    on Knative's Java dispatcher; ``channel`` is the channel dispatcher with one subscription to the same
+    subscriber, for its CPU per event. A first run, not measured, warms every side up alike.
+    """
+    import uuid
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic = f"drain-{kind}-{triggers}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({**node.client_config()})
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)]).values():
+        fut.result(timeout=30)
+    config = workdir / f"drain-{kind}-{triggers}.yaml"
+    if kind == "channel":
+        docs: list[dict[str, Any]] = [{
+            "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
+            "metadata": {"name": CHANNEL, "namespace": NS, "annotations": {
+                "kafka.eventing.knative.dev/external.topic": topic,
+                "kafka.eventing.knative.dev/delivery.order": "unordered"}},
+            "spec": {"numPartitions": PARTITIONS, "subscribers": [{"uid": "c", "subscriberUri": f"{sink}/c"}]}}]
+        extra = {"KE_CHANNEL_NAMESPACE": NS, "KE_CHANNEL_NAME": CHANNEL}
+        per_event = 1
+    else:
+        docs = [{"apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+                 "metadata": {"name": BROKER, "namespace": NS, "annotations": {
+                     "eventing.knative.dev/broker.class": "Kafka",
+                     "kafka.eventing.knative.dev/external.topic": topic}}}]
+        docs += [{"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+                  "metadata": {"name": f"t{i}", "namespace": NS},
+                  "spec": {"broker": BROKER, **HALF[i % 2], "subscriber": {"uri": f"{sink}/d{i}"}}}
+                 for i in range(triggers)]
+        extra = {"KE_BROKER_NAMESPACE": NS, "KE_BROKER_NAME": BROKER}
+        per_event = (triggers + 1) // 2
+    config.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    env = {**base_env(node, config, workdir), **extra, "PYTHONPATH": str(src)}
+    port = free_port()
+    procs = Procs(workdir)
+    peer_proc = None
+    count = max(200, args.drain_deliveries // per_event)
+    producer = Producer({**node.client_config(), "linger.ms": 5})
+    body = b'{"hello": "world"}'
+    try:
+        if kind == "peer":
+            # Knative's Java dispatcher, given the same Broker and Triggers through its contract: one consumer group
+            # per Trigger (knative-trigger-<ns>-<name>, as its control plane names them), the same filters.
+            import peer
+
+            egs = []
+            for i in range(triggers):
+                eg = peer.egress(f"{sink}/d{i}", group=f"knative-trigger-{NS}-t{i}", ordered=False, namespace=NS,
+                                 trigger=f"t{i}")
+                flt = HALF[i % 2]["filters"][0]
+                eg["dialectedFilter"] = [{dialect: {"attributes": attrs}} for dialect, attrs in flt.items()]
+                egs.append(eg)
+            peer_proc = peer.start_peer_dispatcher(node.bootstrap_servers, topic, f"{sink}/d0", workdir,
+                                                   ordered=False, group=f"knative-trigger-{NS}-t0", namespace=NS,
+                                                   name=BROKER, egresses=egs, timeout=300)
+            pids = process_tree(peer_proc.pid)
+        else:
+            procs.start(f"drain-{kind}", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                        {**env, "KE_METRICS_PORT": str(port)})
+            wait_http(f"http://127.0.0.1:{port}/readyz", procs, 180)
+            pids = procs.pids([f"drain-{kind}"])
+        out: dict[str, Any] = {"events_per_run": count, "deliveries_per_event": per_event,
+                               "cpu_us_per_delivery_runs": [], "rate_runs": [], "pss_mib_runs": []}
+        seq = 0
+        for run in range(args.repeats + 1):  # the first, unmeasured, warms up every side alike (the peer's JIT)
+            get_json(f"{sink}/reset")
+            cpu0 = cpu_seconds(pids)
+            for _i in range(count):
+                attrs = event_attributes(seq)
+                headers = [(f"ce_{k}", v.encode()) for k, v in attrs.items() if k != "datacontenttype"]
+                headers.append(("content-type", b"application/json"))
+                producer.produce(topic, body, str(seq).encode(), headers=headers)
+                producer.poll(0)
+                seq += 1
+            producer.flush(30)
+            _, first, last = wait_delivered(sink, count * per_event, procs, 900)
+            cpu = cpu_seconds(pids) - cpu0
+            if run == 0:
+                continue
+            out["cpu_us_per_delivery_runs"].append(cpu / (count * per_event) * 1e6)
+            out["rate_runs"].append(count * per_event / max(last - first, 1e-9))
+            out["pss_mib_runs"].append(pss_bytes(pids) / 2**20)
+            print(f"  drain {kind} x{triggers}: {out['cpu_us_per_delivery_runs'][-1]:.1f} CPU µs/delivery, "
+                  f"{out['rate_runs'][-1]:.0f} deliveries/s, PSS {out['pss_mib_runs'][-1]:.0f} MiB", flush=True)
+        for key in ("cpu_us_per_delivery", "rate", "pss_mib"):
+            out[f"{key}_median"] = median(out[f"{key}_runs"])
+        return out
+    finally:
+        procs.stop()
+        if peer_proc is not None:
+            import peer
+
+            peer.stop(peer_proc)
+        for fut in admin.delete_topics([topic], operation_timeout=10).values():
+            with contextlib.suppress(Exception):  # cleanup of a throwaway topic
+                fut.result(timeout=30)
+
+
 def filter_cost(filters: list[Filter], events: int = 2000, repeats: int = 5) -> dict[str, float]:
     """In-process: all 10 compiled filters on one event, per event (µs); median of ``repeats``."""
     batch = [event_attributes(i) for i in range(events)]
@@ -410,6 +550,13 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=100.0,
                         help="open-loop events/s (each fans out to ~5.8 deliveries; 1000/s is beyond 2 shared cores)")
     parser.add_argument("--seconds", type=float, default=10.0, help="open-loop duration")
+    parser.add_argument("--triggers", default="10,100", help="Trigger counts of the dispatcher-only drain runs")
+    parser.add_argument("--drain-deliveries", type=int, default=20000, help="deliveries per drain run")
+    parser.add_argument("--baseline-src", type=Path, default=ROOT.parent.parent / "main" / "src",
+                        help="a tree whose Broker dispatcher runs one consumer group per Trigger (per_trigger)")
+    parser.add_argument("--skip-e2e", action="store_true", help="only the dispatcher-only drain runs")
+    parser.add_argument("--peer", action="store_true",
+                        help="also drain with Knative's Java Broker dispatcher (make peer builds it)")
     args = parser.parse_args()
     if args.serve == "sink":
         serve_sink(args.port)
@@ -448,12 +595,34 @@ def main() -> int:
                 fut.result(timeout=30)
         sink_procs.start("sink", [sys.executable, __file__, "--serve", "sink", "--port", str(sink_port)])
         wait_http(f"{sink}/stats", sink_procs, 30)
-        result["broker"] = measure("broker", node, workdir, sink, filters=filters, args=args, seq0=0)
-        result["channel"] = measure("channel", node, workdir, sink, filters=filters, args=args, seq0=1_000_000)
+        result["drain"] = {}
+        for n in (int(x) for x in args.triggers.split(",")):
+            runs = result["drain"][str(n)] = {}
+            runs["fanout"] = drain("fanout", n, node=node, workdir=workdir, sink=sink, args=args,
+                                    src=ROOT / "src")
+            if args.baseline_src.is_dir():
+                runs["per_trigger"] = drain("per_trigger", n, node=node, workdir=workdir, sink=sink,
+                                             args=args, src=args.baseline_src)
+            if args.peer:
+                runs["peer"] = drain("peer", n, node=node, workdir=workdir, sink=sink, args=args, src=ROOT / "src")
+        result["drain"]["channel_1_subscriber"] = drain("channel", 1, node=node, workdir=workdir,
+                                                              sink=sink, args=args, src=ROOT / "src")
+        if not args.skip_e2e:
+            result["broker"] = measure("broker", node, workdir, sink, filters=filters, args=args, seq0=0)
+            result["channel"] = measure("channel", node, workdir, sink, filters=filters, args=args,
+                                        seq0=1_000_000)
     finally:
         sink_procs.stop()
         node.stop()
         shutil.rmtree(workdir / "kafka", ignore_errors=True)
+    channel_cpu = result["drain"]["channel_1_subscriber"]["cpu_us_per_delivery_median"]
+    for n, runs in result["drain"].items():
+        if n != "channel_1_subscriber":
+            runs["fanout_vs_channel_cpu_per_delivery"] = runs["fanout"]["cpu_us_per_delivery_median"] / channel_cpu
+    if args.skip_e2e:
+        write_json(f"{NAME}-drain", result)  # beside, not over, the full run's broker.json
+        print(json.dumps(result["drain"], indent=2))
+        return 0
     b, c = result["broker"], result["channel"]
     result["ratios"] = {
         # deliveries per CPU-second = 1e6 / CPU µs per delivery

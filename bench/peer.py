@@ -261,8 +261,10 @@ def start_peer_dispatcher(bootstrap: str, topic: str, subscriber_url: str, workd
                           max_poll_records: int = 50, group: str = "bench-peer", namespace: str = "bench",
                           name: str = "events", initial_offset: Literal["earliest", "latest"] = "earliest",
                           heap: str = DEFAULT_HEAP, timeout: float = 90.0,
-                          extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start the peer's dispatcher: one Trigger (no filter) of the Broker on ``topic`` delivering to ``subscriber_url``.
+                          extra_env: Mapping[str, str] | None = None,
+                          egresses: list[dict[str, object]] | None = None) -> subprocess.Popen[bytes]:
+    """Start the peer's dispatcher: one Trigger (no filter) of the Broker on ``topic`` delivering to ``subscriber_url``
+    (or the given ``egresses``, each a Trigger with its own consumer group; ``group`` is then the first one's).
 
     ``ordered`` picks the Trigger's delivery order (kafka.eventing.knative.dev/delivery.order: ordered|unordered).
     ``initial_offset`` is the consumer's ``auto.offset.reset`` for a group without committed offsets: "earliest"
@@ -273,9 +275,9 @@ def start_peer_dispatcher(bootstrap: str, topic: str, subscriber_url: str, workd
     d = workdir / f"peer-dispatcher-{group}"
     d.mkdir(parents=True, exist_ok=True)
     contract = d / "contract.json"
-    eg = egress(subscriber_url, group=group, ordered=ordered, namespace=namespace)
+    egs = egresses or [egress(subscriber_url, group=group, ordered=ordered, namespace=namespace)]
     contract.write_text(json.dumps(
-        broker_contract(bootstrap, topic, namespace=namespace, name=name, egresses=[eg]), indent=2))
+        broker_contract(bootstrap, topic, namespace=namespace, name=name, egresses=egs), indent=2))
     cfg = _write_config(d, {
         "httpserver": {"host": "127.0.0.1"},
         "consumer": {"max.poll.records": str(max_poll_records), "auto.offset.reset": initial_offset},

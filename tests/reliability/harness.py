@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from kafka_eventing.core.binding import event_from_kafka
+from kafka_eventing.core.brokers import ANNOTATION_BROKER_CLASS
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, ANNOTATION_ORDER
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.kafka import KafkaNode
@@ -322,6 +323,29 @@ def write_channel(path: Path, name: str, topic: str, partitions: int, subscriber
     tmp.replace(path)
 
 
+def trigger(name: str, uri: str, *, ordered: bool = True, delivery: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Broker's Trigger as the standalone file holds it (the subscriber's URI in ``spec.subscriber.uri``)."""
+    spec: dict[str, Any] = {"subscriber": {"uri": _loopback_only(uri)}}
+    if delivery:
+        spec["delivery"] = delivery
+    return {"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+            "metadata": {"name": name, "namespace": NS, "generation": 1,
+                         "annotations": {ANNOTATION_ORDER: "ordered" if ordered else "unordered"}},
+            "spec": spec}
+
+
+def write_broker(path: Path, name: str, topic: str, triggers: list[dict[str, Any]]) -> None:
+    """The standalone Broker and its Triggers that the receiver and the dispatchers read (written atomically)."""
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+        "metadata": {"name": name, "namespace": NS, "annotations": {
+            ANNOTATION_BROKER_CLASS: "Kafka", ANNOTATION_EXTERNAL_TOPIC: topic}}, "spec": {}}]
+    docs += [{**t, "spec": {**t["spec"], "broker": name}} for t in triggers]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump_all(docs))
+    tmp.replace(path)
+
+
 # -- the real processes -----------------------------------------------------------------------------------------
 def _role_env(extra: dict[str, str]) -> dict[str, str]:
     # KE_* of the calling shell would reach the role and change it; only the tool cache passes.
@@ -436,14 +460,15 @@ class ReceiverProcess:
 
 
 class DispatcherProcess:
-    """``python -m kafka_eventing.dispatcher`` for the channel, in its own process group."""
+    """``python -m kafka_eventing.dispatcher`` for the channel (or the Broker), in its own process group."""
 
     def __init__(self, kafka: KafkaNode, name: str, channels: Path, logdir: Path,
-                 kafka_extra: str = "") -> None:
+                 kafka_extra: str = "", *, broker: bool = False) -> None:
         self.port = free_port()
         self.log = logdir / f"dispatcher-{self.port}.log"
+        kind = "BROKER" if broker else "CHANNEL"
         env = _role_env({"KE_CHANNEL_SOURCE": "file", "KE_CHANNELS_FILE": str(channels),
-                         "KE_CHANNEL_NAMESPACE": NS, "KE_CHANNEL_NAME": name,
+                         f"KE_{kind}_NAMESPACE": NS, f"KE_{kind}_NAME": name,
                          "KE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
                          "KE_KAFKA_EXTRA": ",".join(filter(None, (GROUP_TIMING, kafka_extra))),
                          "KE_METRICS_PORT": str(self.port)})

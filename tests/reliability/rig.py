@@ -23,9 +23,11 @@ from harness import (
     check,
     create_topic,
     delete_topic,
+    write_broker,
     write_channel,
 )
 
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
 
@@ -63,6 +65,7 @@ class Rig:
         self.loads: list[LoadGenerator] = []
         self.extra: list[Any] = []  # more parts to stop (e.g. a dead-letter sink)
         self._subs: list[dict[str, Any]] = []
+        self.is_broker = False
         self.started = time.monotonic()
 
     # -- parts --------------------------------------------------------------------------------------------------
@@ -72,15 +75,21 @@ class Rig:
             self.partitions = partitions
         write_channel(self.channels, self.name, self.topic, self.partitions, subscriptions)
 
+    def broker(self, triggers: list[dict[str, Any]]) -> None:
+        """Serve a Broker (on the same topic) instead of a channel: ``triggers`` from ``harness.trigger``."""
+        self.is_broker = True
+        write_broker(self.channels, self.name, self.topic, triggers)
+
     def group(self, uid: str) -> str:
-        return f"kafka.{NS}.{self.name}.{uid}"
+        return kb.trigger_group(NS, uid) if self.is_broker else f"kafka.{NS}.{self.name}.{uid}"
 
     def start_receiver(self, env: dict[str, str] | None = None) -> ReceiverProcess:
         self.receiver = ReceiverProcess(self.kafka, self.channels, self.workdir, env=env).start()
         return self.receiver
 
     def add_dispatcher(self, kafka_extra: str = "", wait: bool = True) -> DispatcherProcess:
-        proc = DispatcherProcess(self.kafka, self.name, self.channels, self.workdir, kafka_extra)
+        proc = DispatcherProcess(self.kafka, self.name, self.channels, self.workdir, kafka_extra,
+                                 broker=self.is_broker)
         self.dispatchers.append(proc)
         if wait:
             wait_for(proc.ready, 90, "dispatcher joined its consumer groups", interval=0.2)

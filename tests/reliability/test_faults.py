@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Recorder, Route, Tally, committed, grow_topic, subscription, topic_index
+from harness import Recorder, Route, Tally, committed, grow_topic, subscription, topic_index, trigger
 from rig import Rig, Watch
 
 from waiting import wait_for
@@ -295,3 +295,89 @@ def test_soak_100_per_second_from_4_senders(rig: MakeRig) -> None:
     r.verdict(f"soak {SOAK_SECONDS / 60:.0f} min at 100/s from 4 senders", watches, max_duplicate_ratio=0.001,
               notes=[f"offered {sent / SOAK_SECONDS:.1f} events/s on average"], settle_timeout=180)
     assert sent >= 0.9 * 100 * SOAK_SECONDS, f"the senders managed only {sent} events"
+
+
+# -- a Broker: one shared read fanned out to its Triggers -------------------------------------------------------
+def broker_triggers(r: Rig, routes: dict[str, Route], **kw: dict[str, Any]) -> dict[str, Watch]:
+    """A Broker on the rig's topic with one Trigger per route (``kw``: a Trigger's options by name)."""
+    for name, route in routes.items():
+        r.subscribers.routes[f"/{name}"] = route
+    r.broker([trigger(name, r.subscribers.url(f"/{name}"), **kw.get(name, {})) for name in routes])
+    return {name: Watch(f"/{name}") for name in routes}
+
+
+def groups(r: Rig) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(r.kafka.client_config())
+    return {g.group_id for g in admin.list_consumer_groups().result(10).valid}
+
+
+def test_broker_dispatcher_kill9_during_fan_out(rig: MakeRig) -> None:
+    r = rig()
+    watches = broker_triggers(r, {"a": Route(delay=0.02), "b": Route(), "c": Route(delay=0.01)},
+                              b={"ordered": False})
+    r.start_receiver()
+    first = r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS)
+    wait_for(lambda: delivered_count(r, "/a") >= 200, 60, "200 deliveries to Trigger a before the crash")
+    first.kill()
+    r.add_dispatcher()
+    load.wait()
+    r.verdict("Broker dispatcher kill -9 during a fan-out (3 Triggers)", watches,
+              notes=["one shared read; each Trigger replays only what its own group had not committed"])
+
+
+def test_broker_two_replicas_rebalancing_under_load(rig: MakeRig) -> None:
+    r = rig(partitions=6)
+    watches = broker_triggers(r, {"a": Route(delay=0.005), "b": Route()}, b={"ordered": False})
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS + 10)
+    load.wait_accepted(100)
+    extra = r.add_dispatcher(wait=False)
+    r.wait_spread("a", 2)
+    load.wait_accepted(len(r.ledger.accepted()) + 150)
+    extra.stop()
+    r.wait_spread("a", 1)
+    load.wait()
+    r.verdict("Broker: 2 dispatcher replicas rebalancing under load", watches,
+              notes=["6 partitions spread over the replicas' shared reads, then back to one"])
+
+
+@slow
+def test_broker_one_trigger_failing_for_60s_while_the_others_run(rig: MakeRig) -> None:
+    r = rig()
+    fail_until = [float("inf")]
+    delivery = {"retry": 100, "backoffPolicy": "linear", "backoffDelay": "PT1S"}  # outlasts 60 s
+    failing = Route(answer=lambda _i, _a: 500 if time.monotonic() < fail_until[0] else 200)
+    watches = broker_triggers(r, {"good": Route(), "other": Route(delay=0.005), "failing": failing},
+                              failing={"delivery": delivery})
+    r.start_receiver()
+    r.add_dispatcher()
+    start = time.monotonic()
+    fail_until[0] = start + 60
+    r.load(rate=30, duration=75).wait()
+    kept = r.kept_rate("/good", start + 10, fail_until[0])
+    r.verdict("Broker: one Trigger's subscriber failing 60 s", watches, notes=[
+        f"good Trigger got {kept:.1%} of the events accepted during the fault within 2 s "
+        "(the failing one held the shared read back at most the 5 s window, then read on its own)"],
+        settle_timeout=180)
+    assert kept >= 0.9, f"a failing Trigger held the others back: {kept:.1%} kept"
+
+
+@slow
+def test_broker_trigger_deleted_while_its_subscriber_hangs(rig: MakeRig) -> None:
+    r = rig()
+    routes = {"good": Route(), "hang": Route(delay=30.0)}
+    watches = broker_triggers(r, routes, hang={"ordered": False})
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS)
+    load.wait_accepted(150)
+    r.broker([trigger("good", r.subscribers.url("/good"))])  # the hanging Trigger is deleted
+    wait_for(lambda: r.group("hang") not in groups(r), 60, "the deleted Trigger's group removed")
+    load.wait()
+    r.verdict("Broker: a Trigger deleted while its subscriber hangs", {"good": watches["good"]},
+              notes=["the deleted Trigger's group removed after its last commit"])
+    assert r.group("hang") not in groups(r)

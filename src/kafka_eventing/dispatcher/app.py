@@ -1,6 +1,8 @@
 """The dispatcher of one KafkaChannel, Broker or KafkaSource: reconciles one consumer group per subscriber
 (a Trigger, or one topic of a KafkaSource, all of its topics in the source's one group), live, and serves probes.
 
+A Broker's dispatcher (``fanout.BrokerDispatcher``) is the same with one shared read fanned out to its Triggers.
+
 ``create_dispatcher`` builds it from injected parts (settings, Kafka connection, channel source, HTTP session,
 status writer); only ``__main__`` reads the environment.
 """
@@ -233,6 +235,16 @@ class Dispatcher:
                 # Consuming without the sink would drop (and commit) every event that fails: hold them in Kafka.
                 self.board.set(uid, sub.generation, False, problem, REASON_DEAD_LETTER)
                 del wanted[uid]
+        self._apply(channel, wanted)
+        if channel is None:
+            return
+        known = {sub.uid for sub in channel.subscribers}
+        for entry in self.board.document()["status"]["subscribers"]:
+            if entry["uid"] not in known:
+                self.board.remove(entry["uid"])
+
+    def _apply(self, channel: Channel | None, wanted: dict[str, Subscriber]) -> None:
+        """Consume for exactly the ``wanted`` subscribers: one consumer group each."""
         for uid, current in list(self._subs.items()):
             if uid not in wanted or channel is None or current.consumer.topic != (wanted[uid].topic or channel.topic):
                 self._retire(uid)
@@ -245,10 +257,6 @@ class Dispatcher:
             elif running.consumer.subscriber != sub:
                 log.info("subscriber changed, applying", extra={"subscriber": uid})
                 running.consumer.update(sub)
-        known = {sub.uid for sub in channel.subscribers}
-        for entry in self.board.document()["status"]["subscribers"]:
-            if entry["uid"] not in known:
-                self.board.remove(entry["uid"])
 
     def _launch(self, channel: Channel, sub: Subscriber) -> None:
         assert self._deliverer is not None
@@ -315,14 +323,21 @@ class Dispatcher:
         if channel is None:
             what = "Broker" if self.broker else "KafkaSource" if self.kafka_source else "KafkaChannel"
             return False, f"{what} {'/'.join(self.key)} not found"
-        waiting = [uid for uid, r in self._subs.items() if not r.consumer.joined]
+        waiting = self._waiting()
         if waiting:
             return False, f"consumer groups not joined yet: {', '.join(sorted(waiting))}"
         return True, "ok"
 
+    def _waiting(self) -> list[str]:
+        """The subscribers whose consumer has not joined yet."""
+        return [uid for uid, r in self._subs.items() if not r.consumer.joined]
+
+    def _stats(self) -> dict[str, Any]:
+        return {uid: r.consumer.stats() for uid, r in self._subs.items()}
+
     def status_document(self) -> dict[str, Any]:
         doc = self.board.document()
-        doc["subscriptions"] = {uid: r.consumer.stats() for uid, r in self._subs.items()}
+        doc["subscriptions"] = self._stats()
         return doc
 
     async def _serve(self) -> web.AppRunner:
@@ -366,6 +381,13 @@ def create_dispatcher(
     status_writer: StatusWriter | None = None,
     **kwargs: Any,
 ) -> Dispatcher:
-    """The dispatcher for ``settings.channel_namespace``/``settings.channel_name`` from injected parts."""
+    """The dispatcher for ``settings.channel_namespace``/``settings.channel_name`` from injected parts; for a
+    Broker (``settings.broker_name``), the fan-out dispatcher of ``fanout.py``."""
+    if settings.broker_name:
+        # Imported here: a channel's dispatcher has no use for the Trigger filters (CESQL's grammar).
+        from kafka_eventing.dispatcher.fanout import BrokerDispatcher
+
+        return BrokerDispatcher(settings, connection, channel_source, http_session=http_session,
+                                status_writer=status_writer, **kwargs)
     return Dispatcher(settings, connection, channel_source, http_session=http_session,
                       status_writer=status_writer, **kwargs)

@@ -82,6 +82,8 @@ class AttemptCount:
 
 
 Sleep = Callable[[float], Awaitable[None]]
+#: A record's HTTP head and body (``kafka_to_http``), decoded once and shared; raises ``BindingError``.
+Decoded = Callable[[], tuple[dict[str, str], bytes]]
 
 
 class Deliverer:
@@ -118,15 +120,21 @@ class Deliverer:
         count: AttemptCount | None = None,
         *,
         record: Message | None = None,
+        decoded: Decoded | None = None,
     ) -> Outcome:
         """``count``: attempts already made (another member's, before a revoke); counted on as they are made.
-        ``record``, the consumed message itself, is for the traced deliverer's span attributes."""
+        ``record``, the consumed message itself, is for the traced deliverer's span attributes. ``decoded``: the
+        record's request head and body, decoded once for every Trigger it goes to (a Broker's fan-out)."""
         started = time.monotonic()
         plain: PlainEvent | None = None
         try:
             # Straight from the record's headers to the request's: the CloudEvent object is built only when
             # it is needed (a dead letter), which saves most of the per-event decoding cost.
-            out_headers, body = kafka_to_http(headers, value, trace=True)
+            if decoded is None:
+                out_headers, body = kafka_to_http(headers, value, trace=True)
+            else:
+                shared, body = decoded()
+                out_headers = dict(shared)  # completed per delivery below (Prefer, the TTL)
         except BindingError as exc:
             if subscriber.convert is None or record is None:
                 # Nothing can be delivered or dead-lettered without an event; counted so that it is visible.

@@ -40,6 +40,9 @@ class Metrics:
         self.dropped = Counter(
             "eventing_kafka_dropped", "Events given up without delivery (final failure and no sink, or not a "
             "CloudEvent).", (*SUB, "reason"), registry=registry)
+        self.fell_behind = Counter(
+            "eventing_kafka_trigger_fell_behind", "Times a Broker's Trigger held the shared read back past the "
+            "window and went on reading on its own.", SUB, registry=registry)
         self.filtered = Counter(
             "eventing_kafka_filtered_out", "Events a Trigger's filter rejected (committed without delivery).", SUB,
             registry=registry)

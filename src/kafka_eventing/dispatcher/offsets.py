@@ -34,6 +34,23 @@ class OffsetTracker:
         self._pending.append(offset)
         return True
 
+    def start_at(self, offset: int) -> None:
+        """Receive nothing below ``offset`` (where this subscriber's committed position is)."""
+        if not self._pending:
+            self._last = max(self._last, offset - 1)
+
+    def skip(self, offset: int) -> int | None:
+        """A received offset that needs no delivery (filtered out): ``add`` then ``done``, without the queue
+        when nothing is pending. Returns the new commit position if the mark moved."""
+        if offset <= self._last:
+            return None
+        if not self._pending:
+            self._last = offset
+            self.commit_position = offset + 1
+            return self.commit_position
+        self.add(offset)
+        return self.done(offset)
+
     def done(self, offset: int) -> int | None:
         """Mark ``offset`` finished; return the new commit position if the mark moved, else None."""
         if not self._pending or offset < self._pending[0]:

@@ -19,7 +19,7 @@ from kafka_eventing.core import tracing as t
 from kafka_eventing.core.binding import BindingError, event_from_kafka
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.http_delivery import Attempt, HttpSender
-from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome, Sleep
+from kafka_eventing.dispatcher.delivery import AttemptCount, Decoded, Deliverer, Outcome, Sleep
 from kafka_eventing.dispatcher.metrics import Labels
 
 #: Span names (and ``kafka_eventing.outcome`` of each attempt's span) by where the POST goes.
@@ -95,6 +95,7 @@ class TracedDeliverer(Deliverer):
         count: AttemptCount | None = None,
         *,
         record: Message | None = None,
+        decoded: Decoded | None = None,
     ) -> Outcome:
         carrier = t.kafka_trace(headers)
         topic = record.topic() if record is not None else None
@@ -107,7 +108,8 @@ class TracedDeliverer(Deliverer):
                 recording = span.is_recording()
                 if recording:  # attributes only for spans that are kept
                     span.set_attributes(_process_attributes(headers, value, labels, record, broker=self.broker))
-                outcome = await super().handle(headers, value, subscriber, labels, count, record=record)
+                outcome = await super().handle(headers, value, subscriber, labels, count, record=record,
+                                                decoded=decoded)
                 if not recording:
                     return outcome
                 span.set_attribute(t.OUTCOME, outcome.value)

@@ -1,5 +1,5 @@
-"""The subscription's poll loop, with a fake consumer: once its partitions are open and nothing arrives, it waits
-inside ``consume`` for the first record (whose arrival ends the wait) instead of sleeping past it."""
+"""The poll loop (here a Broker's shared read), with a fake consumer: once its partitions are open and nothing
+arrives, it waits inside ``consume`` for the first record (whose arrival ends the wait) instead of sleeping past it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from kafka_eventing.dispatcher.status import MemoryStatusWriter
 
 from .test_app import Source
 from .test_broker_dispatch import trigger
+from .test_fanout import FakeOffsets
 from .test_rebalance import FakeConsumer
 
 
@@ -61,7 +62,7 @@ def test_an_idle_open_subscription_waits_for_its_first_record_inside_consume() -
         settings = Settings(bootstrap_servers="127.0.0.1:1", broker_namespace="ns", broker_name="b")
         dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                        status_writer=MemoryStatusWriter(), consumer_factory=factory,
-                                       registry=CollectorRegistry(), port=-1)
+                                       registry=CollectorRegistry(), port=-1, group_offsets=FakeOffsets())
         task = asyncio.create_task(dispatcher.run())
         await dispatcher.wait_started()
         await asyncio.sleep(0.4)
