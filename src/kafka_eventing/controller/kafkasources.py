@@ -6,7 +6,8 @@ naming it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``
 checked against Kafka: every topic exists and is readable with those credentials (ConnectionEstablished) →
 partitions of the group that have no committed offset set to ``initialOffset`` and **committed**, so a restart
 never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment (the existing dispatcher,
-``KE_SOURCE_*``) with ``spec.consumers`` replicas, never more than the largest topic has partitions (Deployed) →
+``KE_SOURCE_NAME``, ``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more than the largest topic
+has partitions (Deployed) →
 Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
 
 The Secrets named by ``net`` are read in the system namespace, as a Broker's ``auth.secret.ref.name`` is: the

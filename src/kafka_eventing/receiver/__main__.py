@@ -1,8 +1,8 @@
 """``python -m kafka_eventing.receiver [gunicorn flags]``: exec gunicorn with uvicorn workers running the app.
 
 The shared ingress of every KafkaChannel (``POST /<namespace>/<channel>``, or any path with the Host
-``<channel>-kn-channel.<namespace>.svc...``) and every Kafka Broker (``POST /<namespace>/<broker>``): 202 once
-Kafka holds the event. Channels and Brokers come from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or
+``<channel>-kn-channel.<namespace>.svc...``), every Kafka Broker (``POST /<namespace>/<broker>``) and every
+KafkaSink (``POST /<namespace>/<sink>`` on the sink ingress Service): 202 once Kafka holds the event. They come from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or
 KUBECONFIG outside a cluster) or file (KE_CHANNELS_FILE); Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR,
 KE_KAFKA_PROVIDER; every KE_* variable: docs/settings.md.
 
@@ -29,8 +29,9 @@ ABOUT = """kafka-eventing receiver: the shared ingress of KafkaChannels, Kafka B
 
 POST a CloudEvent to a channel (Host <name>-kn-channel.<namespace>.svc, or path /<namespace>/<name>), a Broker
 (path /<namespace>/<name> on the receiver Service) or a KafkaSink (path /<namespace>/<name> on the sink ingress
-Service, KE_SINK_SERVICE); 202 once Kafka holds it, on the cluster the target names. Settings are KE_*
-environment variables (every one: docs/settings.md); the flags below are gunicorn's.
+Service, KE_SINK_SERVICE); 202 once Kafka holds it, on the cluster the target names. Targets come from
+KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster) or file (KE_CHANNELS_FILE).
+Settings are KE_* environment variables (every one: docs/settings.md); the flags below are gunicorn's.
 """
 
 
