@@ -29,7 +29,7 @@ from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutosca
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
-from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL
+from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, PLURAL, default_audience
 from kafka_eventing.core.conditions import Condition, merge
 from kafka_eventing.core.durations import DurationError, parse_duration
 from kafka_eventing.core.informer import Store
@@ -127,6 +127,9 @@ class Reconciler:
         conditions.append(svc_cond)
         if url:
             status["address"] = {"url": url}
+            if self.settings.auth_issuer:
+                # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
+                status["address"]["audience"] = default_audience(ref.namespace, ref.name)
             conditions.append(Condition.true(cond.ADDRESSABLE))
         else:
             status["address"] = None

@@ -50,6 +50,9 @@ class Subscriber:
     #: Why this subscriber must not be consumed yet ("" when it may): a Trigger that the controller does not
     #: report ready for dispatch, or whose filter or delivery is invalid. Reported, never joined.
     held: str = ""
+    #: Audiences a token is sent for (``subscriberAudience``, ``replyAudience``); None: no token.
+    subscriber_audience: str | None = None
+    reply_audience: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,8 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
             reason = cond.get("message") or cond.get("reason") or "topic not ready"
 
     try:
-        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace)
+        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace,
+                                                  status.get("deadLetterSinkAudience"))
         subscribers = tuple(
             _subscriber(sub, channel_delivery, ordered, where, namespace) for sub in spec.get("subscribers") or ()
         )
@@ -168,13 +172,15 @@ def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, wh
     if delivery.dead_letter_uri is None and not delivery.dead_letter_problem:
         # No sink of its own: the channel's (or its problem).
         delivery = replace(delivery, dead_letter_uri=default.dead_letter_uri,
-                           dead_letter_problem=default.dead_letter_problem)
+                           dead_letter_problem=default.dead_letter_problem,
+                           dead_letter_audience=default.dead_letter_audience)
     rate = sub.get("rateLimit")
     return Subscriber(
         uid=str(uid), subscriber_uri=str(uri), generation=int(sub.get("generation") or 0),
         reply_uri=sub.get("replyUri"), delivery=delivery,
         ordered=_ordered(sub.get("deliveryOrder"), f"{where} subscriber {uid}", ordered),
         rate_limit=float(rate) if rate else None,
+        subscriber_audience=sub.get("subscriberAudience") or None, reply_audience=sub.get("replyAudience") or None,
     )
 
 
