@@ -157,9 +157,10 @@ class FileTriggerSource(FileChannelSource):
     """One Broker and its Triggers from a YAML file (standalone mode, as ``kafka-eventing run --broker`` writes)."""
 
     def __init__(self, path: Path, settings: Settings, namespace: str, name: str,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, *, authenticated: bool = False) -> None:
         super().__init__(path, settings, poll_interval)
         self.namespace, self.name = namespace, name
+        self.authenticated = authenticated
         self.filters = TriggerFilters()
 
     def _load(self) -> Snapshot:
@@ -169,5 +170,6 @@ class FileTriggerSource(FileChannelSource):
                        and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace), None)
         triggers = [d for d in docs if d.get("kind") == "Trigger"
                     and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace]
-        channel = None if broker is None else broker_channel(broker, triggers, self.filters, standalone=True)
+        channel = None if broker is None else broker_channel(broker, triggers, self.filters, standalone=True,
+                                                             authenticated=self.authenticated)
         return {} if channel is None else {channel.key: channel}
