@@ -92,7 +92,8 @@ class Settings:
     #: 0: always batch (one producer).
     batch_above_rate: float = 4000.0
     #: ingress authentication, off while empty: the OIDC issuer whose JWTs (Kubernetes service-account tokens
-    #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience.
+    #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience. Set, it
+    #: also makes the controller publish ``status.address.audience`` and Broker dispatchers send tokens on replies.
     auth_issuer: str = ""
     #: CA bundle trusted for the issuer's discovery document and JWKS (in-cluster: the service-account ca.crt).
     auth_ca_file: Path | None = None

@@ -1,7 +1,8 @@
 """`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of the channel named by the environment.
 
 Settings come from ``KE_*`` variables (``KE_CHANNEL_NAMESPACE``, ``KE_CHANNEL_NAME``, ``KE_CHANNEL_SOURCE``...).
-SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before exit.
+SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before exit. On the API
+(``KE_CHANNEL_SOURCE=kube``) destinations that declare an audience get its ServiceAccount's tokens (core/tokens.py).
 """
 
 from __future__ import annotations
