@@ -161,6 +161,10 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
             secrets = "" in rule.get("apiGroups", []) and "secrets" in rule.get("resources", [])
             if secrets and set(rule["verbs"]) - READ_VERBS:
                 out.append(f"{kind}/{name}: writes Secrets: {rule['verbs']}")
+            # Minting tokens is acting as that ServiceAccount: only named accounts, in one namespace.
+            if "" in rule.get("apiGroups", []) and "serviceaccounts/token" in rule.get("resources", []) and (
+                    kind == "ClusterRole" or not rule.get("resourceNames")):
+                out.append(f"{kind}/{name}: serviceaccounts/token for unnamed accounts or in every namespace")
     # Where each role's Secret rules apply: a ClusterRoleBinding makes them cluster-wide.
     for binding in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding"):
         ref = binding["roleRef"]
@@ -206,6 +210,9 @@ def test_rbac_checks_catch_violations() -> None:
         [role("ClusterRole", {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
                               "verbs": ["bind"]})],
         [{**role("ClusterRole"), "aggregationRule": {"clusterRoleSelectors": [{}]}}],
+        [role("Role", {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]})],
+        [role("ClusterRole", {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
+                              "resourceNames": ["kafka-channel-dispatcher"]})],
     ]
     for docs in cases:
         assert rbac_problems(docs), docs
@@ -253,3 +260,15 @@ def test_readable_kinds_refuses_wildcards() -> None:
                 "controller.rbac.readableKinds.example\\.com={widgets/status}"):
         proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", bad], ok=False)
         assert proc.returncode != 0 and "schema" in proc.stderr, (bad, proc.stderr)
+
+
+def test_dispatchers_mint_tokens_for_their_own_service_account_only() -> None:
+    docs = helm()
+    roles = of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
+    rules = [(d["kind"], d["metadata"].get("namespace"), r) for d in roles
+             for r in d.get("rules", []) if "serviceaccounts/token" in r.get("resources", [])]
+    assert rules == [("Role", NAMESPACE, {"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                                          "resourceNames": ["kafka-channel-dispatcher"], "verbs": ["create"]})]
+    (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["name"].endswith("dispatcher-token")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kafka-channel-dispatcher",
+                                    "namespace": NAMESPACE}]

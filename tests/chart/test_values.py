@@ -92,3 +92,7 @@ def test_receiver_auth_is_off_by_default_and_reaches_settings_when_on() -> None:
     assert str(settings.auth_token_file) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert str(settings.auth_ca_file) == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
     assert settings.auth_keys_ttl_seconds == 60
+    # The controller (status.address.audience) and the dispatchers it starts (tokens for Broker replies) know too.
+    on = helm(sets=("receiver.auth.enabled=true",))
+    assert container_env(on, "kafka-eventing-controller")["KE_AUTH_ISSUER"] == settings.auth_issuer
+    assert "KE_AUTH_ISSUER" not in container_env(helm(), "kafka-eventing-controller")

@@ -61,10 +61,11 @@ def http() -> Iterator[Subscriber]:
 
 
 class RunningDispatcher:
-    def __init__(self, settings: Settings, source: KubeTriggerSource, writer: KubeTriggerStatusWriter) -> None:
+    def __init__(self, settings: Settings, source: KubeTriggerSource, writer: KubeTriggerStatusWriter,
+                 **options: Any) -> None:
         self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                             status_writer=writer, registry=CollectorRegistry(), host="127.0.0.1",
-                                            port=0)
+                                            port=0, **options)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
         self.thread.start()
 

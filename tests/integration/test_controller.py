@@ -371,3 +371,23 @@ def test_only_the_lease_holder_writes_and_a_restart_converges(env: Env) -> None:
     assert len(env.core.list_namespaced_service(env.namespace).items) == 4
     lease = client.CoordinationV1Api(env.api).read_namespaced_lease("kafka-channel-controller", env.system)
     assert lease.spec.holder_identity == third.identity
+
+
+def test_with_ingress_auth_on_channels_publish_their_audience(env: Env) -> None:
+    issuer = "https://issuer.example"
+    env.start_controller(env.settings(auth_issuer=issuer))
+    env.create("secured")
+    address = eventually(lambda: env.get("secured").get("status", {}).get("address"), what="address")
+    assert address["audience"] == f"messaging.knative.dev/kafkachannel/{env.namespace}/secured"
+    # Its dispatcher knows auth is on (a Broker's replies into the ingress carry a token then).
+    dep = eventually(lambda: env.apps.read_namespaced_deployment(dispatcher(env, "secured"), env.system))
+    assert {v.name: v.value for v in dep.spec.template.spec.containers[0].env}["KE_AUTH_ISSUER"] == issuer
+
+
+def test_with_ingress_auth_off_no_audience_is_published(env: Env) -> None:
+    env.start_controller()
+    env.create("open")
+    address = eventually(lambda: env.get("open").get("status", {}).get("address"), what="address")
+    assert "audience" not in address
+    dep = eventually(lambda: env.apps.read_namespaced_deployment(dispatcher(env, "open"), env.system))
+    assert "KE_AUTH_ISSUER" not in {v.name for v in dep.spec.template.spec.containers[0].env}

@@ -35,6 +35,7 @@ from kafka_eventing.core.channels import (
     PLURAL,
     ChannelSpecError,
     channel_from_resource,
+    default_audience,
 )
 from kafka_eventing.core.conditions import Condition, merge
 from kafka_eventing.core.durations import DurationError, parse_duration
@@ -139,6 +140,9 @@ class Reconciler:
         conditions.append(svc_cond)
         if url:
             status["address"] = {"url": url}
+            if self.settings.auth_issuer:
+                # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
+                status["address"]["audience"] = default_audience(ref.namespace, ref.name)
             conditions.append(Condition.true(cond.ADDRESSABLE))
         else:
             status["address"] = None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kafka_eventing.core import tokens
 from kafka_eventing.core.channels import CHANNEL_HOST_SUFFIX
 from kafka_eventing.core.settings import Settings
 
@@ -33,7 +34,7 @@ SCALER_CONTROLLER = "controller"
 SCALER_KEDA = "keda"
 DISPATCHER_APP = "kafka-channel-dispatcher"
 #: Created by the chart/manifests in the system namespace (RBAC: watch its channel, patch status.subscribers).
-DISPATCHER_SERVICE_ACCOUNT = "kafka-channel-dispatcher"
+DISPATCHER_SERVICE_ACCOUNT = tokens.DISPATCHER_SERVICE_ACCOUNT
 SECRET_MOUNT = "/etc/kafka-secret"  # noqa: S105 - a path
 DNS1035_MAX = 63
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -149,6 +150,9 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         "KE_LOG_LEVEL": settings.log_level,
         "KE_LOG_FORMAT": str(settings.log_format),
     }
+    if settings.auth_issuer:
+        # Ingress auth is on: a Broker's replies into its own ingress need a token.
+        env["KE_AUTH_ISSUER"] = settings.auth_issuer
     if settings.kafka_extra:
         env["KE_KAFKA_EXTRA"] = settings.kafka_extra
     if settings.tracing_endpoint:

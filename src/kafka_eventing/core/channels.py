@@ -63,6 +63,9 @@ class Subscriber:
     convert: Callable[[Any], Any] | None = None
     #: ``ceOverrides.extensions``: set on every event delivered (and dead-lettered).
     extensions: tuple[tuple[str, str], ...] = ()
+    #: Audiences a token is sent for (``subscriberAudience``, ``replyAudience``); None: no token.
+    subscriber_audience: str | None = None
+    reply_audience: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
             reason = cond.get("message") or cond.get("reason") or "topic not ready"
 
     try:
-        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace)
+        channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace,
+                                                  status.get("deadLetterSinkAudience"))
         rate = rate_limit_annotation(annotations)  # every subscriber's, unless its own rateLimit says otherwise
         subscribers = tuple(
             _subscriber(sub, channel_delivery, ordered, where, namespace, rate_limit=rate)
@@ -185,13 +189,15 @@ def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, wh
     if delivery.dead_letter_uri is None and not delivery.dead_letter_problem:
         # No sink of its own: the channel's (or its problem).
         delivery = replace(delivery, dead_letter_uri=default.dead_letter_uri,
-                           dead_letter_problem=default.dead_letter_problem)
+                           dead_letter_problem=default.dead_letter_problem,
+                           dead_letter_audience=default.dead_letter_audience)
     rate = parse_rate_limit(sub.get("rateLimit"), f"subscriber {uid} rateLimit")
     return Subscriber(
         uid=str(uid), subscriber_uri=str(uri), generation=int(sub.get("generation") or 0),
         reply_uri=sub.get("replyUri"), delivery=delivery,
         ordered=_ordered(sub.get("deliveryOrder"), f"{where} subscriber {uid}", ordered),
         rate_limit=rate if rate is not None else rate_limit,
+        subscriber_audience=sub.get("subscriberAudience") or None, reply_audience=sub.get("replyAudience") or None,
     )
 
 

@@ -111,7 +111,8 @@ class Settings:
     #: holds two producers and a poll thread. Past it, targets on yet another cluster get a 503.
     max_kafka_connections: int = 16
     #: ingress authentication, off while empty: the OIDC issuer whose JWTs (Kubernetes service-account tokens
-    #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience.
+    #: or any OIDC provider's) a POST must carry as ``Authorization: Bearer``, for the channel's audience. Set, it
+    #: also makes the controller publish ``status.address.audience`` and Broker dispatchers send tokens on replies.
     auth_issuer: str = ""
     #: CA bundle trusted for the issuer's discovery document and JWKS (in-cluster: the service-account ca.crt).
     auth_ca_file: Path | None = None

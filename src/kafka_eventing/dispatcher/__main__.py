@@ -2,12 +2,14 @@
 KafkaSource.
 
 A KafkaChannel's (KE_CHANNEL_NAMESPACE + KE_CHANNEL_NAME): a consumer group per subscriber, i.e. per Knative
-Subscription. A Broker's (KE_BROKER_NAMESPACE + KE_BROKER_NAME instead): a consumer group per Trigger, each with its
-filter. A KafkaSource's (KE_SOURCE_NAMESPACE + KE_SOURCE_NAME): the source's one group over its topics, records
-that are not CloudEvents converted as upstream does. All are read from KE_CHANNEL_SOURCE: kube (the API server:
-KE_KUBECONFIG or KUBECONFIG outside a cluster) or file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS,
-KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_* variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done
-work is committed and every consumer closed before exit.
+Subscription. A Broker's (KE_BROKER_NAMESPACE + KE_BROKER_NAME instead): one read of its topic fanned out to its
+Triggers, each with its filter and its own consumer group's offsets. A KafkaSource's (KE_SOURCE_NAMESPACE +
+KE_SOURCE_NAME): the source's one group over its topics, records that are not CloudEvents converted as upstream
+does. All are read from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster) or
+file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_*
+variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before
+exit. On the API (KE_CHANNEL_SOURCE=kube) destinations that declare an audience get the dispatcher ServiceAccount's
+tokens (core/tokens.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kafka_eventing.core.channel_source import ChannelSource, channel_source_fro
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
+from kafka_eventing.core.tokens import DISPATCHER_SERVICE_ACCOUNT, TokenSource, kube_requester
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.status import (
     KubeStatusWriter,
@@ -43,6 +46,7 @@ async def _run(settings: Settings) -> None:
     connection = connection_from_settings(settings)
     writer: StatusWriter
     source: ChannelSource
+    api_client = None
     if settings.broker_name:
         # A Broker's dispatcher reports each Trigger's ConsumerGroupReady condition; the controller the rest.
         # Imported here: a channel's dispatcher has no use for the Trigger filters (CESQL's grammar) or their
@@ -51,7 +55,9 @@ async def _run(settings: Settings) -> None:
 
         if settings.channel_source == "kube":
             api_client = kube_api_client(settings.kubeconfig)
-            source = KubeTriggerSource(api_client, settings.broker_namespace, settings.broker_name)
+            # With ingress auth on, replies into the Broker carry a token for its audience.
+            source = KubeTriggerSource(api_client, settings.broker_namespace, settings.broker_name,
+                                       authenticated=bool(settings.auth_issuer))
             writer = KubeTriggerStatusWriter(api_client)
         elif settings.channels_file is not None:
             source = FileTriggerSource(settings.channels_file, settings, settings.broker_namespace,
@@ -81,10 +87,13 @@ async def _run(settings: Settings) -> None:
         writer = MemoryStatusWriter()
     if settings.dispatcher_initial_offset not in ("latest", "earliest"):
         raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")
+    # On the API: tokens of the dispatcher's own ServiceAccount for destinations that declare an audience.
+    tokens = (TokenSource(kube_requester(api_client, settings.system_namespace, DISPATCHER_SERVICE_ACCOUNT))
+              if api_client is not None else None)
     traces = tracing.setup(settings, "kafka-eventing-dispatcher")
     dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
                                    initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host,
-                                   tracer=traces.tracer if traces is not None else None)
+                                   tracer=traces.tracer if traces is not None else None, tokens=tokens)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, dispatcher.stop)

@@ -24,6 +24,7 @@ from kafka_eventing.core.channel_source import ChannelSource
 from kafka_eventing.core.channels import Channel, ChannelKey, Subscriber
 from kafka_eventing.core.kafka_config import KafkaConnection
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import TokenSource
 from kafka_eventing.dispatcher.delivery import Deliverer
 from kafka_eventing.dispatcher.http_client import PooledSender
 from kafka_eventing.dispatcher.metrics import metrics_for
@@ -108,6 +109,7 @@ class Dispatcher:
         shutdown_grace: float = 5.0,
         tracer: Tracer | None = None,
         max_outstanding: int = MAX_OUTSTANDING,
+        tokens: TokenSource | None = None,
     ) -> None:
         self.broker = bool(settings.broker_name)
         #: A KafkaSource's dispatcher (dispatcher/sources.py): its subscribers are its topics, one group.
@@ -136,6 +138,7 @@ class Dispatcher:
         self.shutdown_grace = shutdown_grace
         self.tracer = tracer
         self.max_outstanding = max_outstanding
+        self.tokens = tokens  # audience-scoped tokens for destinations that declare an audience
         self._session = http_session
         self._own_session = http_session is None
         self._writer = status_writer or MemoryStatusWriter()
@@ -171,18 +174,21 @@ class Dispatcher:
         # through the aiohttp session.
         sender = self._sender = PooledSender(self._session)
         if self.tracer is None:
-            self._deliverer = Deliverer(sender, self.metrics, self.settings.retry_after_max_seconds)
+            self._deliverer = Deliverer(sender, self.metrics, self.settings.retry_after_max_seconds,
+                                        tokens=self.tokens)
         else:
             from kafka_eventing.dispatcher.tracing import TracedDeliverer
 
             self._deliverer = TracedDeliverer(sender, self.metrics,
                                               self.settings.retry_after_max_seconds, tracer=self.tracer,
-                                              broker=self.broker)
+                                              broker=self.broker, tokens=self.tokens)
         runner: web.AppRunner | None = None
         try:
             if self.port >= 0:
                 runner = await self._serve()
             self.board.start()
+            if self.tokens is not None:
+                self.tokens.start()
 
             def changed(_snapshot: Mapping[ChannelKey, Channel]) -> None:
                 with contextlib.suppress(RuntimeError):  # the loop may already be closed at shutdown
@@ -198,6 +204,8 @@ class Dispatcher:
             log.info("dispatcher stopping", extra={"channel": "/".join(self.key)})
             await self._stop_all()
             self.source.stop()
+            if self.tokens is not None:
+                await asyncio.to_thread(self.tokens.stop)
             await self.board.stop()
             if runner is not None:
                 await runner.cleanup()

@@ -38,6 +38,7 @@ from kafka_eventing.core.http_delivery import (
     sink_policy,
 )
 from kafka_eventing.core.kafkasources import PlainEvent, http_value
+from kafka_eventing.core.tokens import TokenError, TokenSource
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 
@@ -96,8 +97,11 @@ class Deliverer:
         retry_after_max: float,
         *,
         sleep: Sleep | None = None,
+        tokens: TokenSource | None = None,
     ) -> None:
         self.sender = sender
+        #: Audience-scoped tokens for destinations that declare an audience (None: no token is ever sent).
+        self.tokens = tokens
         self.metrics = metrics
         self.retry_after_max = retry_after_max
         self._sleep = sleep
@@ -161,8 +165,9 @@ class Deliverer:
             out_headers.update(trace)
         out_headers["Prefer"] = "reply"
 
-        attempt = await self._with_retries(subscriber.subscriber_uri, out_headers, body, subscriber, labels,
-                                           count=count)
+        attempt = await self._with_retries(subscriber.subscriber_uri,
+                                           await self._authorized(out_headers, subscriber.subscriber_audience),
+                                           body, subscriber, labels, count=count)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
             if not subscriber.reply_uri:
@@ -178,6 +183,17 @@ class Deliverer:
         if subscriber.extensions:
             event = with_extensions(event, **dict(subscriber.extensions))
         return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=_trace(out_headers))
+
+    async def _authorized(self, headers: dict[str, str], audience: str | None) -> dict[str, str]:
+        """``headers`` with a bearer token for ``audience`` (the same dict when none applies). Without a token the
+        request still goes: the destination's 401 is then the visible failure (dead letter, metric)."""
+        if audience is None or self.tokens is None:
+            return headers
+        try:
+            return {**headers, "Authorization": await self.tokens.header(audience)}
+        except TokenError as exc:
+            log.error("no token for the destination's audience", extra={"audience": audience, "error": str(exc)})
+            return headers
 
     async def _with_retries(
         self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels, *,
@@ -238,7 +254,9 @@ class Deliverer:
             reply = with_extensions(reply, **{TTL_EXTENSION: str(ttl - 1)})
         headers, body = event_to_http(reply)
         headers.update(trace)
-        result = await self._with_retries(subscriber.reply_uri, headers, body, subscriber, labels)
+        result = await self._with_retries(subscriber.reply_uri,
+                                          await self._authorized(headers, subscriber.reply_audience),
+                                          body, subscriber, labels)
         if result.ok:
             self.metrics.replies.labels(*labels).inc()
             return None
@@ -262,6 +280,7 @@ class Deliverer:
         )
         headers, body = event_to_http(dead, subscriber.delivery.format)
         headers.update(trace)
+        headers = await self._authorized(headers, subscriber.delivery.dead_letter_audience)
 
         def on_retry(attempt: int, delay: float) -> None:
             self.metrics.sink_retries.labels(*labels).inc()

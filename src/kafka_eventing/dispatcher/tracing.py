@@ -19,6 +19,7 @@ from kafka_eventing.core import tracing as t
 from kafka_eventing.core.binding import BindingError, event_from_kafka
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.http_delivery import Attempt, HttpSender
+from kafka_eventing.core.tokens import TokenSource
 from kafka_eventing.dispatcher.delivery import AttemptCount, Decoded, Deliverer, Outcome, Sleep
 from kafka_eventing.dispatcher.metrics import Labels
 
@@ -80,9 +81,10 @@ class TracedDeliverer(Deliverer):
     """``Deliverer`` with a CONSUMER span per event and a CLIENT span per attempt."""
 
     def __init__(self, sender: HttpSender, metrics: object, retry_after_max: float, *, tracer: Tracer,
-                 sleep: Sleep | None = None, broker: bool = False) -> None:
+                 sleep: Sleep | None = None, broker: bool = False, tokens: TokenSource | None = None) -> None:
         """``broker``: the "channel" is a Broker and each subscriber a Trigger, and the spans say so."""
-        super().__init__(TracedSender(sender, tracer), metrics, retry_after_max, sleep=sleep)  # type: ignore[arg-type]
+        super().__init__(TracedSender(sender, tracer), metrics, retry_after_max,  # type: ignore[arg-type]
+                         sleep=sleep, tokens=tokens)
         self.tracer = tracer
         self.broker = broker
 

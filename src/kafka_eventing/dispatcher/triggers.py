@@ -47,7 +47,8 @@ def dispatch_hold(trigger: Mapping[str, Any]) -> str:
 
 
 def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
-                       reply_uri: str | None, *, standalone: bool = False) -> Subscriber:
+                       reply_uri: str | None, *, standalone: bool = False,
+                       reply_audience: str | None = None) -> Subscriber:
     """The Subscriber of a Trigger; ``held`` says why it may not be consumed yet (a controller condition not True,
     no subscriber URI, a filter or delivery that does not parse), so that the dispatcher reports it.
 
@@ -68,7 +69,8 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
     delivery_spec = spec.get("delivery") or (broker.get("spec") or {}).get("delivery")
     try:
         # A dead-letter sink ref without a namespace is in the Trigger's (Knative's rule), never "default".
-        delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace)
+        delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace,
+                                          dead_letter_audience=status.get("deadLetterSinkAudience"))
     except DeliverySpecError as exc:
         hold = hold or f"invalid delivery: {exc}"
     try:
@@ -80,11 +82,16 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
     order = str((meta.get("annotations") or {}).get(kb.ANNOTATION_DELIVERY_ORDER) or "unordered").lower()
     return Subscriber(uid=name, subscriber_uri=str(uri), generation=generation,
                       reply_uri=reply_uri, delivery=delivery, ordered=order == "ordered", rate_limit=rate_limit,
-                      event_filter=RecordFilter(compiled), hop_ttl=True)
+                      event_filter=RecordFilter(compiled), hop_ttl=True,
+                      subscriber_audience=status.get("subscriberAudience")
+                      or (spec.get("subscriber") or {}).get("audience") or None,
+                      reply_audience=reply_audience)
 
 
 def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]], filters: TriggerFilters,
-                   reply_uri: str | None = None, *, standalone: bool = False) -> Channel | None:
+                   reply_uri: str | None = None, *, standalone: bool = False,
+                   authenticated: bool = False) -> Channel | None:
+    """``authenticated``: the ingress checks tokens, so replies carry one for the Broker's audience."""
     base = kb.broker_ingress(broker, reconciled=not standalone)
     if base is None:
         return None
@@ -94,7 +101,8 @@ def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]],
     for trigger in sorted(triggers, key=lambda t: str((t.get("metadata") or {}).get("name"))):
         if kb.trigger_broker(trigger) != name or (trigger.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        subscribers.append(trigger_subscriber(trigger, broker, filters, reply, standalone=standalone))
+        subscribers.append(trigger_subscriber(trigger, broker, filters, reply, standalone=standalone,
+                                              reply_audience=base.token_audience if authenticated else None))
     return Channel(namespace=base.namespace, name=name, topic=base.topic, ready=base.ready, reason=base.reason,
                    ordered=False, generation=base.generation, uid=base.uid, subscribers=tuple(subscribers))
 
@@ -103,7 +111,7 @@ class KubeTriggerSource(_Cache):
     """One Broker (by name) and the Triggers of its namespace, watched; a snapshot of at most one entry."""
 
     def __init__(self, api_client: Any, namespace: str, name: str, *, reply_uri: str | None = None,
-                 watch_timeout_seconds: int = 240) -> None:
+                 watch_timeout_seconds: int = 240, authenticated: bool = False) -> None:
         super().__init__()
         from kubernetes import client
 
@@ -111,6 +119,7 @@ class KubeTriggerSource(_Cache):
 
         api = client.CustomObjectsApi(api_client)
         self.namespace, self.name, self.reply_uri = namespace, name, reply_uri
+        self.authenticated = authenticated
         self.filters = TriggerFilters()
         self._rebuilding = threading.Lock()
         common: dict[str, Any] = {"group": kb.GROUP, "version": kb.VERSION, "namespace": namespace,
@@ -142,7 +151,8 @@ class KubeTriggerSource(_Cache):
         broker = self.brokers.get(self.namespace, self.name)
         snapshot: Snapshot = {}
         if broker is not None:
-            channel = broker_channel(broker, self.triggers.items(), self.filters, self.reply_uri)
+            channel = broker_channel(broker, self.triggers.items(), self.filters, self.reply_uri,
+                                     authenticated=self.authenticated)
             if channel is not None:
                 snapshot[channel.key] = channel
         self._publish(snapshot)
@@ -152,9 +162,10 @@ class FileTriggerSource(FileChannelSource):
     """One Broker and its Triggers from a YAML file (standalone mode, as ``kafka-eventing run --broker`` writes)."""
 
     def __init__(self, path: Path, settings: Settings, namespace: str, name: str,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, *, authenticated: bool = False) -> None:
         super().__init__(path, settings, poll_interval)
         self.namespace, self.name = namespace, name
+        self.authenticated = authenticated
         self.filters = TriggerFilters()
 
     def _load(self) -> Snapshot:
@@ -164,5 +175,6 @@ class FileTriggerSource(FileChannelSource):
                        and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace), None)
         triggers = [d for d in docs if d.get("kind") == "Trigger"
                     and ((d.get("metadata") or {}).get("namespace") or "default") == self.namespace]
-        channel = None if broker is None else broker_channel(broker, triggers, self.filters, standalone=True)
+        channel = None if broker is None else broker_channel(broker, triggers, self.filters, standalone=True,
+                                                             authenticated=self.authenticated)
         return {} if channel is None else {channel.key: channel}

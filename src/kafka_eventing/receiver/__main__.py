@@ -2,9 +2,10 @@
 
 The shared ingress of every KafkaChannel (``POST /<namespace>/<channel>``, or any path with the Host
 ``<channel>-kn-channel.<namespace>.svc...``), every Kafka Broker (``POST /<namespace>/<broker>``) and every
-KafkaSink (``POST /<namespace>/<sink>`` on the sink ingress Service): 202 once Kafka holds the event. They come from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or
-KUBECONFIG outside a cluster) or file (KE_CHANNELS_FILE); Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR,
-KE_KAFKA_PROVIDER; every KE_* variable: docs/settings.md.
+KafkaSink (``POST /<namespace>/<sink>`` on the sink ingress Service): 202 once Kafka holds the event. They come
+from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster) or file
+(KE_CHANNELS_FILE); Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_* variable:
+docs/settings.md.
 
 Flags go to gunicorn unchanged (e.g. ``--bind 127.0.0.1:8080 --workers 1``; ``python -m gunicorn --help`` lists
 them) and override the config module.

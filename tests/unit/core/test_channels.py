@@ -130,3 +130,21 @@ def test_the_channels_rate_limit_annotation_is_every_subscriptions_unless_its_ow
 def test_an_invalid_rate_limit_annotation_names_it(raw: str) -> None:
     with pytest.raises(ChannelSpecError, match=f"annotation {ANNOTATION_RATE_LIMIT} '{raw}' is not a number"):
         channel_from_resource(_with_rate(raw, {"uid": "a", "subscriberUri": "http://a"}), Settings())
+
+
+def test_audiences_of_subscribers_replies_and_dead_letter_sinks_are_kept() -> None:
+    obj = {"metadata": {"name": "c", "namespace": "ns"},
+           "spec": {"delivery": {"deadLetterSink": {"uri": "http://dls", "audience": "dls-aud"}},
+                    "subscribers": [
+                        {"uid": "a", "subscriberUri": "http://a", "subscriberAudience": "a-aud",
+                         "replyUri": "http://r", "replyAudience": "r-aud"},
+                        {"uid": "b", "subscriberUri": "http://b",
+                         "delivery": {"deadLetterSink": {"uri": "http://own", "audience": "own-aud"}}},
+                        {"uid": "c", "subscriberUri": "http://c", "delivery": {"retry": 1}}]}}
+    a, b, c = channel_from_resource(obj, Settings()).subscribers
+    assert (a.subscriber_audience, a.reply_audience, a.delivery.dead_letter_audience) == ("a-aud", "r-aud", "dls-aud")
+    assert (b.subscriber_audience, b.reply_audience, b.delivery.dead_letter_audience) == (None, None, "own-aud")
+    assert (c.delivery.dead_letter_uri, c.delivery.dead_letter_audience) == ("http://dls", "dls-aud")  # the channel's
+    # The controller's resolved sink audience wins over the spec's.
+    resolved = {**obj, "status": {"deadLetterSinkUri": "http://resolved", "deadLetterSinkAudience": "resolved-aud"}}
+    assert channel_from_resource(resolved, Settings()).subscribers[0].delivery.dead_letter_audience == "resolved-aud"

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,7 @@ from kafka_eventing.core.binding import CloudEvent, ContentMode, event_from_http
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.delivery import BackoffPolicy, DeliverySpec, DeliverySpecError
 from kafka_eventing.core.http_delivery import Attempt
+from kafka_eventing.core.tokens import TokenSource
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Metrics
 
@@ -169,3 +171,28 @@ def test_delivery_format_picks_the_content_mode_of_subscriber_and_dead_letter(
 def test_an_unknown_delivery_format_is_refused() -> None:
     with pytest.raises(DeliverySpecError, match="format"):
         DeliverySpec.from_dict({"format": "xml"})
+
+
+class FixedTokens(TokenSource):
+    def __init__(self) -> None:
+        super().__init__(lambda audience: (f"token-for-{audience}", 3600.0))
+
+
+def test_tokens_go_to_destinations_that_declare_an_audience_and_only_there() -> None:
+    reply = Attempt(200, b"pong", {"ce-id": "r", "ce-source": "/r", "ce-type": "reply", "ce-specversion": "1.0"})
+    sender = FakeSender({"http://s": [reply], "http://reply": [Attempt(401)], "http://dls": [Attempt(202)]})
+    delivery = replace(spec(sink="http://dls"), dead_letter_audience="dls-aud")
+    sub = Subscriber("u", "http://s", reply_uri="http://reply", delivery=delivery,
+                     subscriber_audience="sub-aud", reply_audience="eventing.knative.dev/broker/ns/b")
+    deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600, tokens=FixedTokens())  # type: ignore[arg-type]
+    event = CloudEvent({"id": "1", "source": "/s", "type": "t", "specversion": "1.0"}, b"hi")
+    record = event_to_kafka(event)
+    assert asyncio.run(deliverer.handle(record.headers, record.value, sub, LABELS)) is Outcome.DEAD_LETTERED
+    assert sender.to("http://s")[0][1]["Authorization"] == "Bearer token-for-sub-aud"
+    assert sender.to("http://reply")[0][1]["Authorization"] == "Bearer token-for-eventing.knative.dev/broker/ns/b"
+    assert sender.to("http://dls")[0][1]["Authorization"] == "Bearer token-for-dls-aud"
+
+    plain = FakeSender({"http://s": [Attempt(202)]})
+    deliverer = Deliverer(plain, Metrics(CollectorRegistry()), 600, tokens=FixedTokens())  # type: ignore[arg-type]
+    asyncio.run(deliverer.handle(record.headers, record.value, Subscriber("u", "http://s"), LABELS))
+    assert "Authorization" not in plain.to("http://s")[0][1]

@@ -78,3 +78,21 @@ def test_a_triggers_rate_limit_annotation_limits_its_subscriber_and_an_invalid_o
     invalid["metadata"]["annotations"][ANNOTATION_RATE_LIMIT] = "lots"
     held = trigger_subscriber(invalid, broker(), TriggerFilters(), None)
     assert ANNOTATION_RATE_LIMIT in held.held and "'lots'" in held.held
+
+
+def test_replies_carry_the_brokers_audience_only_with_ingress_auth_on() -> None:
+    t = trigger("t", subscriber={"uri": "http://sub/", "audience": "sub-aud"},
+                delivery={"deadLetterSink": {"uri": "http://dls/", "audience": "dls-aud"}})
+    t["status"]["deadLetterSinkUri"] = "http://dls/"
+    on = broker_channel(broker(), [t], TriggerFilters(), authenticated=True)
+    off = broker_channel(broker(address={"url": "http://receiver/ns/b", "audience": "published"}), [t],
+                         TriggerFilters())
+    assert on is not None and off is not None
+    (sub,) = on.subscribers
+    assert (sub.reply_audience, sub.subscriber_audience, sub.delivery.dead_letter_audience) == (
+        "eventing.knative.dev/broker/ns/b", "sub-aud", "dls-aud")
+    assert off.subscribers[0].reply_audience is None
+    # A Broker's published audience is the one its replies are sent for.
+    published = broker_channel(broker(address={"url": "http://receiver/ns/b", "audience": "published"}), [t],
+                               TriggerFilters(), authenticated=True)
+    assert published is not None and published.subscribers[0].reply_audience == "published"
