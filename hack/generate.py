@@ -2,7 +2,8 @@
 
 - CRDs: src/kafka_eventing/controller/crds/*.yaml (what the controller installs) → the chart's files/crds/ and
   kustomize/base/crds/ (neither tool may read outside its own tree), with the base's kustomization listing them;
-  the optional Broker/Trigger CRDs (eventing.knative.dev) go to the opt-in component kustomize/components/broker-crds/.
+  the optional Broker/Trigger CRDs (eventing.knative.dev) go to the opt-in component kustomize/components/broker-crds/,
+  the ResetOffset CRD to kustomize/components/resetoffset-crd/ (OPTIONAL_CRDS).
 - Provider facts: src/kafka_eventing/core/providers.yaml → the chart's values-<preset>.yaml, the Kustomize overlays
   kustomize/overlays/<preset>/, the element lists of the Argo CD ApplicationSets, the provider enum of the chart's
   values.schema.json, the Secret-keys table in docs/install.md and the preset table in the chart's README.md.gotmpl.
@@ -63,18 +64,36 @@ def dump(data: Any) -> str:
 # -- CRDs ------------------------------------------------------------------------------------------------------
 
 
+#: Opt-in CRDs by file: the Kustomize component that installs each, and what its kustomization says. The rest are
+#: in the base. The chart has a value for each (crds.brokers, crds.resetOffsets).
+OPTIONAL_CRDS = {
+    "brokers.yaml": "broker-crds",
+    "triggers.yaml": "broker-crds",
+    "resetoffsets.yaml": "resetoffset-crd",
+}
+COMPONENT_COMMENTS = {
+    "broker-crds": [
+        "# Opt-in: Knative-compatible Broker and Trigger CRDs for clusters without Knative Eventing. Leave it out",
+        "# where Knative Eventing is installed: its own CRDs define these types."],
+    "resetoffset-crd": [
+        "# Opt-in: the ResetOffset CRD (kafka.eventing.knative.dev/v1alpha1, docs/resetoffset.md). Without it the",
+        "# controller and the dispatchers leave resets alone; `kafka-eventing offsets` still works."],
+}
+
+
 def optional_crd(source: Path) -> bool:
-    """Knative's own types (Broker, Trigger): installed only where Knative Eventing is not."""
-    return bool(yaml.safe_load(source.read_text())["spec"]["group"] == "eventing.knative.dev")
+    """Knative's own types (Broker, Trigger), installed only where Knative Eventing is not, and the ResetOffset."""
+    return source.name in OPTIONAL_CRDS
 
 
 def crds() -> None:
     every = sorted(CRDS.glob("*.yaml"))
     base = [s for s in every if not optional_crd(s)]
-    optional = [s for s in every if optional_crd(s)]
-    broker_crds = KUSTOMIZE / "components" / "broker-crds"
-    for target_dir, sources in ((CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base),
-                                (broker_crds, optional)):
+    components = sorted(set(OPTIONAL_CRDS.values()))
+    targets = [(CHART / "files" / "crds", every), (KUSTOMIZE / "base" / "crds", base)]
+    targets += [(KUSTOMIZE / "components" / c, [s for s in every if OPTIONAL_CRDS.get(s.name) == c])
+                for c in components]
+    for target_dir, sources in targets:
         target_dir.mkdir(parents=True, exist_ok=True)
         for stale in target_dir.glob("*.yaml"):
             if stale.name != "kustomization.yaml" and stale not in [target_dir / s.name for s in sources]:
@@ -90,12 +109,11 @@ def crds() -> None:
              "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", "resources:",
              *(f"  - {s.name}" for s in base)]
     write(KUSTOMIZE / "base" / "crds" / "kustomization.yaml", "\n".join(lines) + "\n")
-    lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"),
-             "# Opt-in: Knative-compatible Broker and Trigger CRDs for clusters without Knative Eventing. Leave it out",
-             "# where Knative Eventing is installed: its own CRDs define these types.",
-             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
-             *(f"  - {s.name}" for s in optional)]
-    write(broker_crds / "kustomization.yaml", "\n".join(lines) + "\n")
+    for component in components:
+        lines = [HEADER.format(source="src/kafka_eventing/controller/crds/"), *COMPONENT_COMMENTS[component],
+                 "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "resources:",
+                 *(f"  - {s.name}" for s in every if OPTIONAL_CRDS.get(s.name) == component)]
+        write(KUSTOMIZE / "components" / component / "kustomization.yaml", "\n".join(lines) + "\n")
 
 
 # -- provider presets ------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
 change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
-Secret/ConfigMap enqueues the affected channels; a periodic resync enqueues all of them.
+Secret/ConfigMap enqueues the affected channels; a periodic resync enqueues all of them. Brokers and Triggers, and
+ResetOffsets (controller/resetoffsets.py), are reconciled on the same queue when the API server serves their CRDs.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconcile
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
+from kafka_eventing.controller.resetoffsets import ResetOffsetReconciler
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import resetoffsets as ro
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer, Store
 from kafka_eventing.core.settings import Settings
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 #: (namespace, name) of a KafkaChannel; ("Broker" | "Trigger", namespace, name) of the others.
 Key = tuple[str, ...]
 BROKER, TRIGGER = "Broker", "Trigger"
+RESET_OFFSET = ro.KIND
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -66,6 +70,8 @@ class ControllerOptions:
     #: reconcile Kafka-class Brokers and their Triggers; None: when the API server serves their CRDs at start.
     brokers: bool | None = None
     broker_config_map: str = kb.DEFAULT_BROKER_CONFIG
+    #: reconcile ResetOffsets; None: when the API server serves their (optional) CRD at start.
+    resetoffsets: bool | None = None
 
 
 def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
@@ -191,6 +197,15 @@ class Controller:
                 recheck_seconds=opts.topic_recheck_seconds, broker_config_map=opts.broker_config_map,
                 kafka_timeout=opts.kafka_timeout)
             self.metrics.registry.register(BrokerReadiness(self.brokers, self.triggers))
+        self.resetoffsets: Informer | None = None
+        self.reset_reconciler: ResetOffsetReconciler | None = None
+        if opts.resetoffsets or (opts.resetoffsets is None and _serves(custom, ro.GROUP, ro.VERSION, {ro.PLURAL})):
+            self.resetoffsets = Informer("resetoffsets", custom.list_cluster_custom_object, self._on_reset,
+                                         watch_timeout_seconds=wt, group=ro.GROUP, version=ro.VERSION,
+                                         plural=ro.PLURAL)
+            self.informers = (*self.informers, self.resetoffsets)
+            self.reset_reconciler = ResetOffsetReconciler(api_client, settings, self.resetoffsets,
+                                                          lambda: self.elector.is_leader)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -241,6 +256,10 @@ class Controller:
         meta = obj.get("metadata") or {}
         self.queue.add((TRIGGER, str(meta.get("namespace")), str(meta.get("name"))))
 
+    def _on_reset(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((RESET_OFFSET, str(meta.get("namespace")), str(meta.get("name"))))
+
     def _on_leader(self) -> None:
         self._enqueue_all()
 
@@ -249,6 +268,8 @@ class Controller:
             self._on_channel("RESYNC", obj)
         for obj in self.brokers.items() if self.brokers is not None else ():
             self._on_broker("RESYNC", obj)
+        for obj in self.resetoffsets.items() if self.resetoffsets is not None else ():
+            self._on_reset("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -338,8 +359,11 @@ class Controller:
     def _reconcile(self, key: Key) -> Result:
         if len(key) == 2:
             return self.reconciler.reconcile(*key)
-        assert self.broker_reconciler is not None
         kind, namespace, name = key
+        if kind == RESET_OFFSET:
+            assert self.reset_reconciler is not None
+            return self.reset_reconciler.reconcile(namespace, name)
+        assert self.broker_reconciler is not None
         if kind == BROKER:
             return self.broker_reconciler.reconcile_broker(namespace, name)
         return self.broker_reconciler.reconcile_trigger(namespace, name)
@@ -387,6 +411,19 @@ def _serves_brokers(custom: client.CustomObjectsApi) -> bool:
             return False
         raise
     return {kb.BROKERS, kb.TRIGGERS} <= {r.name for r in found.resources or ()}
+
+
+def _serves(custom: client.CustomObjectsApi, group: str, version: str, plurals: set[str]) -> bool:
+    """Whether the API server serves every one of ``plurals`` in ``group/version`` (optional CRDs)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        found = custom.get_api_resources(group, version, _request_timeout=(5, 15))
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return plurals <= {r.name for r in found.resources or ()}
 
 
 def _expected(exc: BaseException) -> bool:

@@ -1,5 +1,8 @@
 """`python -m kafka_eventing.dispatcher [--host H]`: the dispatcher of the channel named by the environment.
 
+In kube mode it also carries out the ResetOffsets (kafka.eventing.knative.dev/v1alpha1) of its consumer groups,
+when the API server serves that CRD (dispatcher/resets.py).
+
 Settings come from ``KE_*`` variables (``KE_CHANNEL_NAMESPACE``, ``KE_CHANNEL_NAME``, ``KE_CHANNEL_SOURCE``...).
 SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before exit.
 """
@@ -17,12 +20,15 @@ import sys
 import uvloop
 
 from kafka_eventing.core import logging as ke_logging
+from kafka_eventing.core import resetoffsets as ro
 from kafka_eventing.core import tracing
 from kafka_eventing.core.channel_source import ChannelSource, channel_source_from_settings
+from kafka_eventing.core.group_offsets import GroupOffsets
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.dispatcher.app import create_dispatcher
+from kafka_eventing.dispatcher.resets import KubeResetApi, Resets, serves_resetoffsets
 from kafka_eventing.dispatcher.status import (
     KubeStatusWriter,
     KubeTriggerStatusWriter,
@@ -60,12 +66,19 @@ async def _run(settings: Settings) -> None:
     else:
         source = channel_source_from_settings(settings)
         writer = MemoryStatusWriter()
+    resets = None
+    if settings.channel_source == "kube" and serves_resetoffsets(api_client):
+        # ResetOffsets naming this dispatcher's groups (dispatcher/resets.py); the CRD is optional.
+        kind = "Broker" if settings.broker_name else ro.KAFKA_CHANNEL_KIND
+        namespace, name = ((settings.broker_namespace, settings.broker_name) if settings.broker_name
+                           else (settings.channel_namespace, settings.channel_name))
+        resets = Resets(kind, namespace, name, KubeResetApi(api_client), GroupOffsets(connection.admin_config()))
     if settings.dispatcher_initial_offset not in ("latest", "earliest"):
         raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")
     traces = tracing.setup(settings, "kafka-eventing-dispatcher")
     dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
                                    initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host,
-                                   tracer=traces.tracer if traces is not None else None)
+                                   tracer=traces.tracer if traces is not None else None, resets=resets)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, dispatcher.stop)
