@@ -18,6 +18,8 @@ for crd in "$CRDS"/*.yaml; do
   base=$ROOT/kustomize/base/crds
   # Knative's own types (Broker, Trigger) are an opt-in component, not part of the base.
   grep -q '^  group: eventing.knative.dev$' "$crd" && base=$ROOT/kustomize/components/broker-crds
+  # The ResetOffset CRD is an opt-in component too.
+  [[ ${crd##*/} == resetoffsets.yaml ]] && base=$ROOT/kustomize/components/resetoffset-crd
   for copy in "$base/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
     if ! cmp -s "$crd" "$copy"; then
       echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2
