@@ -1,4 +1,8 @@
-"""Process entry point: settings from the environment (only here), flags for the controller's own knobs."""
+"""Process entry point: settings from the environment (only here), flags for the controller's own knobs.
+
+The controller reconciles KafkaChannels, and Kafka-class Brokers and Triggers and ResetOffsets
+(kafka.eventing.knative.dev/v1alpha1) when the API server serves their CRDs.
+"""
 
 from __future__ import annotations
 
