@@ -126,6 +126,9 @@ class Resets:
         self._owner: GroupOwner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: (uid, generation) of the resets that ended here: the watch may still show them pending for a moment,
+        #: and neither holding the group nor running them again may follow from that.
+        self._ended: set[tuple[str, int]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, owner: GroupOwner, timeout: float = 60.0) -> None:
@@ -158,8 +161,9 @@ class Resets:
         out = []
         for obj in self.informer.items():
             target = ro.pending_target(obj)
-            if target is not None and (target.dispatcher_kind, target.dispatcher_namespace,
-                                       target.dispatcher_name) == self.key:
+            if target is None or (str((obj.get("metadata") or {}).get("uid")), ro.generation_of(obj)) in self._ended:
+                continue
+            if (target.dispatcher_kind, target.dispatcher_namespace, target.dispatcher_name) == self.key:
                 out.append(obj)
         return sorted(out, key=lambda o: (str((o.get("metadata") or {}).get("creationTimestamp") or ""),
                                           str((o.get("metadata") or {}).get("name") or "")))
@@ -198,9 +202,11 @@ class Resets:
         paused = False
         try:
             paused = await self._run(obj, target)
+            self._ended.add((str(meta.get("uid")), ro.generation_of(obj)))
         except asyncio.CancelledError:
-            raise
+            raise  # the dispatcher stops: a restart takes the reset up again
         except Exception as exc:
+            self._ended.add((str(meta.get("uid")), ro.generation_of(obj)))
             log.exception("reset failed", extra={"resetoffset": f"{ns}/{name}", "group": target.group})
             with contextlib.suppress(Exception):
                 await self._finish(obj, Condition.false(ro.DONE, ro.REASON_FAILED, f"{type(exc).__name__}: {exc}"))
@@ -219,6 +225,9 @@ class Resets:
         generation = ro.generation_of(obj)
         group, topic = target.group, target.topics[0]
         labels = {"resetoffset": f"{ns}/{name}", "group": group, "topic": topic}
+        current = await asyncio.to_thread(self.api.read, ns, name)
+        if current is None or ro.generation_of(current) != generation or ro.is_finished(current):
+            return False  # the watch was behind: deleted, edited or finished meanwhile
         try:
             spec = ro.parse_spec(obj)
         except ro.SpecError as exc:

@@ -299,3 +299,34 @@ def test_marker_round_trip() -> None:
     assert ro.marker_old(ro.marker("u", 3, 42), "u", 3) == 42
     assert ro.marker_old(ro.marker("u", 3, 42), "u", 4) is None
     assert ro.marker_old("ke.attempts=[]", "u", 3) is None
+
+
+class StaleInformer(FakeInformer):
+    """A watch that has not caught up: it still shows the objects as they were."""
+
+    def __init__(self, api: FakeApi) -> None:
+        super().__init__(api)
+        self.frozen = [copy.deepcopy(o) for o in api.objs.values()]
+
+    def items(self) -> list[Mapping[str, Any]]:
+        return copy.deepcopy(self.frozen)
+
+
+@run
+async def test_a_watch_that_lags_behind_neither_holds_the_group_nor_runs_the_reset_again() -> None:
+    api, offsets = FakeApi(reset_obj()), FakeOffsets()
+    resets, owner = make(api, offsets)
+    resets.informer = StaleInformer(api)  # still "pending" after it is done
+    await settle(resets)
+    assert not resets.holds(GROUP_ID)  # the member rejoins at once
+    # The member consumes: its commits replace the markers. The stale view must not start the reset again.
+    offsets.committed_ = {p: Committed(c.offset + 1, "") for p, c in offsets.committed_.items()}
+    resets.kick()
+    await settle(resets)
+    assert len(offsets.commits) == 1 and owner.events == ["pause", "resume"]
+    # A new process with a stale first list: it reads the object before acting, and leaves it.
+    again, owner2 = make(api, offsets, identity="replica-b")
+    again.informer = StaleInformer(api)
+    again.informer.frozen = resets.informer.frozen
+    await settle(again)
+    assert len(offsets.commits) == 1 and owner2.events == ["resume"]
