@@ -54,7 +54,12 @@ def test_reset_asks_and_a_no_moves_nothing(loaded: tuple[KafkaNode, str], capsys
     args = parser().parse_args(["reset", "--group", GROUP, "--topic", topic, "--to", "earliest"])
     offsets = GroupOffsets(kafka.client_config())
     asked: list[str] = []
-    assert run(args, offsets, Settings(), ask=lambda q: asked.append(q) or "n") == 1
+
+    def no(question: str) -> str:
+        asked.append(question)
+        return "n"
+
+    assert run(args, offsets, Settings(), ask=no) == 1
     assert asked == [f"move group {GROUP} to earliest? [y/N] "]
     out = capsys.readouterr().out
     assert "partition  committed  new  high  lag" in out and "nothing moved" in out
@@ -68,7 +73,12 @@ def test_reset_refuses_a_group_with_members(loaded: tuple[KafkaNode, str], capsy
     member = Consumer({**kafka.client_config(), "group.id": GROUP, "enable.auto.commit": False})
     member.subscribe([topic])
     stop = threading.Event()
-    thread = threading.Thread(target=lambda: [member.poll(0.1) for _ in iter(stop.is_set, True)], daemon=True)
+
+    def poll() -> None:
+        while not stop.is_set():
+            member.poll(0.1)
+
+    thread = threading.Thread(target=poll, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 30

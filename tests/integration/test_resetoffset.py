@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from test_dispatcher import Subscriber, committed, produce
@@ -28,6 +28,7 @@ from test_dispatcher import Subscriber, committed, produce
 from kafka_eventing.controller.crd import install_crd
 from kafka_eventing.controller.resetoffsets import ResetOffsetReconciler
 from kafka_eventing.core import resetoffsets as ro
+from kafka_eventing.core.binding import CloudEvent, event_to_kafka
 from kafka_eventing.core.channel_source import KubeChannelSource
 from kafka_eventing.core.group_offsets import GroupOffsets
 from kafka_eventing.core.informer import Informer
@@ -205,18 +206,24 @@ def env(kafka_running: KafkaNode, topic: str, kube_control_plane: Any, kube_name
 
 
 class Traffic:
-    """Live events (ids live-N) produced at ~100/s until stopped."""
+    """Live events (ids live-N) produced at ~100/s, round-robin over the partitions, until stopped."""
 
     def __init__(self, kafka: KafkaNode, topic: str) -> None:
-        self.kafka, self.topic = kafka, topic
+        self.producer = Producer({**kafka.client_config(), "linger.ms": 1})
+        self.topic = topic
         self.ids: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         n = 0
-        while not self._stop.wait(0.03):
-            self.ids += produce(self.kafka, self.topic, 3, prefix=f"live{n}")
+        while not self._stop.wait(0.01):
+            event = CloudEvent({"id": f"live-{n}", "source": "/test", "type": "test.event", "specversion": "1.0"},
+                               b"{}")
+            record = event_to_kafka(event)
+            self.producer.produce(self.topic, record.value, record.key, partition=n % 3, headers=record.headers)
+            self.producer.poll(0)
+            self.ids.append(f"live-{n}")
             n += 1
 
     def __enter__(self) -> Traffic:
@@ -226,6 +233,7 @@ class Traffic:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(10)
+        assert self.producer.flush(30) == 0
 
 
 def rfc3339(at: float) -> str:
