@@ -429,3 +429,56 @@ def test_offsets_cli_shows_and_refuses_a_group_with_members_then_resets_it(env: 
     assert offsets_main(["reset", *args, "--to", "earliest", "--yes", "--wait", "20"]) == 0
     assert "moved 3 of 3 partitions" in capsys.readouterr().out
     assert committed(env.kafka, env.topic, env.group("b")) == [0, 0, 0]
+
+
+def test_a_trigger_of_a_kafka_broker_is_replayed_and_its_sibling_is_not(env: Env) -> None:
+    from kafka_eventing.core import brokers as kb
+    from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter
+    from kafka_eventing.dispatcher.triggers import KubeTriggerSource
+
+    install_crd(env.api_client, file="brokers.yaml")
+    install_crd(env.api_client, file="triggers.yaml")
+    env.objects.create_namespaced_custom_object(kb.GROUP, kb.VERSION, env.ns, kb.BROKERS, {
+        "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+        "metadata": {"name": "kb", "annotations": {kb.ANNOTATION_BROKER_CLASS: "Kafka",
+                                                   kb.ANNOTATION_EXTERNAL_TOPIC: env.topic}}})
+    env.objects.patch_namespaced_custom_object_status(kb.GROUP, kb.VERSION, env.ns, kb.BROKERS, "kb", {
+        "status": {"conditions": [{"type": "TopicReady", "status": "True", "reason": "TopicReady"}]}})
+    for name in ("t1", "t2"):
+        env.objects.create_namespaced_custom_object(kb.GROUP, kb.VERSION, env.ns, kb.TRIGGERS, {
+            "apiVersion": "eventing.knative.dev/v1", "kind": "Trigger", "metadata": {"name": name},
+            "spec": {"broker": "kb", "subscriber": {"uri": env.http.url(f"/{name}")}}})
+        env.objects.patch_namespaced_custom_object_status(kb.GROUP, kb.VERSION, env.ns, kb.TRIGGERS, name, {
+            "status": {"subscriberUri": env.http.url(f"/{name}"), "conditions": [
+                {"type": kind, "status": "True", "reason": kind} for kind in kb.DISPATCH_GATES]}})
+    settings = Settings(bootstrap_servers=env.kafka.bootstrap_servers, channel_source="kube",
+                        broker_namespace=env.ns, broker_name="kb", kafka_extra=KAFKA_EXTRA)
+    connection = connection_from_settings(settings)
+    resets = Resets("Broker", env.ns, "kb", KubeResetApi(env.api_client), GroupOffsets(connection.admin_config()),
+                    identity="broker-0", poll_seconds=0.2)
+    dispatcher = create_dispatcher(settings, connection, KubeTriggerSource(env.api_client, env.ns, "kb"),
+                                   status_writer=KubeTriggerStatusWriter(env.api_client),
+                                   registry=CollectorRegistry(), host="127.0.0.1", port=0, resets=resets)
+    thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), daemon=True)
+    thread.start()
+    env.replicas.append((dispatcher, thread))
+
+    def joined() -> bool:
+        return all(next((c for c in (env.objects.get_namespaced_custom_object(
+            kb.GROUP, kb.VERSION, env.ns, kb.TRIGGERS, n).get("status") or {}).get("conditions") or ()
+            if c["type"] == kb.CONSUMER_GROUP_READY), {}).get("status") == "True" for n in ("t1", "t2"))
+
+    wait_for(joined, 60, "both Triggers' groups joined")
+    ids = produce(env.kafka, env.topic, 30)
+    wait_for(lambda: set(ids) <= set(env.http.ids("/t1")) and set(ids) <= set(env.http.ids("/t2")), 60,
+             "delivered to both Triggers")
+    wait_for(lambda: committed(env.kafka, env.topic, kb.trigger_group(env.ns, "t1")) == [10, 10, 10], 30,
+             "t1 committed")
+    env.reset("trigger-replay", "earliest", {"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+                                             "name": "t1"})
+    done = env.wait_done("trigger-replay")
+    assert done["status"] == "True", done
+    assert env.status("trigger-replay")["target"]["group"] == "knative-trigger-" + env.ns + "-t1"
+    wait_for(lambda: all(env.http.ids("/t1").count(i) == 2 for i in ids), 60, "t1 replayed")
+    time.sleep(1)
+    assert all(env.http.ids("/t2").count(i) == 1 for i in ids)

@@ -330,3 +330,103 @@ async def test_a_watch_that_lags_behind_neither_holds_the_group_nor_runs_the_res
     again.informer.frozen = resets.informer.frozen
     await settle(again)
     assert len(offsets.commits) == 1 and owner2.events == ["resume"]
+
+
+class Member:
+    """A consumer that joins nothing: records which groups are joined and left."""
+
+    def __init__(self, config: dict[str, Any], log: list[tuple[str, str]]) -> None:
+        self.group, self.log = config["group.id"], log
+        log.append(("join", self.group))
+
+    def subscribe(self, topics: list[str], **_callbacks: Any) -> None: ...
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        self.log.append(("leave", self.group))
+
+
+@run
+async def test_the_dispatcher_pauses_only_the_reset_group_and_rejoins_it_after() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from kafka_eventing.core import brokers as kb
+    from kafka_eventing.core.kafka_config import connection_from_settings
+    from kafka_eventing.core.settings import Settings
+    from kafka_eventing.dispatcher.app import create_dispatcher
+
+    from .test_app import Source
+    from .test_broker_dispatch import trigger
+
+    source = Source()
+    source.publish([trigger("now"), trigger("other")])
+    obj = reset_obj()
+    obj["status"]["target"] = ro.Target(kb.trigger_group("ns", "now"), ("t",), "Broker", "ns", "b").to_status()
+    api, offsets = FakeApi(obj), FakeOffsets()
+    resets = Resets("Broker", "ns", "b", api, offsets, informer=FakeInformer(api),  # type: ignore[arg-type]
+                    identity="x", poll_seconds=0.01)
+    log: list[tuple[str, str]] = []
+    settings = Settings(bootstrap_servers="127.0.0.1:1", broker_namespace="ns", broker_name="b")
+    dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                   consumer_factory=lambda config: Member(config, log), registry=CollectorRegistry(),
+                                   port=-1, shutdown_grace=0.1, resets=resets)
+    task = asyncio.create_task(dispatcher.run())
+    await dispatcher.wait_started()
+    for _ in range(300):
+        await asyncio.sleep(0.01)
+        if api.objs["r1"]["status"].get("completedGeneration") == 1 and ("join", "knative-trigger-ns-now") in log:
+            break
+    dispatcher.stop()
+    await task
+    # The reset group was held from the start (a pending reset): it joined only after the commit; the other
+    # Trigger joined at once and never left until the dispatcher stopped.
+    now, other = kb.trigger_group("ns", "now"), kb.trigger_group("ns", "other")
+    assert log[0] == ("join", other)
+    assert [e for e in log if e[1] == now] == [("join", now), ("leave", now)]
+    assert [e for e in log if e[1] == other] == [("join", other), ("leave", other)]
+    assert len(offsets.commits) == 1
+
+
+@run
+async def test_a_reset_of_a_running_member_stops_it_and_starts_it_again() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from kafka_eventing.core import brokers as kb
+    from kafka_eventing.core.kafka_config import connection_from_settings
+    from kafka_eventing.core.settings import Settings
+    from kafka_eventing.dispatcher.app import create_dispatcher
+
+    from .test_app import Source
+    from .test_broker_dispatch import trigger
+
+    source = Source()
+    source.publish([trigger("now"), trigger("other")])
+    obj = reset_obj(accepted=False)
+    obj["status"]["conditions"][0]["reason"] = "NotYet"  # not accepted yet, not refused either
+    obj["status"]["target"] = ro.Target(kb.trigger_group("ns", "now"), ("t",), "Broker", "ns", "b").to_status()
+    api, offsets = FakeApi(obj), FakeOffsets()
+    resets = Resets("Broker", "ns", "b", api, offsets, informer=FakeInformer(api),  # type: ignore[arg-type]
+                    identity="x", poll_seconds=0.01)
+    log: list[tuple[str, str]] = []
+    settings = Settings(bootstrap_servers="127.0.0.1:1", broker_namespace="ns", broker_name="b")
+    dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
+                                   consumer_factory=lambda config: Member(config, log), registry=CollectorRegistry(),
+                                   port=-1, shutdown_grace=0.1, resets=resets)
+    task = asyncio.create_task(dispatcher.run())
+    await dispatcher.wait_started()
+    await asyncio.sleep(0.05)
+    now, other = kb.trigger_group("ns", "now"), kb.trigger_group("ns", "other")
+    assert sorted(log) == [("join", now), ("join", other)]
+    api.objs["r1"]["status"]["conditions"][0].update(status="True", reason="Accepted")
+    resets.kick()  # what the watch event does
+    for _ in range(300):
+        await asyncio.sleep(0.01)
+        if api.objs["r1"]["status"].get("completedGeneration") == 1 and log.count(("join", now)) == 2:
+            break
+    dispatcher.stop()
+    await task
+    assert [e for e in log if e[1] == now] == [("join", now), ("leave", now), ("join", now), ("leave", now)]
+    assert [e for e in log if e[1] == other] == [("join", other), ("leave", other)]
+    assert len(offsets.commits) == 1
