@@ -8,7 +8,6 @@ only ``spec.channel`` and ``metadata.uid`` of a Subscription).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import signal
 import subprocess
@@ -206,23 +205,25 @@ def env(kafka_running: KafkaNode, topic: str, kube_control_plane: Any, kube_name
 
 
 class Traffic:
-    """Live events (ids live-N) produced at ~100/s, round-robin over the partitions, until stopped."""
+    """Live events (ids live-N) produced at ~20/s, round-robin over the partitions, until stopped."""
 
     def __init__(self, kafka: KafkaNode, topic: str) -> None:
         self.producer = Producer({**kafka.client_config(), "linger.ms": 1})
         self.topic = topic
         self.ids: list[str] = []
+        self.sent: dict[str, float] = {}  # id -> time.monotonic() when produced
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         n = 0
-        while not self._stop.wait(0.01):
+        while not self._stop.wait(0.05):
             event = CloudEvent({"id": f"live-{n}", "source": "/test", "type": "test.event", "specversion": "1.0"},
                                b"{}")
             record = event_to_kafka(event)
             self.producer.produce(self.topic, record.value, record.key, partition=n % 3, headers=record.headers)
             self.producer.poll(0)
+            self.sent[f"live-{n}"] = time.monotonic()
             self.ids.append(f"live-{n}")
             n += 1
 
@@ -254,6 +255,7 @@ def test_reset_to_a_time_redelivers_exactly_the_events_from_then_on_to_that_subs
              "second batch delivered")
     with Traffic(env.kafka, env.topic) as live:
         time.sleep(1.0)
+        started = time.monotonic()
         env.reset("replay", rfc3339(point))
         done = env.wait_done("replay")
         finished = time.monotonic()
@@ -273,9 +275,16 @@ def test_reset_to_a_time_redelivers_exactly_the_events_from_then_on_to_that_subs
     assert all(1 <= a_ids.count(i) <= 2 for i in live.ids)
     # ... and subscriber b nothing twice, and no pause while a's group was reset.
     assert {i: b_ids.count(i) for i in before + after + live.ids} == dict.fromkeys(before + after + live.ids, 1)
-    b_times = sorted(r.at for r in env.http.at("/b") if r.headers.get("ce-id", "").startswith("live"))
-    assert max(later - earlier for earlier, later in itertools.pairwise(b_times)) < 0.5
-    assert b_times[-1] > finished - 1.0
+    # b's delivery latency (produced -> received) of the live events sent while a's reset ran, against those sent
+    # before it: no pause beyond the ordinary (the bound is loose: the test machine is shared and busy).
+    latency = {r.headers["ce-id"]: r.at - live.sent[r.headers["ce-id"]] for r in env.http.at("/b")
+               if r.headers.get("ce-id", "") in live.sent}
+    during = sorted(v for i, v in latency.items() if started <= live.sent[i] <= finished)
+    before_reset = sorted(v for i, v in latency.items() if live.sent[i] < started)
+    print(f"b latency while a was reset: n={len(during)} p50={during[len(during) // 2]:.3f} max={during[-1]:.3f} s; "
+          f"before: n={len(before_reset)} p50={before_reset[len(before_reset) // 2]:.3f} "
+          f"max={before_reset[-1]:.3f} s")
+    assert len(during) > 10 and during[-1] < 1.0
 
     # Done once: a restart of the dispatcher does not apply it again.
     count = len(env.http.ids("/a"))
@@ -344,11 +353,15 @@ def test_bad_input_gets_a_reason_and_moves_nothing(env: Env) -> None:
 
 
 def test_a_group_without_commits_is_group_not_found(env: Env) -> None:
-    # No dispatcher has run: neither group has committed anything.
+    # No dispatcher has run yet, so neither group has committed anything; the dispatcher that starts holds a's
+    # group out while the reset is pending, finds nothing to move, and only then lets it join.
     env.reset("early", "earliest")
+    wait_for(lambda: env.condition("early", ro.ACCEPTED).get("status") == "True", 30, "accepted")
+    env.start_replica()
     done = env.wait_done("early")
-    assert (done["status"], done["reason"]) == ("False", ro.REASON_GROUP_NOT_FOUND)
-    assert committed(env.kafka, env.topic, env.group("a")) == [-1001, -1001, -1001]
+    assert (done["status"], done["reason"]) == ("False", ro.REASON_GROUP_NOT_FOUND), done
+    assert "partitions" not in env.status("early")
+    wait_for(env.joined, 60, "both subscriptions joined after it")
 
 
 def test_a_time_older_than_retention_moves_to_the_earliest_kept_offset_and_says_so(env: Env) -> None:
