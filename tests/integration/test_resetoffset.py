@@ -392,6 +392,7 @@ def test_a_dispatcher_killed_mid_reset_leaves_the_group_where_it_was_and_finishe
         wait_for(lambda: committed(env.kafka, env.topic, env.group("a")) == [10, 10, 10], 30, "committed")
         # A member the dispatcher does not control (another replica that has not let go): the reset waits for it.
         stranger = Consumer({**env.kafka.client_config(), "group.id": env.group("a"), "enable.auto.commit": False,
+                             "partition.assignment.strategy": "cooperative-sticky",
                              "session.timeout.ms": 6000})
         stranger.subscribe([env.topic])
         polling = threading.Event()
@@ -402,6 +403,8 @@ def test_a_dispatcher_killed_mid_reset_leaves_the_group_where_it_was_and_finishe
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
+        group_offsets = GroupOffsets(env.kafka.client_config())
+        wait_for(lambda: group_offsets.members(env.group("a")).count == 2, 60, "the stranger in the group")
         env.reset("killed", "earliest")
         wait_for(lambda: env.condition("killed", ro.RESETTING).get("reason") == ro.REASON_MEMBERS, 60,
                  "waiting for the stranger to leave")
