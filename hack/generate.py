@@ -2,7 +2,8 @@
 
 - CRDs: src/kafka_eventing/controller/crds/*.yaml (what the controller installs) → the chart's files/crds/ and
   kustomize/base/crds/ (neither tool may read outside its own tree), with the base's kustomization listing them;
-  the optional Broker/Trigger CRDs (eventing.knative.dev) go to the opt-in component kustomize/components/broker-crds/.
+  the optional Broker/Trigger CRDs (eventing.knative.dev) go to the opt-in component kustomize/components/broker-crds/,
+  the ResetOffset CRD to kustomize/components/resetoffset-crd/ (OPTIONAL_CRDS).
 - Provider facts: src/kafka_eventing/core/providers.yaml → the chart's values-<preset>.yaml, the Kustomize overlays
   kustomize/overlays/<preset>/, the element lists of the Argo CD ApplicationSets, the provider enum of the chart's
   values.schema.json, the Secret-keys table in docs/install.md and the preset table in the chart's README.md.gotmpl.
@@ -70,12 +71,13 @@ def dump(data: Any) -> str:
 
 
 #: Opt-in CRDs by file: the Kustomize component that installs each, and what its kustomization says. The rest are
-#: in the base. The chart has a value for each (crds.brokers, crds.sinks, crds.sources).
+#: in the base. The chart has a value for each (crds.brokers, crds.sinks, crds.sources, crds.resetOffsets).
 OPTIONAL_CRDS = {
     "brokers.yaml": "broker-crds",
     "triggers.yaml": "broker-crds",
     "kafkasinks.yaml": "sink-crds",
     "kafkasources.yaml": "source-crds",
+    "resetoffsets.yaml": "resetoffset-crd",
 }
 COMPONENT_COMMENTS = {
     "broker-crds": [
@@ -87,12 +89,15 @@ COMPONENT_COMMENTS = {
     "source-crds": [
         "# Opt-in: the KafkaSource CRD (sources.knative.dev) for clusters without eventing-kafka-broker.",
         "# Leave it out where that is installed: its own CRD defines the type."],
+    "resetoffset-crd": [
+        "# Opt-in: the ResetOffset CRD (kafka.eventing.knative.dev/v1alpha1, docs/resetoffset.md). Without it the",
+        "# controller and the dispatchers leave resets alone; `kafka-eventing offsets` still works."],
 }
 
 
 def optional_crd(source: Path) -> bool:
-    """Types defined elsewhere (Knative's Broker and Trigger, upstream's KafkaSink and KafkaSource): installed only
-    where their owner is not."""
+    """Types defined elsewhere (Knative's Broker and Trigger, upstream's KafkaSink and KafkaSource), installed only
+    where their owner is not, and the ResetOffset."""
     return source.name in OPTIONAL_CRDS
 
 

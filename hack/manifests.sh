@@ -22,6 +22,8 @@ for crd in "$CRDS"/*.yaml; do
   # The KafkaSink (upstream eventing-kafka-broker's type) is an opt-in component of its own.
   [[ ${crd##*/} == kafkasinks.yaml ]] && base=$ROOT/kustomize/components/sink-crds
   grep -q '^  group: sources.knative.dev$' "$crd" && base=$ROOT/kustomize/components/source-crds
+  # The ResetOffset CRD is an opt-in component too.
+  [[ ${crd##*/} == resetoffsets.yaml ]] && base=$ROOT/kustomize/components/resetoffset-crd
   for copy in "$base/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
     if ! cmp -s "$crd" "$copy"; then
       echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reprocess": ("kafka_eventing.reprocess.cli", "offline jobs on PySpark: archive, replay, redrive, stats"),
     "local": ("kafka_eventing.localstack.__main__", "start/stop a local Kafka + Kubernetes API server"),
     "cesql": ("kafka_eventing.cesql.cli", "CloudEvents SQL: evaluate an expression, run conformance (TCK) files"),
+    "offsets": ("kafka_eventing.core.offsets_cli", "a consumer group's offsets: show, reset to a time (no CRD needed)"),
 }
 
 

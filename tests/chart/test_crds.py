@@ -23,28 +23,33 @@ from .render import (
 BROKER_CRD_FILES = ("brokers.yaml", "triggers.yaml")  # Knative's own types: opt-in copies
 SINK_CRD_FILES = ("kafkasinks.yaml",)  # upstream eventing-kafka-broker's type: an opt-in copy of its own
 SOURCE_CRD = "kafkasources.yaml"  # upstream eventing-kafka-broker's type: opt-in too
+#: Opt-in CRDs by file: the Kustomize component holding each (hack/generate.py OPTIONAL_CRDS).
+OPTIONAL_CRDS = {**dict.fromkeys(BROKER_CRD_FILES, "broker-crds"), "kafkasinks.yaml": "sink-crds",
+                 SOURCE_CRD: "source-crds", "resetoffsets.yaml": "resetoffset-crd"}
 
 
 @pytest.mark.parametrize(("copies", "optional"), [
     (CHART / "files" / "crds", True), (KUSTOMIZE / "base" / "crds", False),
 ], ids=["chart", "kustomize"])
 def test_crd_copies_equal_the_canonical_files(copies: Path, optional: bool) -> None:
-    canonical = sorted(p for p in CRDS.glob("*.yaml")
-                       if optional or p.name not in (*BROKER_CRD_FILES, *SINK_CRD_FILES, SOURCE_CRD))
+    canonical = sorted(p for p in CRDS.glob("*.yaml") if optional or p.name not in OPTIONAL_CRDS)
     assert CANONICAL_CRD in canonical, "the controller's canonical CRD is missing"
     assert sorted(p.name for p in copies.glob("*.yaml") if p.name != "kustomization.yaml") == [
         p.name for p in canonical], "run `make generate`"
     for crd in canonical:
         assert (copies / crd.name).read_bytes() == crd.read_bytes(), "run `make generate`"
-    component = KUSTOMIZE / "components" / "broker-crds"
-    for name in BROKER_CRD_FILES:
-        assert (component / name).read_bytes() == (CRDS / name).read_bytes(), "run `make generate`"
-    for name in SINK_CRD_FILES:
-        copy = KUSTOMIZE / "components" / "sink-crds" / name
-        assert copy.read_bytes() == (CRDS / name).read_bytes(), "run `make generate`"
-    component = KUSTOMIZE / "components" / "source-crds"
-    assert (component / SOURCE_CRD).read_bytes() == (CRDS / SOURCE_CRD).read_bytes(), "run `make generate`"
-    assert yaml.safe_load((component / "kustomization.yaml").read_text())["resources"] == [SOURCE_CRD]
+    for name, component in OPTIONAL_CRDS.items():
+        assert (KUSTOMIZE / "components" / component / name).read_bytes() == (CRDS / name).read_bytes(), \
+            "run `make generate`"
+
+
+def test_resetoffset_crd_is_opt_in() -> None:
+    with_resets = of_kind(helm(sets=("crds.resetOffsets=true",)), "CustomResourceDefinition")
+    assert {c["spec"]["names"]["kind"] for c in with_resets} == {"KafkaChannel", "ResetOffset"}
+    (crd,) = (c for c in with_resets if c["spec"]["names"]["kind"] == "ResetOffset")
+    assert crd["spec"] == yaml.safe_load((CRDS / "resetoffsets.yaml").read_text())["spec"]
+    component = yaml.safe_load((KUSTOMIZE / "components" / "resetoffset-crd" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component" and component["resources"] == ["resetoffsets.yaml"]
 
 
 def test_broker_crds_are_opt_in() -> None:

@@ -1,11 +1,12 @@
 """The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics —
-for KafkaChannels, Kafka-class Brokers and their Triggers (controller/brokers.py), and KafkaSources
-(controller/kafkasources.py).
+for KafkaChannels, Kafka-class Brokers and their Triggers (controller/brokers.py), KafkaSinks, KafkaSources
+(controller/kafkasources.py) and ResetOffsets.
 
 Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
 change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
 Secret/ConfigMap enqueues the affected channels; a change to a Broker's ConfigMap or the Secret it names enqueues
-the Brokers that name it; a periodic resync enqueues all of them.
+the Brokers that name it; a periodic resync enqueues all of them. Brokers and Triggers, KafkaSinks, KafkaSources and
+ResetOffsets (controller/resetoffsets.py) are reconciled on the same queue when the API server serves their CRDs.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_
 from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SourceReconciler
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
+from kafka_eventing.controller.resetoffsets import ResetOffsetReconciler
 from kafka_eventing.controller.sinks import SinkReconciler
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core import kafkasources as ksrc
+from kafka_eventing.core import resetoffsets as ro
 from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.channels import GROUP, PLURAL
 from kafka_eventing.core.informer import Informer, NamedWatches, ObjKey, Store, obj_key
@@ -50,6 +53,7 @@ Key = tuple[str, ...]
 BROKER, TRIGGER = "Broker", "Trigger"
 SINK = "KafkaSink"
 SOURCE = ksrc.KIND
+RESET_OFFSET = ro.KIND
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -80,6 +84,8 @@ class ControllerOptions:
     sinks: bool | None = None
     #: reconcile KafkaSources; None: when the API server serves their CRD at start.
     sources: bool | None = None
+    #: reconcile ResetOffsets; None: when the API server serves their (optional) CRD at start.
+    resetoffsets: bool | None = None
 
 
 def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
@@ -227,6 +233,15 @@ class Controller:
             self.source_reconciler = SourceReconciler(self.reconciler, self.sources,
                                                       recheck_seconds=opts.topic_recheck_seconds,
                                                       kafka_timeout=opts.kafka_timeout)
+        self.resetoffsets: Informer | None = None
+        self.reset_reconciler: ResetOffsetReconciler | None = None
+        if opts.resetoffsets or (opts.resetoffsets is None and _serves(custom, ro.GROUP, ro.VERSION, {ro.PLURAL})):
+            self.resetoffsets = Informer("resetoffsets", custom.list_cluster_custom_object, self._on_reset,
+                                         watch_timeout_seconds=wt, group=ro.GROUP, version=ro.VERSION,
+                                         plural=ro.PLURAL)
+            self.informers = (*self.informers, self.resetoffsets)
+            self.reset_reconciler = ResetOffsetReconciler(api_client, settings, self.resetoffsets,
+                                                          lambda: self.elector.is_leader)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -320,6 +335,10 @@ class Controller:
         meta = obj.get("metadata") or {}
         self.queue.add((TRIGGER, str(meta.get("namespace")), str(meta.get("name"))))
 
+    def _on_reset(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.add((RESET_OFFSET, str(meta.get("namespace")), str(meta.get("name"))))
+
     def _on_leader(self) -> None:
         self._enqueue_all()
 
@@ -332,6 +351,8 @@ class Controller:
             self._on_sink("RESYNC", obj)
         for obj in self.sources.items() if self.sources is not None else ():
             self._on_source("RESYNC", obj)
+        for obj in self.resetoffsets.items() if self.resetoffsets is not None else ():
+            self._on_reset("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -429,6 +450,9 @@ class Controller:
         if kind == SOURCE:
             assert self.source_reconciler is not None
             return self.source_reconciler.reconcile(namespace, name)
+        if kind == RESET_OFFSET:
+            assert self.reset_reconciler is not None
+            return self.reset_reconciler.reconcile(namespace, name)
         assert self.broker_reconciler is not None
         if kind == BROKER:
             return self.broker_reconciler.reconcile_broker(namespace, name)

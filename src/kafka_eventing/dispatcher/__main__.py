@@ -9,7 +9,8 @@ does. All are read from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG o
 file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_*
 variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before
 exit. On the API (KE_CHANNEL_SOURCE=kube) destinations that declare an audience get the dispatcher ServiceAccount's
-tokens (core/tokens.py).
+tokens (core/tokens.py), and the dispatcher carries out the ResetOffsets (kafka.eventing.knative.dev/v1alpha1) of
+its consumer groups when the API server serves that CRD (dispatcher/resets.py).
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ import sys
 import uvloop
 
 from kafka_eventing.core import logging as ke_logging
+from kafka_eventing.core import resetoffsets as ro
 from kafka_eventing.core import tracing
 from kafka_eventing.core.channel_source import ChannelSource, channel_source_from_settings
+from kafka_eventing.core.group_offsets import GroupOffsets
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.core.tokens import DISPATCHER_SERVICE_ACCOUNT, TokenSource, kube_requester
 from kafka_eventing.dispatcher.app import create_dispatcher
+from kafka_eventing.dispatcher.resets import KubeResetApi, Resets, serves_resetoffsets
 from kafka_eventing.dispatcher.status import (
     KubeStatusWriter,
     KubeTriggerStatusWriter,
@@ -85,6 +89,13 @@ async def _run(settings: Settings) -> None:
     else:
         source = channel_source_from_settings(settings)
         writer = MemoryStatusWriter()
+    resets = None
+    if settings.channel_source == "kube" and serves_resetoffsets(api_client):
+        # ResetOffsets naming this dispatcher's groups (dispatcher/resets.py); the CRD is optional.
+        kind = "Broker" if settings.broker_name else ro.KAFKA_CHANNEL_KIND
+        namespace, name = ((settings.broker_namespace, settings.broker_name) if settings.broker_name
+                           else (settings.channel_namespace, settings.channel_name))
+        resets = Resets(kind, namespace, name, KubeResetApi(api_client), GroupOffsets(connection.admin_config()))
     if settings.dispatcher_initial_offset not in ("latest", "earliest"):
         raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")
     # On the API: tokens of the dispatcher's own ServiceAccount for destinations that declare an audience.
@@ -93,7 +104,8 @@ async def _run(settings: Settings) -> None:
     traces = tracing.setup(settings, "kafka-eventing-dispatcher")
     dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
                                    initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host,
-                                   tracer=traces.tracer if traces is not None else None, tokens=tokens)
+                                   tracer=traces.tracer if traces is not None else None, tokens=tokens,
+                                   resets=resets)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, dispatcher.stop)

@@ -45,6 +45,8 @@ from kafka_eventing.dispatcher.subscription import ConsumerFactory, Subscription
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
+    from kafka_eventing.dispatcher.resets import Resets
+
 log = logging.getLogger(__name__)
 
 INITIAL_OFFSETS = ("latest", "earliest")
@@ -110,6 +112,7 @@ class Dispatcher:
         tracer: Tracer | None = None,
         max_outstanding: int = MAX_OUTSTANDING,
         tokens: TokenSource | None = None,
+        resets: Resets | None = None,
     ) -> None:
         self.broker = bool(settings.broker_name)
         #: A KafkaSource's dispatcher (dispatcher/sources.py): its subscribers are its topics, one group.
@@ -143,6 +146,8 @@ class Dispatcher:
         self._own_session = http_session is None
         self._writer = status_writer or MemoryStatusWriter()
         self._factory = consumer_factory
+        #: ResetOffsets of this dispatcher's groups (dispatcher/resets.py); None: not served (file mode, no CRD).
+        self._resets = resets
         self._subs: dict[str, _Running] = {}
         self._stopping_subs: dict[str, asyncio.Task[None]] = {}
         self._stop = asyncio.Event()
@@ -196,12 +201,20 @@ class Dispatcher:
 
             self.source.subscribe(changed)
             await loop.run_in_executor(None, self.source.start)
+            if self._resets is not None:
+                # Listed before any member joins: a group whose reset is pending (a restart mid-reset) stays out.
+                self._resets.bind(loop)
+                await loop.run_in_executor(None, self._resets.start, self)
             self._reconcile()
+            if self._resets is not None:
+                self._resets.kick()
             self._started.set()
             log.info("dispatcher started", extra={"channel": "/".join(self.key), "port": self.bound_port})
             await self._stop.wait()
         finally:
             log.info("dispatcher stopping", extra={"channel": "/".join(self.key)})
+            if self._resets is not None:
+                await self._resets.stop()
             await self._stop_all()
             self.source.stop()
             if self.tokens is not None:
@@ -243,6 +256,9 @@ class Dispatcher:
                 # Consuming without the sink would drop (and commit) every event that fails: hold them in Kafka.
                 self.board.set(uid, sub.generation, False, problem, REASON_DEAD_LETTER)
                 del wanted[uid]
+                continue
+            if channel is not None and self._resets is not None and self._resets.holds(self.group_of(channel, sub)):
+                del wanted[uid]  # its group is being reset: the member stays out until the reset is done
         self._apply(channel, wanted)
         if channel is None:
             return
@@ -266,10 +282,36 @@ class Dispatcher:
                 log.info("subscriber changed, applying", extra={"subscriber": uid})
                 running.consumer.update(sub)
 
+    def group_of(self, channel: Channel, sub: Subscriber) -> str:
+        """The consumer group of one subscriber (a KafkaSource's own, a Trigger's, or a channel subscription's)."""
+        return sub.group or (kb.trigger_group(channel.namespace, sub.uid) if self.broker
+                             else self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid))
+
+    # -- ResetOffset (dispatcher/resets.py) -----------------------------------------------------------
+    def group_subscriber(self, group: str) -> str | None:
+        channel = self._channel()
+        return next((s.uid for s in channel.subscribers if self.group_of(channel, s) == group), None) \
+            if channel is not None else None
+
+    async def pause_group(self, group: str) -> None:
+        """Stop the group's member (no new records; in-flight deliveries finish within the shutdown grace, the
+        finished marks are committed, the member leaves the group) and keep it out while ``Resets.holds`` says
+        so. The other subscriptions are not touched."""
+        uid = self.group_subscriber(group)
+        if uid is None:
+            return
+        self._reconcile()
+        leaving = self._stopping_subs.get(uid)
+        if leaving is not None:
+            await asyncio.gather(leaving, return_exceptions=True)
+
+    def resume_group(self, group: str) -> None:
+        """The member joins again (from the committed offsets), unless the dispatcher is stopping."""
+        self._reconcile()
+
     def _launch(self, channel: Channel, sub: Subscriber) -> None:
         assert self._deliverer is not None
-        group = sub.group or (kb.trigger_group(channel.namespace, sub.uid) if self.broker
-                              else self.settings.consumer_group_for(channel.namespace, channel.name, sub.uid))
+        group = self.group_of(channel, sub)
         config = consumer_settings(self.settings, self.connection, group, self.initial_offset,
                                    channel.num_partitions)
         kwargs: dict[str, Any] = {} if self._factory is None else {"consumer_factory": self._factory}

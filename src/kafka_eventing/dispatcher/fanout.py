@@ -186,6 +186,10 @@ class SharedReader(_LoopBound):
             except KafkaException as exc:
                 log.warning("consumer group not deleted", extra={"group": lane.group_id, "error": str(exc)})
 
+    async def retired(self) -> None:
+        """Until every lane removed so far has drained and committed its marks."""
+        await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
     def stop(self) -> None:
         self.stop_requested = self._stopping = True
         self._wake()
@@ -743,6 +747,15 @@ class BrokerDispatcher(Dispatcher):
         self._reader: SharedReader | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._old_readers: set[asyncio.Task[None]] = set()
+
+    async def pause_group(self, group: str) -> None:
+        """A Trigger's group is being reset (``Resets.holds``): its lane leaves the shared read, drains and commits
+        its marks (the group keeps no members, so the reset's commit is accepted) before the reset commits."""
+        self._reconcile()
+        if self._reader is not None:
+            await self._reader.retired()
+        if self._old_readers:
+            await asyncio.gather(*list(self._old_readers), return_exceptions=True)
 
     def _apply(self, channel: Channel | None, wanted: dict[str, Subscriber]) -> None:
         reader = self._reader

@@ -1,0 +1,140 @@
+"""`kafka-eventing offsets show|reset`: a consumer group's offsets from a terminal, for users without the
+ResetOffset CRD.
+
+``show`` prints per partition the committed offset, the high watermark and the lag. ``reset --to TIME`` (RFC 3339,
+``earliest`` or ``latest``) prints the same table with the new offsets, asks before moving anything unless
+``--yes``, and commits every partition in one request (applied whole or not at all).
+
+Kafka moves a group's offsets only while the group has no active member, so ``reset`` refuses a group with
+members and names them: stop the dispatcher (or use a ResetOffset, which pauses the members itself) first.
+``--wait SECONDS`` waits that long for the members to leave (while you scale the dispatcher down). There is no
+``--force``: Kafka itself would refuse the commit, and forcing members out would make them commit over it.
+
+The connection comes from the same ``KE_*`` settings as the roles (``KE_BOOTSTRAP_SERVERS``, ``KE_KAFKA_*``).
+The group is named with ``--group``, or derived: ``--channel NS/NAME --subscription UID`` (the channel's template)
+or ``--trigger NS/NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import resetoffsets as ro
+from kafka_eventing.core.group_offsets import GroupOffsets, GroupOffsetsError, plan
+from kafka_eventing.core.kafka_config import connection_from_settings
+from kafka_eventing.core.settings import Settings, SettingsError
+
+#: The marker a terminal reset leaves in the commit metadata (who moved the group, and from where).
+CLI_UID = "cli"
+
+
+def table(rows: Sequence[ro.PartitionMove], highs: dict[int, int], *, moving: bool) -> str:
+    """partition, committed, [new,] high watermark, lag (after the move when moving)."""
+    head = ["partition", "committed", *(["new"] if moving else []), "high", "lag"]
+    lines = [head]
+    for m in rows:
+        at = m.new if moving else m.old
+        lag = highs[m.partition] - at if at >= 0 else highs[m.partition]
+        new = [f"{m.new}{' *' if m.before_retention else ''}"] if moving else []
+        lines.append([str(m.partition), str(m.old) if m.old >= 0 else "-", *new, str(highs[m.partition]), str(lag)])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in lines]
+    if any(m.before_retention for m in rows):
+        out.append("* the time is older than the oldest record kept (retention): the earliest kept offset")
+    return "\n".join(out)
+
+
+def _group_and_topic(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
+    if args.trigger:
+        ns, _, name = args.trigger.partition("/")
+        return args.group or kb.trigger_group(ns, name), args.topic or kb.broker_topic(ns, args.broker or "default")
+    if args.channel:
+        ns, _, name = args.channel.partition("/")
+        if not args.subscription and not args.group:
+            raise SettingsError("--channel needs --subscription UID (or --group)")
+        group = args.group or settings.consumer_group_for(ns, name, args.subscription)
+        return group, args.topic or settings.topic_for(ns, name)
+    if not args.group or not args.topic:
+        raise SettingsError("name the group: --group G --topic T, --channel NS/NAME --subscription UID, "
+                            "or --trigger NS/NAME [--broker NAME]")
+    return args.group, args.topic
+
+
+def run(args: argparse.Namespace, offsets: GroupOffsets, settings: Settings,
+        ask: Callable[[str], str] = input, out: Callable[[str], None] = print) -> int:
+    group, topic = _group_and_topic(args, settings)
+    parts = offsets.partitions(topic)
+    committed = offsets.committed(group, topic, parts)
+    highs = {p: w.high for p, w in offsets.watermarks(topic, parts).items()}
+    out(f"group {group}, topic {topic}")
+    if args.command == "show":
+        rows = [ro.PartitionMove(topic, p, committed[p].offset, committed[p].offset) for p in parts]
+        out(table(rows, highs, moving=False))
+        members = offsets.members(group)
+        out(f"members: {members.count} ({members.state.lower()})")
+        return 0
+    when = ro.parse_time(args.to)
+    if all(c.offset < 0 for c in committed.values()):
+        out(f"group {group} has no committed offsets on {topic}: nothing to move")
+        return 1
+    deadline = time.monotonic() + args.wait
+    members = offsets.members(group)
+    while not members.empty and time.monotonic() < deadline:
+        time.sleep(0.5)
+        members = offsets.members(group)
+    if not members.empty:
+        out(f"refused: the group has {members.count} active member(s) ({', '.join(members.clients)}); Kafka moves "
+            "a group's offsets only while it is empty. Stop its dispatcher, use a ResetOffset, or --wait.")
+        return 3
+    committed = offsets.committed(group, topic, parts)
+    moves = plan(offsets, topic, committed, earliest=when.earliest, latest=when.latest, millis=when.millis)
+    out(table(moves, highs, moving=True))
+    if not args.yes and ask(f"move group {group} to {when.text}? [y/N] ").strip().lower() not in ("y", "yes"):
+        out("nothing moved")
+        return 1
+    marker = ro.marker(CLI_UID, int(time.time()), 0)
+    try:
+        offsets.commit(group, [TopicPartition(topic, m.partition, m.new, marker) for m in moves])
+    except (GroupOffsetsError, KafkaException) as exc:
+        out(f"nothing moved: {exc}")
+        return 3
+    out(f"moved {sum(1 for m in moves if m.new != m.old)} of {len(moves)} partitions")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kafka-eventing offsets", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_ in (("show", "print the group's committed offsets, high watermarks and lag"),
+                        ("reset", "move every partition of the group to a point in time")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--group", help="the consumer group")
+        s.add_argument("--topic", help="its topic (derived with --channel or --trigger)")
+        s.add_argument("--channel", metavar="NS/NAME", help="a KafkaChannel (with --subscription)")
+        s.add_argument("--subscription", metavar="UID", help="the Subscription's uid (the channel's subscriber)")
+        s.add_argument("--trigger", metavar="NS/NAME", help="a Trigger of a Kafka Broker (with --broker)")
+        s.add_argument("--broker", metavar="NAME", help="the Trigger's Broker (for its topic)")
+        if name == "reset":
+            s.add_argument("--to", required=True, help="RFC 3339 time with a zone, earliest or latest")
+            s.add_argument("--yes", action="store_true", help="do not ask before moving")
+            s.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                           help="wait up to this long for the group's members to leave (default: refuse at once)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = Settings.from_env()
+        connection = connection_from_settings(settings)
+        return run(args, GroupOffsets(connection.admin_config()), settings)
+    except (SettingsError, ro.SpecError, GroupOffsetsError) as exc:
+        print(f"offsets: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,123 @@
+"""`kafka-eventing offsets show|reset` and the group offsets it shares with the dispatcher's reset
+(core/group_offsets.py), on real Kafka: the table, the refusal while the group has members, the question, the
+one-request move, a time between batches and one older than what retention kept."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from test_dispatcher import committed, produce
+
+from kafka_eventing.core.group_offsets import GroupOffsets
+from kafka_eventing.core.offsets_cli import main, parser, run
+from kafka_eventing.core.settings import Settings
+from kafka_eventing.localstack.kafka import KafkaNode
+
+pytestmark = [pytest.mark.kafka]
+
+GROUP = "offsets-cli"
+
+
+def commit(kafka: KafkaNode, topic: str, group: str, offsets: list[int]) -> None:
+    consumer = Consumer({**kafka.client_config(), "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in enumerate(offsets)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def loaded(kafka_running: KafkaNode, topic: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[KafkaNode, str]]:
+    monkeypatch.setenv("KE_BOOTSTRAP_SERVERS", kafka_running.bootstrap_servers)
+    produce(kafka_running, topic, 30)  # 10 per partition
+    commit(kafka_running, topic, GROUP, [8, 9, 10])
+    return kafka_running, topic
+
+
+def test_show_prints_committed_high_and_lag(loaded: tuple[KafkaNode, str], capsys: Any) -> None:
+    _kafka, topic = loaded
+    assert main(["show", "--group", GROUP, "--topic", topic]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["partition", "committed", "high", "lag"]
+    assert [line.split() for line in out[2:5]] == [["0", "8", "10", "2"], ["1", "9", "10", "1"], ["2", "10", "10", "0"]]
+    assert out[5] == "members: 0 (empty)"
+
+
+def test_reset_asks_and_a_no_moves_nothing(loaded: tuple[KafkaNode, str], capsys: Any) -> None:
+    kafka, topic = loaded
+    args = parser().parse_args(["reset", "--group", GROUP, "--topic", topic, "--to", "earliest"])
+    offsets = GroupOffsets(kafka.client_config())
+    asked: list[str] = []
+
+    def no(question: str) -> str:
+        asked.append(question)
+        return "n"
+
+    assert run(args, offsets, Settings(), ask=no) == 1
+    assert asked == [f"move group {GROUP} to earliest? [y/N] "]
+    out = capsys.readouterr().out
+    assert "partition  committed  new  high  lag" in out and "nothing moved" in out
+    assert committed(kafka, topic, GROUP) == [8, 9, 10]
+    assert run(args, offsets, Settings(), ask=lambda q: "y") == 0
+    assert committed(kafka, topic, GROUP) == [0, 0, 0]
+
+
+def test_reset_refuses_a_group_with_members(loaded: tuple[KafkaNode, str], capsys: Any) -> None:
+    kafka, topic = loaded
+    member = Consumer({**kafka.client_config(), "group.id": GROUP, "enable.auto.commit": False})
+    member.subscribe([topic])
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            member.poll(0.1)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while GroupOffsets(kafka.client_config()).members(GROUP).empty and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert main(["reset", "--group", GROUP, "--topic", topic, "--to", "latest", "--yes"]) == 3
+        assert "refused: the group has 1 active member" in capsys.readouterr().out
+    finally:
+        stop.set()
+        thread.join(10)
+        member.close()
+    assert committed(kafka, topic, GROUP) == [8, 9, 10]
+    # Once it has left, the same command moves every partition (in one request) to the high watermark.
+    assert main(["reset", "--group", GROUP, "--topic", topic, "--to", "latest", "--yes", "--wait", "15"]) == 0
+    assert committed(kafka, topic, GROUP) == [10, 10, 10]
+
+
+def test_reset_to_a_time_and_to_one_older_than_retention(loaded: tuple[KafkaNode, str], capsys: Any) -> None:
+    kafka, topic = loaded
+    time.sleep(0.2)
+    point = time.time()
+    time.sleep(0.2)
+    produce(kafka, topic, 15, prefix="later")  # offsets 10..14 on every partition
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(point)) + f".{int(point * 1000) % 1000:03d}Z"
+    assert main(["reset", "--group", GROUP, "--topic", topic, "--to", when, "--yes"]) == 0
+    assert committed(kafka, topic, GROUP) == [10, 10, 10]
+    admin = AdminClient(kafka.client_config())
+    for future in admin.delete_records([TopicPartition(topic, p, 3) for p in range(3)]).values():
+        future.result(30)
+    capsys.readouterr()
+    assert main(["reset", "--group", GROUP, "--topic", topic, "--to", "2001-01-01T00:00:00Z", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert committed(kafka, topic, GROUP) == [3, 3, 3]
+    assert "3 *" in out and "older than the oldest record kept (retention)" in out
+
+
+def test_bad_time_and_unknown_group(loaded: tuple[KafkaNode, str], capsys: Any) -> None:
+    _kafka, topic = loaded
+    assert main(["reset", "--group", GROUP, "--topic", topic, "--to", "noon", "--yes"]) == 2
+    assert "is not RFC 3339" in capsys.readouterr().err
+    assert main(["reset", "--group", "never-used", "--topic", topic, "--to", "earliest", "--yes"]) == 1
+    assert "has no committed offsets" in capsys.readouterr().out
