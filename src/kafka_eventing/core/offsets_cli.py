@@ -10,7 +10,8 @@ members and names them: stop the dispatcher (or use a ResetOffset, which pauses 
 ``--wait SECONDS`` waits that long for the members to leave (while you scale the dispatcher down). There is no
 ``--force``: Kafka itself would refuse the commit, and forcing members out would make them commit over it.
 
-The connection comes from the same ``KE_*`` settings as the roles (``KE_BOOTSTRAP_SERVERS``, ``KE_KAFKA_*``).
+The connection comes from the same ``KE_*`` settings as the roles (``KE_BOOTSTRAP_SERVERS``,
+``KE_KAFKA_SECRET_DIR``, ``KE_KAFKA_PROVIDER``).
 The group is named with ``--group``, or derived: ``--channel NS/NAME --subscription UID`` (the channel's template)
 or ``--trigger NS/NAME``.
 """

@@ -332,6 +332,22 @@ async def test_a_watch_that_lags_behind_neither_holds_the_group_nor_runs_the_res
     assert len(offsets.commits) == 1 and owner2.events == ["resume"]
 
 
+def _two_subscriptions() -> tuple[Any, Any, Callable[[str], str]]:
+    """A KafkaChannel ns/c with the subscriptions "now" and "other", in a source the dispatcher reads, its settings
+    and each subscription's consumer group. (A Broker's Triggers share one read: test_fanout.py.)"""
+    from kafka_eventing.core.channels import Channel, Subscriber
+    from kafka_eventing.core.settings import Settings
+
+    from .test_app import Source
+
+    settings = Settings(bootstrap_servers="127.0.0.1:1", channel_namespace="ns", channel_name="c")
+    source = Source()
+    channel = Channel(namespace="ns", name="c", topic="t", subscribers=(
+        Subscriber("now", "http://sub/"), Subscriber("other", "http://sub/")))
+    source.channels = {channel.key: channel}
+    return source, settings, lambda uid: settings.consumer_group_for("ns", "c", uid)
+
+
 class Member:
     """A consumer that joins nothing: records which groups are joined and left."""
 
@@ -352,23 +368,16 @@ class Member:
 async def test_the_dispatcher_pauses_only_the_reset_group_and_rejoins_it_after() -> None:
     from prometheus_client import CollectorRegistry
 
-    from kafka_eventing.core import brokers as kb
     from kafka_eventing.core.kafka_config import connection_from_settings
-    from kafka_eventing.core.settings import Settings
     from kafka_eventing.dispatcher.app import create_dispatcher
 
-    from .test_app import Source
-    from .test_broker_dispatch import trigger
-
-    source = Source()
-    source.publish([trigger("now"), trigger("other")])
+    source, settings, group = _two_subscriptions()
     obj = reset_obj()
-    obj["status"]["target"] = ro.Target(kb.trigger_group("ns", "now"), ("t",), "Broker", "ns", "b").to_status()
+    obj["status"]["target"] = ro.Target(group("now"), ("t",), "KafkaChannel", "ns", "c").to_status()
     api, offsets = FakeApi(obj), FakeOffsets()
-    resets = Resets("Broker", "ns", "b", api, offsets, informer=FakeInformer(api),  # type: ignore[arg-type]
+    resets = Resets("KafkaChannel", "ns", "c", api, offsets, informer=FakeInformer(api),  # type: ignore[arg-type]
                     identity="x", poll_seconds=0.01)
     log: list[tuple[str, str]] = []
-    settings = Settings(bootstrap_servers="127.0.0.1:1", broker_namespace="ns", broker_name="b")
     dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                    consumer_factory=lambda config: Member(config, log), registry=CollectorRegistry(),
                                    port=-1, shutdown_grace=0.1, resets=resets)
@@ -376,13 +385,13 @@ async def test_the_dispatcher_pauses_only_the_reset_group_and_rejoins_it_after()
     await dispatcher.wait_started()
     for _ in range(300):
         await asyncio.sleep(0.01)
-        if api.objs["r1"]["status"].get("completedGeneration") == 1 and ("join", "knative-trigger-ns-now") in log:
+        if api.objs["r1"]["status"].get("completedGeneration") == 1 and ("join", group("now")) in log:
             break
     dispatcher.stop()
     await task
     # The reset group was held from the start (a pending reset): it joined only after the commit; the other
     # Trigger joined at once and never left until the dispatcher stopped.
-    now, other = kb.trigger_group("ns", "now"), kb.trigger_group("ns", "other")
+    now, other = group("now"), group("other")
     assert log[0] == ("join", other)
     assert [e for e in log if e[1] == now] == [("join", now), ("leave", now)]
     assert [e for e in log if e[1] == other] == [("join", other), ("leave", other)]
@@ -393,31 +402,24 @@ async def test_the_dispatcher_pauses_only_the_reset_group_and_rejoins_it_after()
 async def test_a_reset_of_a_running_member_stops_it_and_starts_it_again() -> None:
     from prometheus_client import CollectorRegistry
 
-    from kafka_eventing.core import brokers as kb
     from kafka_eventing.core.kafka_config import connection_from_settings
-    from kafka_eventing.core.settings import Settings
     from kafka_eventing.dispatcher.app import create_dispatcher
 
-    from .test_app import Source
-    from .test_broker_dispatch import trigger
-
-    source = Source()
-    source.publish([trigger("now"), trigger("other")])
+    source, settings, group = _two_subscriptions()
     obj = reset_obj(accepted=False)
     obj["status"]["conditions"][0]["reason"] = "NotYet"  # not accepted yet, not refused either
-    obj["status"]["target"] = ro.Target(kb.trigger_group("ns", "now"), ("t",), "Broker", "ns", "b").to_status()
+    obj["status"]["target"] = ro.Target(group("now"), ("t",), "KafkaChannel", "ns", "c").to_status()
     api, offsets = FakeApi(obj), FakeOffsets()
-    resets = Resets("Broker", "ns", "b", api, offsets, informer=FakeInformer(api),  # type: ignore[arg-type]
+    resets = Resets("KafkaChannel", "ns", "c", api, offsets, informer=FakeInformer(api),  # type: ignore[arg-type]
                     identity="x", poll_seconds=0.01)
     log: list[tuple[str, str]] = []
-    settings = Settings(bootstrap_servers="127.0.0.1:1", broker_namespace="ns", broker_name="b")
     dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                    consumer_factory=lambda config: Member(config, log), registry=CollectorRegistry(),
                                    port=-1, shutdown_grace=0.1, resets=resets)
     task = asyncio.create_task(dispatcher.run())
     await dispatcher.wait_started()
     await asyncio.sleep(0.05)
-    now, other = kb.trigger_group("ns", "now"), kb.trigger_group("ns", "other")
+    now, other = group("now"), group("other")
     assert sorted(log) == [("join", now), ("join", other)]
     api.objs["r1"]["status"]["conditions"][0].update(status="True", reason="Accepted")
     resets.kick()  # what the watch event does
