@@ -45,6 +45,14 @@ cluster-images: ## Build the receiver, dispatcher and controller images and save
 cluster-up: setup cluster-images ## One-node cluster with real pods (containerd + kubelet) in a network namespace with no route out.
 	$(PY) -m kafka_eventing.localstack.cluster up
 
+.PHONY: kind-image
+kind-image: ## The kind node image from Debian packages and Go modules (no registry), on the kind engine; rebuilt only when an input changes.
+	$(PY) -m kafka_eventing.localstack.kind run -- hack/kind/node-image.sh
+
+.PHONY: kind-down
+kind-down: ## Stop the kind engine (after a crashed run); fails if anything (process, mount, cgroup) is left behind.
+	$(PY) -m kafka_eventing.localstack.kind down
+
 .PHONY: cluster-down
 cluster-down: ## Stop what cluster-up started; fails if anything (process, mount, cgroup) is left behind.
 	$(PY) -m kafka_eventing.localstack.cluster down

@@ -39,6 +39,10 @@ KNATIVE_EVENTING_VERSION=v0.47.0
 # confmap: v0.165.0 goes with v1.71.0); the contrib fileexporter carries the same v0.X.Y. Cold build (empty module
 # and build caches, 2-core AMD EPYC VM): 80-93 s, downloads included; a warm re-run checks the stamp only.
 OTELCOL_VERSION=v0.165.0
+# CoreDNS for the kind node image (hack/kind/node-image.sh) from hack/tools/coredns/go.mod, whose
+# github.com/coredns/coredns version this must equal (checked below): the version `kubeadm config images list` names
+# for KUBE_VERSION. To bump: `go get -tool github.com/coredns/coredns@vX && go mod tidy` in hack/tools/coredns.
+COREDNS_VERSION=v1.12.1
 # -----------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +53,7 @@ STAMPS=$CACHE/stamps/go-tools
 KUBE_MOD=$ROOT/hack/tools/kube
 KNATIVE_MOD=$ROOT/hack/tools/knative
 OTELCOL_MOD=$ROOT/hack/tools/otelcol
+COREDNS_MOD=$ROOT/hack/tools/coredns
 CT_ETC=$ROOT/hack/ct/etc
 mkdir -p "$BIN" "$LOGS" "$STAMPS"
 
@@ -223,6 +228,20 @@ build_kubelet() {
 build_kubectl() {
   kube_build "$BIN/kubectl" "$(kube_ldflags)" ./cmd/kubectl
 }
+# Only for the kind node image (hack/kind/node-image.sh builds them with CGO_ENABLED=0 into a cache of its own):
+# named explicitly, never part of the default list.
+build_kubeadm() {
+  kube_build "$BIN/kubeadm" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubeadm
+}
+build_kube_proxy() {
+  kube_build "$BIN/kube-proxy" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-proxy
+}
+build_coredns() {
+  (cd "$COREDNS_MOD" && "$GO" build -mod=readonly -trimpath \
+    -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    -o "$BIN/coredns.tmp" github.com/coredns/coredns)
+  mv -f "$BIN/coredns.tmp" "$BIN/coredns"
+}
 build_etcd() {
   kube_build "$BIN/etcd" "-s -w" ./cmd/etcd
 }
@@ -243,6 +262,8 @@ check_pinned() {
 
 ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
   kubelet knative-eventing-controller otelcol)
+# Built only when named (hack/kind/node-image.sh).
+NODE_IMAGE_TOOLS=(kubeadm kube-proxy coredns)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
@@ -254,6 +275,8 @@ check_pinned "$KNATIVE_MOD" knative.dev/eventing "$KNATIVE_EVENTING_VERSION"
 KNATIVE_KEY="$KNATIVE_EVENTING_VERSION $(hash_of "$KNATIVE_MOD/go.mod" "$KNATIVE_MOD/go.sum")"
 check_pinned "$OTELCOL_MOD" go.opentelemetry.io/collector/otelcol "$OTELCOL_VERSION"
 OTELCOL_KEY="$OTELCOL_VERSION $(hash_of "$OTELCOL_MOD/go.mod" "$OTELCOL_MOD/go.sum" "$OTELCOL_MOD/main.go")"
+check_pinned "$COREDNS_MOD" github.com/coredns/coredns "$COREDNS_VERSION"
+COREDNS_KEY="$COREDNS_VERSION $(hash_of "$COREDNS_MOD/go.mod" "$COREDNS_MOD/go.sum")"
 
 for tool in "${WANT[@]}"; do
   case $tool in
@@ -276,8 +299,11 @@ for tool in "${WANT[@]}"; do
     knative-eventing-controller) install_tool knative-eventing-controller "$KNATIVE_EVENTING_VERSION" "$KNATIVE_KEY" "-h" \
       build_knative_eventing_controller ;;
     otelcol) install_tool otelcol "$OTELCOL_VERSION" "$OTELCOL_KEY" "--version" build_otelcol ;;
+    kubeadm) install_tool kubeadm "$KUBE_VERSION" "$KUBE_KEY" "version -o short" build_kubeadm ;;
+    kube-proxy) install_tool kube-proxy "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_proxy ;;
+    coredns) install_tool coredns "$COREDNS_VERSION" "$COREDNS_KEY" "-version" build_coredns ;;
     etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
-    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;
+    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]} ${NODE_IMAGE_TOOLS[*]})" >&2; exit 2 ;;
   esac
 done
 
