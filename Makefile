@@ -47,13 +47,21 @@ cluster-images: ## Build the receiver, dispatcher and controller images and save
 cluster-up: setup cluster-images ## One-node cluster with real pods (containerd + kubelet) in a network namespace with no route out.
 	$(PY) -m kafka_eventing.localstack.cluster up
 
+.PHONY: kind-image
+kind-image: ## The kind node image from Debian packages and Go modules (no registry), on the kind engine; rebuilt only when an input changes.
+	$(PY) -m kafka_eventing.localstack.kind run -- hack/kind/node-image.sh
+
+.PHONY: kind-down
+kind-down: ## Stop the kind engine (after a crashed run); fails if anything (process, mount, cgroup) is left behind.
+	$(PY) -m kafka_eventing.localstack.kind down
+
 .PHONY: cluster-down
 cluster-down: ## Stop what cluster-up started; fails if anything (process, mount, cgroup) is left behind.
 	$(PY) -m kafka_eventing.localstack.cluster down
 
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts test-cluster ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks, real pods.
+test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts test-cluster ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks, real pods (kind: `make test-kind`, not yet in CI).
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
@@ -87,6 +95,10 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 .PHONY: test-cluster
 test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py); fails if the cluster cannot start.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_crash.py -q -m cluster
+
+.PHONY: test-kind
+test-kind: cluster-images kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, ct install (tests/e2e/test_kind*.py); fails, never skips.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q -m kind
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

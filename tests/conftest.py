@@ -5,7 +5,8 @@ profile (1,000 examples, derandomized so a failure reproduces, no example databa
 picks one explicitly. A property that needs its own budget (a real server per example) sets it in ``@settings``.
 
 With ``KAFKA_EVENTING_REQUIRE_REAL_TIERS=1`` (set by ``make test``), a skipped test of a real-component tier
-(kafka, kube, knative, spark) fails the run: a skip there means a real part was missing, which CI must not hide.
+(kafka, kube, knative, spark, cluster, kind) fails the run: a skip there means a real part was missing, which CI must
+not hide.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile("ci", max_examples=1000, deadline=None, derandomize=True, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev"))
 
-REAL_TIERS = ("kafka", "kube", "knative", "spark", "cluster")
+REAL_TIERS = ("kafka", "kube", "knative", "spark", "cluster", "kind")
 _SKIPPED_REAL = pytest.StashKey[list[str]]()
 
 

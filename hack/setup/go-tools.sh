@@ -43,6 +43,10 @@ OTELCOL_VERSION=v0.165.0
 # hack/tools/conformance/go.mod, whose github.com/cloudevents/conformance version this must equal (checked below).
 # Upstream's own CLI, so the fidelity proof does not rest on code written here. It has no version flag.
 CE_CONFORMANCE_VERSION=v0.4.1
+# CoreDNS for the kind node image (hack/kind/node-image.sh) from hack/tools/coredns/go.mod, whose
+# github.com/coredns/coredns version this must equal (checked below): the version `kubeadm config images list` names
+# for KUBE_VERSION. To bump: `go get -tool github.com/coredns/coredns@vX && go mod tidy` in hack/tools/coredns.
+COREDNS_VERSION=v1.12.1
 # -----------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,6 +58,7 @@ KUBE_MOD=$ROOT/hack/tools/kube
 KNATIVE_MOD=$ROOT/hack/tools/knative
 OTELCOL_MOD=$ROOT/hack/tools/otelcol
 CONFORMANCE_MOD=$ROOT/hack/tools/conformance
+COREDNS_MOD=$ROOT/hack/tools/coredns
 CT_ETC=$ROOT/hack/ct/etc
 mkdir -p "$BIN" "$LOGS" "$STAMPS"
 
@@ -235,6 +240,20 @@ build_kubelet() {
 build_kubectl() {
   kube_build "$BIN/kubectl" "$(kube_ldflags)" ./cmd/kubectl
 }
+# Only for the kind node image (hack/kind/node-image.sh builds them with CGO_ENABLED=0 into a cache of its own):
+# named explicitly, never part of the default list.
+build_kubeadm() {
+  kube_build "$BIN/kubeadm" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubeadm
+}
+build_kube_proxy() {
+  kube_build "$BIN/kube-proxy" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-proxy
+}
+build_coredns() {
+  (cd "$COREDNS_MOD" && "$GO" build -mod=readonly -trimpath \
+    -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    -o "$BIN/coredns.tmp" github.com/coredns/coredns)
+  mv -f "$BIN/coredns.tmp" "$BIN/coredns"
+}
 build_etcd() {
   kube_build "$BIN/etcd" "-s -w" ./cmd/etcd
 }
@@ -255,6 +274,8 @@ check_pinned() {
 
 ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
   kubelet knative-eventing-controller otelcol cloudevents)
+# Built only when named (hack/kind/node-image.sh).
+NODE_IMAGE_TOOLS=(kubeadm kube-proxy coredns)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
@@ -268,6 +289,8 @@ check_pinned "$OTELCOL_MOD" go.opentelemetry.io/collector/otelcol "$OTELCOL_VERS
 OTELCOL_KEY="$OTELCOL_VERSION $(hash_of "$OTELCOL_MOD/go.mod" "$OTELCOL_MOD/go.sum" "$OTELCOL_MOD/main.go")"
 check_pinned "$CONFORMANCE_MOD" github.com/cloudevents/conformance "$CE_CONFORMANCE_VERSION"
 CONFORMANCE_KEY="$CE_CONFORMANCE_VERSION $(hash_of "$CONFORMANCE_MOD/go.mod" "$CONFORMANCE_MOD/go.sum")"
+check_pinned "$COREDNS_MOD" github.com/coredns/coredns "$COREDNS_VERSION"
+COREDNS_KEY="$COREDNS_VERSION $(hash_of "$COREDNS_MOD/go.mod" "$COREDNS_MOD/go.sum")"
 
 for tool in "${WANT[@]}"; do
   case $tool in
@@ -292,8 +315,11 @@ for tool in "${WANT[@]}"; do
     otelcol) install_tool otelcol "$OTELCOL_VERSION" "$OTELCOL_KEY" "--version" build_otelcol ;;
     # No version command: `help` runs cobra's root and exits 0.
     cloudevents) install_tool cloudevents "$CE_CONFORMANCE_VERSION" "$CONFORMANCE_KEY" "help" build_cloudevents ;;
+    kubeadm) install_tool kubeadm "$KUBE_VERSION" "$KUBE_KEY" "version -o short" build_kubeadm ;;
+    kube-proxy) install_tool kube-proxy "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_proxy ;;
+    coredns) install_tool coredns "$COREDNS_VERSION" "$COREDNS_KEY" "-version" build_coredns ;;
     etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
-    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;
+    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]} ${NODE_IMAGE_TOOLS[*]})" >&2; exit 2 ;;
   esac
 done
 

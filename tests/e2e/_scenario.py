@@ -53,6 +53,21 @@ class Kube(Protocol):
                 timeout: float = 600) -> subprocess.CompletedProcess[str]: ...
 
 
+def role_images(refs: list[str]) -> dict[str, str]:
+    """Role → image reference among the references of `make cluster-images`' archive (``curl``: the OS base with
+    curl that the chart's ``helm test`` Pod runs)."""
+    roles = {}
+    for ref in refs:
+        repo = ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+        if repo.startswith("kafka-eventing-debian"):
+            roles["curl"] = ref
+        else:
+            roles[repo.removeprefix("kafka-eventing-")] = ref
+    missing = {"receiver", "dispatcher", "controller", "curl"} - roles.keys()
+    assert not missing, f"no image for {sorted(missing)} among {refs}: run `make cluster-images`"
+    return roles
+
+
 def get(kube: Kube, *args: str) -> Any:
     return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
 

@@ -53,6 +53,7 @@ from e2e._scenario import (
     dispatchers,
     kafka_channel,
     pods_ready,
+    role_images,
     sink_container,
     sink_ids,
     wait,
@@ -110,18 +111,10 @@ class Cluster:
 
 
 def _image_roles() -> dict[str, str]:
-    refs = kc.archive_refs()
-    roles = {}
-    for ref in refs:
-        repo = ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
-        if repo.startswith("kafka-eventing-debian"):
-            roles["curl"] = ref
-        else:
-            roles[repo.removeprefix("kafka-eventing-")] = ref
-    missing = {"receiver", "dispatcher", "controller", "curl"} - roles.keys()
-    if missing:
-        pytest.fail(f"no image for {sorted(missing)} in {kc.image_archives()}: run `make cluster-images`")
-    return roles
+    try:
+        return role_images(kc.archive_refs())
+    except AssertionError as exc:
+        pytest.fail(f"{exc} (archives: {kc.image_archives()})")
 
 
 @pytest.fixture(scope="module")

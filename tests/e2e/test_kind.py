@@ -1,14 +1,23 @@
-"""Whole system on a kind cluster: the chart installed from charts/kafka-eventing, one event through a KafkaChannel.
+"""The chart on kind, as its users run it (`make test-kind`, part of `make test`): never skipped.
 
-For Docker hosts with registry access (kind pulls ``kindest/node``; the cluster pulls ``apache/kafka``). Steps:
-a kind cluster; the role images from hack/images.sh loaded into it; a single-node KRaft Kafka (the Apache image,
-no Strimzi); ``helm install`` of the chart; a KafkaChannel whose subscriber is a small HTTP sink; one CloudEvent
-POSTed to the channel address; the sink must log it; ``helm uninstall`` leaves none of the release's objects. Every
-pod runs the restricted security context. The subscriber pod, the KafkaChannel and the checks are those of
-tests/e2e/test_cluster.py (tests/e2e/_scenario.py).
+Everything runs on the kind engine (``kafka_eventing.localstack.kind``): a private dockerd in a network namespace
+with no route out, started here and stopped at the end; kind, kubectl, helm and ct run inside that namespace. The
+node image is ``make kind-image``'s (hack/kind/node-image.sh: Debian packages and Go modules, no registry), the role
+images and the curl image of ``helm test`` are the archive ``make cluster-images`` saves, the Kafka image is built
+from the Kafka jars ``make setup`` fetched (hack/kind/kafka-image.sh); all go in with ``kind load``.
 
-Knobs: ``KE_KIND_NODE_IMAGE`` (default: a local ``kindest/node`` image, else ``docker pull`` of DEFAULT_NODE_IMAGE),
-``KE_KAFKA_IMAGE``, ``KE_E2E_KEEP_CLUSTER=1`` to leave the cluster up for debugging.
+Scenario (one kind cluster, static bridge CNI, cluster DNS and kube-proxy Services):
+a single-node KRaft Kafka in the cluster with a PLAINTEXT listener (Service ``kafka``, the chart's ci default) and a
+SASL_SSL + SCRAM-SHA-512 one (Service ``my-cluster-kafka-bootstrap``, the Strimzi preset's address) → the previous
+chart version (from git) installed with ``helm install`` and the Strimzi provider preset (``values-strimzi.yaml``,
+its connection Secret made here) → ``helm upgrade`` to this chart → every pod Ready → a KafkaChannel with two
+subscriber Deployments reached by Service name → events POSTed by an in-cluster sender reach both → ``helm test`` →
+a receiver pod and the dispatcher pod deleted mid-load, every 202-accepted event still delivered to both (ledger) →
+channel deleted: dispatcher and topic gone → a Kafka Broker with two Triggers of different filters, fan-out by
+filter → ``helm uninstall`` leaves none of the release's objects. Then ``ct install`` (install, ``helm test``,
+uninstall) of the chart with every ci values file this cluster can serve. ``kind delete cluster``; the engine
+stopped; the test itself checks that the host keeps its sysctls and has no new mount, process, cgroup, network
+interface or network namespace, also after a failure (tests/e2e/test_kind_crash.py: after a crashed engine too).
 """
 
 from __future__ import annotations
@@ -17,258 +26,514 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from e2e._engine import CACHE, ROOT, Engine, build_role_images, docker_engine, git_sha
 from e2e._scenario import (
     APP_NS,
+    AUDIT,
+    BROKER,
+    CREATED,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
+    SHIPPED,
     SYSTEM_NS,
     assert_release_objects,
     assert_uninstalled,
+    broker_dispatcher,
+    broker_ready,
+    broker_with_triggers,
+    dispatcher_ready,
+    dispatchers,
+    get,
     kafka_channel,
     pods_ready,
+    role_images,
     sink_container,
-    sink_events,
+    sink_ids,
     wait,
 )
+from kafka_eventing.core import brokers as kb
+from kafka_eventing.localstack import cluster as kc
+from kafka_eventing.localstack import kind as engine_mod
+from kafka_eventing.localstack.tls import CertificateAuthority
+from kafka_eventing.localstack.tools import tool_path
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.kind, pytest.mark.timeout(3600)]
 
-DEFAULT_NODE_IMAGE = "kindest/node:v1.34.0"
-KAFKA_IMAGE = os.environ.get("KE_KAFKA_IMAGE", "apache/kafka:3.9.1")
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kafka-eventing"
+RELEASE = "ke"
 KAFKA_NS = "kafka"
-RELEASE = "kafka-eventing"
+SCRAM_USER = "kafka-eventing"
+PARTITIONS = 3
+# What an unrelated process may change on the host while the test runs: counters, never settings.
+VOLATILE_SYSCTLS = ("fs/dentry-state", "fs/file-nr", "fs/inode-nr", "fs/inode-state", "fs/aio-nr", "kernel/random/",
+                    "kernel/ns_last_pid", "kernel/pty/nr", "fs/quota/", "net/netfilter/nf_conntrack_count")
 
-# The sender: POST one binary-mode CloudEvent to the channel address until the receiver answers 202 (the event is
-# in Kafka); 404/503 while the channel is not ready yet are retried up to the Job's deadline.
+# An in-cluster sender (the receiver image's Python): POSTs ``count`` binary CloudEvents, retrying each until the
+# receiver answers 202 (the event is in Kafka) or the deadline passes; prints one JSON line per accepted id.
 SEND = """
-import sys, time, urllib.error, urllib.request
-url, event_id = sys.argv[1], sys.argv[2]
-while True:
-    req = urllib.request.Request(url, data=b'{"hello": "kind"}', method="POST", headers={
-        "ce-specversion": "1.0", "ce-id": event_id, "ce-source": "e2e/kind", "ce-type": "dev.kafka-eventing.e2e",
-        "content-type": "application/json"})
-    try:
-        code = urllib.request.urlopen(req, timeout=10).status
-    except urllib.error.HTTPError as err:
-        code = err.code
-    except OSError as err:
-        code = str(err)
-    print("receiver answered", code, flush=True)
-    if code == 202:
-        sys.exit(0)
-    time.sleep(2)
+import json, sys, time, urllib.error, urllib.request
+url, prefix, count, pace, event_type = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+deadline = time.monotonic() + float(sys.argv[6])
+for n in range(count):
+    event_id = f"{prefix}-{n}"
+    while True:
+        req = urllib.request.Request(url, data=json.dumps({"n": n}).encode(), method="POST", headers={
+            "ce-specversion": "1.0", "ce-id": event_id, "ce-source": "e2e/kind", "ce-type": event_type,
+            "content-type": "application/json"})
+        try:
+            code = urllib.request.urlopen(req, timeout=10).status
+        except urllib.error.HTTPError as err:
+            code = err.code
+        except OSError:
+            code = 0
+        if code == 202:
+            print(json.dumps({"accepted": event_id}), flush=True)
+            break
+        if time.monotonic() > deadline:
+            print(json.dumps({"gave_up": event_id, "code": code}), flush=True)
+            sys.exit(1)
+        time.sleep(0.5)
+    time.sleep(pace)
+"""
+TOPICS = """
+import json, sys
+from confluent_kafka.admin import AdminClient
+print(json.dumps(sorted(AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=20).topics)))
 """
 
 
-@dataclass(frozen=True)
-class Tools:
-    kind: str
-    helm: str
-    kubectl: str
+# ---------------------------------------------------------------------------------------------- the host
 
 
-@dataclass(frozen=True)
-class Cluster:
+def _sysctls() -> dict[str, str]:
+    values = {}
+    for path in Path("/proc/sys").rglob("*"):
+        key = str(path.relative_to("/proc/sys"))
+        if path.is_dir() or any(key.startswith(v) for v in VOLATILE_SYSCTLS):
+            continue
+        try:
+            values[key] = path.read_text()
+        except OSError:
+            continue  # write-only or refused entries
+    return values
+
+
+def host_state() -> dict[str, Any]:
+    """What the kind tier must leave as it found it."""
+    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True,
+                                      check=True).stdout)
+    mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    netns = sorted(p.name for p in Path("/run/netns").iterdir()) if Path("/run/netns").is_dir() else []
+    return {"sysctls": _sysctls(), "links": sorted(link["ifname"] for link in links), "mounts": mounts,
+            "netns": netns, "modules": engine_mod.MODULES_DIR.exists(), "containerd": engine_mod.SHIM_DIR.exists()}
+
+
+def assert_host_unchanged(before: dict[str, Any]) -> None:
+    after = host_state()
+    changed = {k: (before["sysctls"][k], after["sysctls"].get(k)) for k in before["sysctls"]
+               if after["sysctls"].get(k) != before["sysctls"][k]}
+    assert changed == {}, f"host sysctls changed: {changed}"
+    for what in ("links", "netns", "modules", "containerd"):
+        assert after[what] == before[what], f"host {what}: {before[what]} -> {after[what]}"
+    assert after["mounts"] - before["mounts"] == set(), "new mounts on the host"
+    assert engine_mod.leftovers() == [], "the kind engine left things behind"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[dict[str, Any]]:
+    # An engine a crashed or manual run left is stopped first: the host is compared with itself without one.
+    engine_mod.down()
+    before = host_state()
+    try:
+        state = engine_mod.up(ttl=3600)
+    except engine_mod.EngineError as exc:
+        pytest.fail(f"the kind engine did not start: {exc}")
+    try:
+        yield state
+    finally:
+        engine_mod.down()
+        assert_host_unchanged(before)
+
+
+# ---------------------------------------------------------------------------------------------- the cluster
+
+
+@dataclass
+class Kind:
     name: str
+    state: dict[str, Any]
     kubeconfig: Path
-    tools: Tools
-    env: dict[str, str]
+    images: dict[str, str]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.state["docker_host"], "KUBECONFIG": str(self.kubeconfig),
+                "PATH": f"{tool_path('kind').parent}:{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"}
+
+    def run(self, args: list[str], *, stdin: str | None = None, check: bool = True,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run([*kc.netns_command(int(self.state["pid"])), *args], input=stdin, env=self.env,
+                             capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
+        if check and out.returncode != 0:
+            raise AssertionError(f"`{' '.join(args[:8])} ...` failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+        return out
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
-                timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return _run([self.tools.kubectl, "--kubeconfig", str(self.kubeconfig), *args],
-                    self.env, stdin=stdin, timeout=timeout, check=check)
+                timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return self.run([str(tool_path("kubectl")), *args], stdin=stdin, check=check, timeout=timeout)
 
-    def apply(self, *docs: dict[str, object]) -> None:
+    def helm(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return self.run([str(tool_path("helm")), *args], timeout=timeout)
+
+    def apply(self, *docs: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
 
-def _run(cmd: list[str], env: dict[str, str], stdin: str | None = None, timeout: float = 300,
-         check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, env=env, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-    return proc
-
-
-def _find_tool(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (str(p) for p in [CACHE / "bin" / name] if p.is_file() and os.access(p, os.X_OK)), None)
-
-
-def _node_image(engine: Engine) -> str:
-    """The kind node image, present in the engine; skips (with the reason) when it is neither local nor pullable."""
-    wanted = os.environ.get("KE_KIND_NODE_IMAGE")
-    if wanted and engine.has_image(wanted):
-        return wanted
-    if not wanted:
-        local = engine.docker("image", "ls", "kindest/node", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-        local = [ref for ref in local if not ref.endswith(":<none>")]
-        if local:
-            return sorted(local)[-1]
-    ref = wanted or DEFAULT_NODE_IMAGE
-    pull = engine.docker("pull", ref, timeout=900, check=False)
-    if pull.returncode != 0:
-        why = (pull.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"no kindest/node image available locally, and `docker pull {ref}` failed "
-                    f"(kind needs a node image from a registry): {why}")
-    return ref
+def _script(name: str, engine_state: dict[str, Any]) -> str:
+    proc = subprocess.run([str(ROOT / "hack" / "kind" / name)], env={**os.environ,
+                          "DOCKER_HOST": engine_state["docker_host"]}, capture_output=True, text=True,
+                          timeout=2400, check=False)
+    assert proc.returncode == 0, f"hack/kind/{name} failed ({proc.returncode}):\n{proc.stderr[-5000:]}"
+    return proc.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    with docker_engine() as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def cluster(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    node_image = _node_image(engine)
-    found = {name: _find_tool(name) for name in ("kind", "helm", "kubectl")}
-    missing = [name for name, path in found.items() if path is None]
-    if missing:
-        pytest.skip(f"not on PATH or in {CACHE / 'bin'}: {', '.join(missing)} (make setup installs them)")
-    tools = Tools(**{name: str(path) for name, path in found.items()})
-    name = f"ke-e2e-{uuid.uuid4().hex[:6]}"
-    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    env = {**engine.env, "KUBECONFIG": str(kubeconfig)}
-    _run([tools.kind, "create", "cluster", "--name", name, "--image", node_image, "--kubeconfig", str(kubeconfig),
-          "--wait", "180s"], env, timeout=600)
+def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
+    archives = kc.image_archives()
+    assert archives, f"no image archive in {kc.workdir() / 'images'}: run `make cluster-images`"
+    images = role_images(kc.archive_refs(archives))
+    node_image = _script("node-image.sh", engine)
+    images["kafka"] = _script("kafka-image.sh", engine)
+    work = tmp_path_factory.mktemp("kind")
+    cluster = Kind(f"ke-{uuid.uuid4().hex[:6]}", engine, work / "kubeconfig", images)
+    config = {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4",
+              # The node image's static bridge CNI stands in for kindnetd; the API server port stays on the
+              # namespace's loopback.
+              "networking": {"disableDefaultCNI": True, "apiServerAddress": "127.0.0.1"},
+              "nodes": [{"role": "control-plane"}]}
+    (work / "kind.yaml").write_text(yaml.safe_dump(config))
+    t0 = time.monotonic()
     try:
-        yield Cluster(name, kubeconfig, tools, env)
+        cluster.run([str(tool_path("kind")), "create", "cluster", "--name", cluster.name, "--image", node_image,
+                     "--kubeconfig", str(cluster.kubeconfig), "--config", str(work / "kind.yaml"), "--wait", "300s"],
+                    timeout=900)
+        print(f"[kind] cluster {cluster.name} up in {time.monotonic() - t0:.0f}s", flush=True)
+        for archive in archives:
+            cluster.run([str(tool_path("kind")), "load", "image-archive", str(archive), "--name", cluster.name])
+        cluster.run([str(tool_path("kind")), "load", "docker-image", images["kafka"], "--name", cluster.name])
+        yield cluster
     finally:
         if os.environ.get("KE_E2E_KEEP_CLUSTER") != "1":
-            _run([tools.kind, "delete", "cluster", "--name", name], env, timeout=300, check=False)
+            cluster.run([str(tool_path("kind")), "delete", "cluster", "--name", cluster.name], check=False,
+                        timeout=300)
 
 
-def _kafka_manifests() -> list[dict[str, object]]:
-    """One combined broker+controller KRaft node (the Apache image's documented env settings), no Strimzi."""
+# ---------------------------------------------------------------------------------------------- Kafka
+
+
+def _kafka(cl: Kind) -> dict[str, str]:
+    """Kafka in the cluster: PLAINTEXT on Service ``kafka`` (9092), SASL_SSL with SCRAM-SHA-512 on Service
+    ``my-cluster-kafka-bootstrap`` (9093); returns the connection Secret's data for the Strimzi preset."""
+    tls_host = f"my-cluster-kafka-bootstrap.{KAFKA_NS}.svc"
+    ca = CertificateAuthority()
+    server = ca.issue("kafka", (tls_host, f"{tls_host}.cluster.local"))
+    password = uuid.uuid4().hex
+    props = {
+        "process.roles": "broker,controller", "node.id": "1", "controller.quorum.voters": "1@127.0.0.1:9094",
+        "listeners": "PLAINTEXT://:9092,SASL_SSL://:9093,CONTROLLER://127.0.0.1:9094",
+        "advertised.listeners": f"PLAINTEXT://kafka.{KAFKA_NS}.svc:9092,SASL_SSL://{tls_host}:9093",
+        "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": "/etc/kafka/tls/server.pem",
+        "log.dirs": "/var/lib/kafka", "num.partitions": "1", "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4", "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1", "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+    }
     labels = {"app": "kafka"}
-    env = {
-        "KAFKA_NODE_ID": "1",
-        "KAFKA_PROCESS_ROLES": "broker,controller",
-        "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
-        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://kafka.{KAFKA_NS}.svc.cluster.local:9092",
-        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
-        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
-        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-    }
-    return [
+    cl.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KAFKA_NS}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kafka", "namespace": KAFKA_NS},
+         "data": {"server.properties": "".join(f"{k}={v}\n" for k, v in props.items())}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka", "namespace": KAFKA_NS},
+         "stringData": {"server.pem": (server.key_pem + server.cert_pem + ca.cert_pem).decode(),
+                        "password": password}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "kafka", "namespace": KAFKA_NS},
-         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-             "metadata": {"labels": labels},
-             "spec": {"containers": [{
-                 "name": "kafka", "image": KAFKA_IMAGE, "imagePullPolicy": "IfNotPresent",
-                 "ports": [{"containerPort": 9092}],
-                 "env": [{"name": k, "value": v} for k, v in env.items()],
-                 "readinessProbe": {"tcpSocket": {"port": 9092}, "periodSeconds": 2},
-             }]}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kafka", "namespace": KAFKA_NS},
-         "spec": {"selector": labels, "ports": [{"name": "kafka", "port": 9092}]}},
-    ]
+         "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": {
+                      "securityContext": {**RESTRICTED_POD, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
+                      "containers": [{
+                          "name": "kafka", "image": cl.images["kafka"], "imagePullPolicy": "Never",
+                          "env": [{"name": "KAFKA_SCRAM_USER", "value": SCRAM_USER},
+                                  {"name": "KAFKA_SCRAM_PASSWORD", "valueFrom": {"secretKeyRef": {
+                                      "name": "kafka", "key": "password"}}}],
+                          "ports": [{"containerPort": 9092}, {"containerPort": 9093}],
+                          "readinessProbe": {"tcpSocket": {"port": 9093}, "periodSeconds": 2},
+                          "securityContext": RESTRICTED_CONTAINER,
+                          "resources": {"limits": {"memory": "1Gi"}},
+                          "volumeMounts": [{"name": "config", "mountPath": "/etc/kafka/server.properties",
+                                            "subPath": "server.properties"},
+                                           {"name": "tls", "mountPath": "/etc/kafka/tls"},
+                                           {"name": "data", "mountPath": "/var/lib/kafka"},
+                                           {"name": "tmp", "mountPath": "/tmp"}]}],
+                      "volumes": [{"name": "config", "configMap": {"name": "kafka"}},
+                                  {"name": "tls", "secret": {"secretName": "kafka",
+                                                             "items": [{"key": "server.pem", "path": "server.pem"}]}},
+                                  {"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]}}}},
+        *[{"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": KAFKA_NS},
+           "spec": {"selector": labels, "ports": [{"name": "kafka", "port": port}]}}
+          # kafka: the ci default; kafka-bootstrap: the chart's; my-cluster-kafka-bootstrap: the Strimzi preset's.
+          for name, port in (("kafka", 9092), ("kafka-bootstrap", 9092), ("my-cluster-kafka-bootstrap", 9093))],
+    )
+    cl.kubectl("rollout", "status", "deployment/kafka", "-n", KAFKA_NS, "--timeout=600s", timeout=660)
+    return {"protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "user": SCRAM_USER, "password": password,
+            "ca.crt": ca.cert_pem.decode()}
 
 
-def _sink_manifests(image: str) -> list[dict[str, object]]:
-    labels = {"app": "sink"}
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sink", "namespace": APP_NS},
-         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-             "metadata": {"labels": labels},
-             "spec": {"securityContext": RESTRICTED_POD,
-                      "containers": [sink_container(image, "IfNotPresent")]}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sink", "namespace": APP_NS},
-         "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
-    ]
+def _topics(cl: Kind) -> list[str]:
+    out = cl.kubectl("exec", "-n", APP_NS, "deployment/sink-a", "--", "python", "-c", TOPICS,
+                     f"kafka.{KAFKA_NS}.svc:9092", timeout=120)
+    topics: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return topics
 
 
-def _channel(uid: str) -> dict[str, object]:
-    return kafka_channel("demo", {uid: f"http://sink.{APP_NS}.svc.cluster.local/"}, 1,
-                         delivery={"retry": 5, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S"})
+# ---------------------------------------------------------------------------------------------- the chart
 
 
-def _send_job(image: str, event_id: str) -> dict[str, object]:
-    url = f"http://demo-kn-channel.{APP_NS}.svc.cluster.local/"
-    return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "send", "namespace": APP_NS},
-        "spec": {"backoffLimit": 0, "activeDeadlineSeconds": 240, "template": {"spec": {
-            "restartPolicy": "Never", "securityContext": RESTRICTED_POD, "containers": [{
-                "name": "send", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["python", "-c", SEND, url, event_id], "securityContext": RESTRICTED_CONTAINER}]}}},
-    }
+def _previous_chart(dest: Path) -> tuple[Path, str]:
+    """The chart as of the commit before its version last changed (the release before this one)."""
+    rel = CHART.relative_to(ROOT)
+    last = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H", "--", str(rel / "Chart.yaml")],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", f"{last}^", str(rel)], capture_output=True,
+                             check=True).stdout
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "chart.tar").write_bytes(archive)
+    with tarfile.open(dest / "chart.tar") as tar:
+        tar.extractall(dest, filter="data")
+    chart = dest / rel
+    return chart, yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
 
 
-def _debug(cluster: Cluster) -> str:
-    out = []
-    for ns in (SYSTEM_NS, APP_NS):
-        out.append(cluster.kubectl("get", "all,kafkachannels", "-n", ns, "-o", "wide", check=False).stdout)
-    out.append(cluster.kubectl("get", "kafkachannel", "demo", "-n", APP_NS, "-o", "yaml", check=False).stdout)
-    out.append(cluster.kubectl("logs", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=controller",
-                               "--tail", "50", check=False).stdout)
-    return "\n".join(out)
+def _chart_args(cl: Kind, chart: Path) -> list[str]:
+    """The Strimzi preset of ``chart`` with the loaded images; Kafka at the preset's own address."""
+    return ["-f", str(chart / "values-strimzi.yaml"), "--set", "image.registry=docker.io/library",
+            "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}", "--set", "image.pullPolicy=Never",
+            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true",
+            "--set", "receiver.workers=1", "--set", "logFormat=console"]
 
 
-def test_event_sent_to_a_kafkachannel_reaches_its_subscriber(engine: Engine, cluster: Cluster) -> None:
-    tag = f"e2e-{git_sha()}"
-    images = build_role_images(engine, tag)
-    for image in images.values():
-        _run([cluster.tools.kind, "load", "docker-image", "--name", cluster.name, image], cluster.env, timeout=600)
+def _release(cl: Kind) -> dict[str, Any]:
+    releases = json.loads(cl.helm("list", "-n", SYSTEM_NS, "-o", "json").stdout)
+    return next(r for r in releases if r["name"] == RELEASE)
 
-    cluster.apply(*_kafka_manifests())
-    cluster.kubectl("rollout", "status", "deployment/kafka", "-n", KAFKA_NS, "--timeout=300s", timeout=330)
 
-    # Registry-less image names: with image.registry "" the chart renders kafka-eventing-<role>:<tag>, which is
-    # exactly what `kind load` put into the node's containerd.
-    values = {
-        "image": {"registry": "", "tag": tag, "pullPolicy": "IfNotPresent"},
-        "kafka": {"provider": "apache", "bootstrapServers": f"kafka.{KAFKA_NS}.svc.cluster.local:9092"},
-        "receiver": {"replicas": 1, "workers": 1},
-    }
-    helm = [cluster.tools.helm, "--kubeconfig", str(cluster.kubeconfig), "--namespace", SYSTEM_NS]
-    _run([*helm, "install", RELEASE, str(ROOT / "charts" / "kafka-eventing"), "--create-namespace",
-          "--values", "-", "--wait", "--timeout", "5m"], cluster.env, stdin=json.dumps(values), timeout=360)
-    pods_ready(cluster, SYSTEM_NS)
+# ---------------------------------------------------------------------------------------------- events
 
-    cluster.apply(*_sink_manifests(images["receiver"]))
-    cluster.kubectl("rollout", "status", "deployment/sink", "-n", APP_NS, "--timeout=180s", timeout=200)
-    cluster.apply(_channel(str(uuid.uuid4())))
-    ready = cluster.kubectl("wait", "--for=condition=Ready", "kafkachannel/demo", "-n", APP_NS,
-                            "--timeout=240s", timeout=260, check=False)
-    assert ready.returncode == 0, f"KafkaChannel never became Ready:\n{ready.stderr}\n{_debug(cluster)}"
 
-    event_id = f"e2e-{uuid.uuid4()}"
-    cluster.apply(_send_job(images["receiver"], event_id))
-    sent = cluster.kubectl("wait", "--for=condition=complete", "job/send", "-n", APP_NS, "--timeout=260s",
-                           timeout=280, check=False)
-    send_log = cluster.kubectl("logs", "job/send", "-n", APP_NS, check=False).stdout
-    assert sent.returncode == 0, f"the receiver never answered 202:\n{send_log}\n{_debug(cluster)}"
+def _sinks(cl: Kind) -> None:
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}}]
+    for name in ("sink-a", "sink-b"):
+        labels = {"app": name}
+        docs += [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": APP_NS},
+             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                 "metadata": {"labels": labels},
+                 "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                          "containers": [sink_container(cl.images["receiver"], "Never")]}}}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": APP_NS},
+             "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
+        ]
+    cl.apply(*docs)
+    for name in ("sink-a", "sink-b"):
+        cl.kubectl("rollout", "status", f"deployment/{name}", "-n", APP_NS, "--timeout=300s", timeout=360)
 
-    # Delivery is asynchronous (dispatcher consumer → sink): poll the sink's log up to a deadline.
-    def matching() -> list[dict[str, str]]:
-        return [event for event in sink_events(cluster, "deployment/sink") if event["id"] == event_id]
 
+def _sink_uri(name: str) -> str:
+    return f"http://{name}.{APP_NS}.svc.cluster.local/"
+
+
+def _start_sender(cl: Kind, url: str, count: int, pace: float = 0.0, event_type: str = "dev.kafka-eventing.e2e",
+                  deadline: float = 600) -> tuple[str, str]:
+    """A Job POSTing ``count`` events to ``url``; returns (job name, id prefix)."""
+    name = f"send-{uuid.uuid4().hex[:8]}"
+    cl.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": APP_NS},
+              "spec": {"backoffLimit": 0, "activeDeadlineSeconds": int(deadline) + 120, "template": {"spec": {
+                  "restartPolicy": "Never", "securityContext": RESTRICTED_POD,
+                  "automountServiceAccountToken": False, "containers": [{
+                      "name": "send", "image": cl.images["receiver"], "imagePullPolicy": "Never",
+                      "command": ["python", "-c", SEND, url, name, str(count), str(pace), event_type,
+                                  str(deadline)],
+                      "securityContext": RESTRICTED_CONTAINER}]}}}})
+    return name, name
+
+
+def _accepted(cl: Kind, job: str, timeout: float = 900) -> list[str]:
+    """Wait for the sender Job to end; the ids the receiver answered 202 for."""
+    def done() -> bool:
+        status = get(cl, "job", job, "-n", APP_NS).get("status", {})
+        return bool(status.get("succeeded") or status.get("failed"))
+
+    wait(f"sender {job} done", done, timeout=timeout, interval=2)
+    logs = cl.kubectl("logs", f"job/{job}", "-n", APP_NS).stdout
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    gave_up = [line for line in lines if "gave_up" in line]
+    assert not gave_up, f"the receiver never accepted {gave_up}"
+    return [line["accepted"] for line in lines if "accepted" in line]
+
+
+def _send(cl: Kind, url: str, count: int, event_type: str = "dev.kafka-eventing.e2e") -> list[str]:
+    job, prefix = _start_sender(cl, url, count, event_type=event_type)
+    accepted = _accepted(cl, job)
+    assert accepted == [f"{prefix}-{n}" for n in range(count)], accepted
+    return accepted
+
+
+def _delivered(cl: Kind, ids: list[str], sinks: tuple[str, ...] = ("sink-a", "sink-b"),
+               timeout: float = 300) -> None:
+    want = set(ids)
     try:
-        delivered = wait(f"event {event_id} at the sink", matching, timeout=180, interval=2)
+        wait(f"{len(want)} events at {', '.join(sinks)}",
+             lambda: all(want <= sink_ids(cl, f"deployment/{s}") for s in sinks), timeout=timeout, interval=2)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}:\n{_debug(cluster)}") from None
-    assert delivered[0]["type"] == "dev.kafka-eventing.e2e"
-    assert json.loads(delivered[0]["data"]) == {"hello": "kind"}
+        missing = {s: len(want - sink_ids(cl, f"deployment/{s}")) for s in sinks}
+        raise AssertionError(f"{exc}: missing {missing} of {len(want)}") from None
 
-    cluster.kubectl("delete", "namespace", APP_NS, "--timeout=300s", timeout=360)
-    assert_release_objects(cluster, RELEASE)
-    _run([*helm, "uninstall", RELEASE, "--wait", "--timeout", "5m"], cluster.env, timeout=360)
-    assert_uninstalled(cluster, RELEASE, "helm")
+
+CHANNEL_URL = f"http://orders-kn-channel.{APP_NS}.svc.cluster.local/"
+
+
+def _channel_scenario(cl: Kind) -> None:
+    cl.apply(kafka_channel("orders", {"sub-a": _sink_uri("sink-a"), "sub-b": _sink_uri("sink-b")}, PARTITIONS))
+    cl.kubectl("wait", "--for=condition=Ready", "kafkachannel/orders", "-n", APP_NS, "--timeout=600s", timeout=660)
+
+    def subscribers_ready() -> bool:
+        subs = get(cl, "kafkachannel", "orders", "-n", APP_NS).get("status", {}).get("subscribers") or []
+        return {s.get("uid") for s in subs if s.get("ready") == "True"} == {"sub-a", "sub-b"}
+
+    wait("status.subscribers ready", subscribers_ready)
+    wait("dispatcher pod ready", lambda: dispatcher_ready(cl, 1), timeout=600, interval=2)
+    _delivered(cl, _send(cl, CHANNEL_URL, 20))
+
+    out = cl.helm("test", RELEASE, "-n", SYSTEM_NS, "--timeout=10m")
+    assert "Phase:          Succeeded" in out.stdout, out.stdout
+
+    # Mid-load: a receiver pod and the dispatcher pod are deleted; whatever got a 202 must arrive at both.
+    job, _ = _start_sender(cl, CHANNEL_URL, 300, pace=0.02)
+    wait("sender started", lambda: cl.kubectl("logs", f"job/{job}", "-n", APP_NS, check=False).stdout.count(
+        "accepted") >= 20, timeout=300, interval=1)
+    receiver = get(cl, "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=receiver")["items"][0]
+    cl.kubectl("delete", "pod", "-n", SYSTEM_NS, receiver["metadata"]["name"], "--wait=false")
+    time.sleep(1)
+    dispatcher = get(cl, "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=kafka-channel-dispatcher")
+    cl.kubectl("delete", "pod", "-n", SYSTEM_NS, dispatcher["items"][0]["metadata"]["name"], "--wait=false")
+    accepted = _accepted(cl, job)
+    assert len(accepted) == 300, f"only {len(accepted)} of 300 events were accepted"
+    _delivered(cl, accepted, timeout=600)
+    pods_ready(cl, SYSTEM_NS)
+
+    cl.kubectl("delete", "kafkachannel", "orders", "-n", APP_NS, "--timeout=300s", timeout=360)
+    wait("dispatcher Deployment gone", lambda: not dispatchers(cl))
+    wait("topic gone", lambda: f"{APP_NS}.orders" not in _topics(cl), interval=2)
+
+
+def _broker_scenario(cl: Kind) -> None:
+    """The Broker's two Triggers: sink-a takes order.created only (``filter``), sink-b every order event
+    (``filters``, prefix); an audit event matches neither."""
+    cl.apply(*broker_with_triggers(_sink_uri("sink-a"), _sink_uri("sink-b")))
+    broker_ready(cl)
+    assert kb.broker_topic(APP_NS, BROKER) in _topics(cl)
+    url = get(cl, "broker", BROKER, "-n", APP_NS)["status"]["address"]["url"]
+
+    # A Trigger's consumer group starts at the latest offset once it has joined: warm up until both sinks see one.
+    warm: list[str] = []
+
+    def joined() -> bool:
+        warm.extend(_send(cl, url, 1, CREATED))
+        return bool(set(warm) & sink_ids(cl, "deployment/sink-a") & sink_ids(cl, "deployment/sink-b"))
+
+    wait("both Triggers' consumer groups joined", joined, timeout=600, interval=1)
+    batches = {t: _send(cl, url, 10, t) for t in (AUDIT, SHIPPED, CREATED)}  # matches last
+    want_a, want_b = set(batches[CREATED]), set(batches[CREATED]) | set(batches[SHIPPED])
+    wait("fan-out by filter", lambda: want_a <= sink_ids(cl, "deployment/sink-a")
+         and want_b <= sink_ids(cl, "deployment/sink-b"), timeout=300, interval=2)
+    assert not (set(batches[SHIPPED]) | set(batches[AUDIT])) & sink_ids(cl, "deployment/sink-a")
+    assert not set(batches[AUDIT]) & sink_ids(cl, "deployment/sink-b")
+
+    cl.kubectl("delete", "broker", BROKER, "-n", APP_NS, "--timeout=300s", timeout=360)
+    wait("Broker dispatcher gone", lambda: not broker_dispatcher(cl))
+    wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in _topics(cl), interval=2)
+
+
+def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
+    connection = _kafka(kind)
+    kind.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
+               {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka-connection", "namespace": SYSTEM_NS},
+                "stringData": connection})
+
+    previous, previous_version = _previous_chart(tmp_path / "previous")
+    current_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert previous_version != current_version
+    kind.helm("install", RELEASE, str(previous), "-n", SYSTEM_NS, *_chart_args(kind, previous),
+              "--wait", "--timeout=10m")
+    assert _release(kind)["chart"] == f"kafka-eventing-{previous_version}"
+    kind.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait", "--timeout=10m")
+    release = _release(kind)
+    assert (release["chart"], release["revision"], release["status"]) == (
+        f"kafka-eventing-{current_version}", "2", "deployed")
+    pods_ready(kind, SYSTEM_NS)
+
+    _sinks(kind)
+    try:
+        _channel_scenario(kind)
+        _broker_scenario(kind)
+    finally:
+        kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
+
+    assert_release_objects(kind, RELEASE)
+    kind.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=5m")
+    # The connection Secret is the user's, not the release's: it goes first, then nothing may be left.
+    kind.kubectl("delete", "secret", "kafka-connection", "-n", SYSTEM_NS)
+    assert_uninstalled(kind, RELEASE, "helm")
+
+
+# ci values files this cluster can serve: the chart's default PLAINTEXT Kafka address. The others name the real-pod
+# tier's node address (cluster), a cloud service (event-hubs), a placeholder CA (strimzi-sasl-scram) or run the
+# reprocess Jobs on the spark image, which `make cluster-images` does not build (all-optins).
+CT_VALUES = ("default-values.yaml",)
+
+
+def test_ct_install(kind: Kind, tmp_path: Path) -> None:
+    """chart-testing as its users run it: ``ct install`` (install, ``helm test``, uninstall, each in a namespace of
+    its own) with every ci values file in CT_VALUES."""
+    kind.kubectl("rollout", "status", "deployment/kafka", "-n", KAFKA_NS, "--timeout=300s")  # test_chart_on_kind's
+    chart = tmp_path / "charts" / CHART.name
+    shutil.copytree(CHART, chart)
+    for values in (chart / "ci").glob("*-values.yaml"):
+        if values.name not in CT_VALUES:
+            values.unlink()
+    out = kind.run([str(tool_path("ct")), "install", "--config", "ct.yaml", "--charts", str(chart),
+                    "--helm-extra-set-args", " ".join([
+                        "--set=image.registry=docker.io/library",
+                        f"--set-string=image.tag={kind.images['receiver'].rsplit(':', 1)[1]}",
+                        "--set=image.pullPolicy=Never", f"--set=tests.image={kind.images['curl']}"])],
+                   timeout=2400, check=False)
+    assert out.returncode == 0, f"ct install failed:\n{out.stdout[-8000:]}\n{out.stderr[-4000:]}"
+    for values in CT_VALUES:
+        assert values in out.stdout, f"ct install did not use {values}:\n{out.stdout[-3000:]}"
