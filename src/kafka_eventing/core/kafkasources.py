@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from kafka_eventing.core.binding import CloudEvent
-from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
 
 GROUP = "sources.knative.dev"
 VERSION = "v1"
@@ -99,6 +99,8 @@ class SourceSpec:
     delivery: Mapping[str, Any] | None
     #: ``ceOverrides.extensions``, set on every event delivered (as upstream's CloudEventOverridesMutator).
     extensions: tuple[tuple[str, str], ...]
+    #: Events per second to the sink for each of its topics (``ANNOTATION_RATE_LIMIT``); None: unlimited.
+    rate_limit: float | None = None
 
     @property
     def protocol(self) -> str:
@@ -191,12 +193,16 @@ def parse_source(obj: Mapping[str, Any]) -> SourceSpec:
             raise SourceSpecError("InvalidCeOverrides",
                                   f"spec.ceOverrides.extensions: {ext!r} is not a CloudEvent extension name "
                                   "(lower-case letters and digits)")
+    try:
+        rate_limit = rate_limit_annotation(meta.get("annotations"))
+    except DeliverySpecError as exc:
+        raise SourceSpecError("InvalidRateLimit", str(exc)) from None
     return SourceSpec(
         namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 0),
         bootstrap_servers=servers, topics=topics, consumer_group=str(spec.get("consumerGroup") or default_group(uid)),
         initial_offset=offset, consumers=raw_consumers, sasl=sasl, tls=tls, ordered=ordering == "ordered",
         key_type=key_type, sink=spec.get("sink") or {}, delivery=delivery,
-        extensions=tuple(sorted((str(k), str(v)) for k, v in extensions.items())))
+        extensions=tuple(sorted((str(k), str(v)) for k, v in extensions.items())), rate_limit=rate_limit)
 
 
 # -- a record that is not a CloudEvent, as a CloudEvent -------------------------------------------------------

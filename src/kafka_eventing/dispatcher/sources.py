@@ -81,7 +81,7 @@ def source_channel(obj: Mapping[str, Any], *, standalone: bool = False) -> Chann
     subscribers = tuple(
         Subscriber(uid=topic, subscriber_uri=str(uri), generation=generation, delivery=delivery,
                    ordered=spec.ordered, topic=topic, group=spec.consumer_group, convert=convert,
-                   extensions=spec.extensions, held=hold)
+                   extensions=spec.extensions, rate_limit=spec.rate_limit, held=hold)
         for topic in spec.topics)
     return Channel(namespace=namespace, name=name, topic=spec.topics[0], ordered=spec.ordered,
                    generation=generation, uid=uid, subscribers=subscribers)

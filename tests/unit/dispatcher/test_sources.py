@@ -63,3 +63,22 @@ def test_dead_letter_sink_from_status() -> None:
 def test_an_unusable_spec_is_a_channel_that_is_not_ready() -> None:
     channel = source_channel(source({"ordering": "sideways"}, ready_status()))
     assert not channel.ready and "spec.ordering" in channel.reason and channel.subscribers == ()
+
+
+def test_the_rate_limit_annotation_limits_each_topics_deliveries_and_an_invalid_one_is_refused() -> None:
+    from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
+
+    limited = source(status=ready_status())
+    limited["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "2.5"}
+    assert [s.rate_limit for s in source_channel(limited).subscribers] == [2.5, 2.5]
+    assert [s.rate_limit for s in source_channel(source(status=ready_status())).subscribers] == [None, None]
+    invalid = source(status=ready_status())
+    invalid["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "fast"}
+    channel = source_channel(invalid)
+    assert not channel.ready and ANNOTATION_RATE_LIMIT in channel.reason and "'fast'" in channel.reason
+    try:
+        ks.parse_source(invalid)
+    except ks.SourceSpecError as exc:
+        assert exc.reason == "InvalidRateLimit"
+    else:
+        raise AssertionError("an invalid rate limit was accepted")
