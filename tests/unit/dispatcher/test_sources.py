@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.dispatcher.sources import RecordConverter, dispatch_hold, source_channel
 
@@ -76,9 +78,6 @@ def test_the_rate_limit_annotation_limits_each_topics_deliveries_and_an_invalid_
     invalid["metadata"]["annotations"] = {ANNOTATION_RATE_LIMIT: "fast"}
     channel = source_channel(invalid)
     assert not channel.ready and ANNOTATION_RATE_LIMIT in channel.reason and "'fast'" in channel.reason
-    try:
+    with pytest.raises(ks.SourceSpecError) as refused:
         ks.parse_source(invalid)
-    except ks.SourceSpecError as exc:
-        assert exc.reason == "InvalidRateLimit"
-    else:
-        raise AssertionError("an invalid rate limit was accepted")
+    assert refused.value.reason == "InvalidRateLimit"
