@@ -63,6 +63,7 @@ pytestmark = pytest.mark.kafka
 
 BROKER = "fidelity"
 CHANNEL = "fidelity"
+READER = "fidelity-reader"  # the channel that reads a KafkaSink's topic
 JSON_TYPES = ("application/json", None)
 
 
@@ -264,7 +265,17 @@ def subscribers(urls: dict[str, str]) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def resources(target: str, topic: str, subs: dict[str, tuple[str, dict[str, Any]]]) -> str:
-    """The KafkaChannel, or the Broker and its Triggers (no status.address: the listeners send no replies)."""
+    """The KafkaChannel, or the Broker and its Triggers (no status.address: the listeners send no replies); a
+    ``sink-*`` target: a KafkaSink of that content mode writing the topic the channel's dispatcher reads."""
+    if target.startswith("sink-"):
+        sink = {"apiVersion": "eventing.knative.dev/v1alpha1", "kind": "KafkaSink",
+                "metadata": {"name": CHANNEL, "namespace": NS},
+                "spec": {"topic": topic, "contentMode": target.removeprefix("sink-")}}
+        # The channel reading the topic has another name: /<ns>/fidelity is the sink's alone, so an event the
+        # receiver did not route to the sink is refused (404), not written to the same topic another way.
+        channel = yaml.safe_load(resources("channel-binary", topic, subs))
+        channel["metadata"]["name"] = READER
+        return yaml.safe_dump_all([sink, channel])
     if target == "broker":
         docs: list[dict[str, Any]] = [{
             "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
@@ -285,7 +296,7 @@ def resources(target: str, topic: str, subs: dict[str, tuple[str, dict[str, Any]
 
 
 def start_dispatcher(kafka: KafkaNode, target: str, path: Path) -> InProcess:
-    name = BROKER if target == "broker" else CHANNEL
+    name = BROKER if target == "broker" else READER if target.startswith("sink-") else CHANNEL
     settings = Settings(bootstrap_servers=kafka.bootstrap_servers, channel_namespace=NS, channel_name=name,
                         log_level="WARNING", kafka_extra=KAFKA_EXTRA,
                         **({"broker_namespace": NS, "broker_name": name} if target == "broker" else {}))
@@ -298,7 +309,8 @@ def start_dispatcher(kafka: KafkaNode, target: str, path: Path) -> InProcess:
     return running
 
 
-@pytest.mark.parametrize("target", ["channel-binary", "channel-structured", "broker"])
+@pytest.mark.parametrize("target", ["channel-binary", "channel-structured", "broker", "sink-binary",
+                                    "sink-structured"])
 def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Callable[[str], Listener],
                                      kafka_running: KafkaNode, start_receiver: Callable[..., Receiver],  # noqa: F811
                                      tmp_path: Path) -> None:
@@ -307,11 +319,16 @@ def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Cal
     with Subscriber().running() as own:
         subs = subscribers({**{name: lst.url for name, lst in tool.items()},
                             "own-binary": own.url("/binary"), "own-json": own.url("/json")})
-        receiver = start_receiver(resources(target, topic, subs), bootstrap=kafka_running.bootstrap_servers)
+        # A KafkaSink is addressed by the Host of the sink ingress Service: here "localhost", the channel of the
+        # same name by 127.0.0.1.
+        receiver = start_receiver(resources(target, topic, subs), bootstrap=kafka_running.bootstrap_servers,
+                                  env={"KE_SINK_SERVICE": "localhost"})
         dispatcher = start_dispatcher(kafka_running, target, receiver.channels_file)
         try:
             sent = tool_events(target)
             address = (f"{receiver.url}/{NS}/{BROKER}" if target == "broker" else f"{receiver.url}/{NS}/{CHANNEL}")
+            if target.startswith("sink-"):
+                address = address.replace("//127.0.0.1:", "//localhost:")
             want = {e.id: next(d for d in yaml.safe_load_all(send(cloudevents, address, e)) if d) for e in sent}
             ids = {e.id for e in sent}
             for sub in ("/binary", "/json"):
@@ -352,7 +369,7 @@ def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Cal
                     assert data == expected, f"{target}{sub} {event.id}: data"
 
     # 3. Kafka holds what was sent: a binary-mode record's ce_time is the sender's text.
-    if target != "channel-structured":
+    if target not in ("channel-structured", "sink-structured"):
         records = {dict(m.headers())["ce_id"].decode(): dict(m.headers()) for m in read_topic(kafka_running, topic,
                                                                                               len(sent))}
         for event in sent:
