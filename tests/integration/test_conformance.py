@@ -52,6 +52,7 @@ from kafka_eventing.core.channel_source import FileChannelSource
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
+from kafka_eventing.dispatcher.sources import FileSourceSource
 from kafka_eventing.dispatcher.triggers import FileTriggerSource
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack._proc import tail, terminate
@@ -286,7 +287,7 @@ def resources(target: str, topic: str, subs: dict[str, tuple[str, dict[str, Any]
                   "spec": {"broker": BROKER, "subscriber": {"uri": uri}, **({"delivery": d} if d else {})}}
                  for name, (uri, d) in subs.items()]
         return yaml.safe_dump_all(docs)
-    mode = "structured" if target == "channel-structured" else "binary"
+    mode = "structured" if target == "channel-structured" else "binary"  # a source run's channel: binary
     return yaml.safe_dump({
         "apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
         "metadata": {"name": CHANNEL, "namespace": NS, "annotations": {
@@ -295,7 +296,30 @@ def resources(target: str, topic: str, subs: dict[str, tuple[str, dict[str, Any]
                                  for name, (uri, d) in subs.items()]}})
 
 
-def start_dispatcher(kafka: KafkaNode, target: str, path: Path) -> InProcess:
+def start_dispatcher(kafka: KafkaNode, target: str, path: Path,
+                     subs: dict[str, tuple[str, dict[str, Any]]] | None = None, topic: str = "") -> Dispatchers:
+    """The dispatcher of the target's channel or Broker; for ``source``, one KafkaSource per subscriber (a source
+    has one sink), each reading the topic the receiver's channel writes."""
+    if target == "source":
+        started = Dispatchers([])
+        for sub, (uri, delivery) in (subs or {}).items():
+            name = f"{CHANNEL}-{sub}"
+            doc = {"apiVersion": "sources.knative.dev/v1", "kind": "KafkaSource",
+                   "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+                   "spec": {"bootstrapServers": ["ignored-in-standalone:9092"], "topics": [topic],
+                            "sink": {"uri": uri}, **({"delivery": delivery} if delivery else {})}}
+            file = path.with_name(f"{name}.yaml")
+            file.write_text(yaml.safe_dump(doc))
+            settings = Settings(bootstrap_servers=kafka.bootstrap_servers, source_namespace=NS, source_name=name,
+                                log_level="WARNING", kafka_extra=KAFKA_EXTRA)
+            files = FileSourceSource(file, settings, NS, name, poll_interval=0.1)
+            dispatcher = create_dispatcher(settings, connection_from_settings(settings), files,
+                                           registry=CollectorRegistry(), host="127.0.0.1", port=0,
+                                           initial_offset="earliest")
+            running = InProcess(dispatcher, files).start()  # type: ignore[arg-type]
+            started.parts.append(running)
+            wait_for(running.ready, 30, f"{name}'s consumer group joined")
+        return started
     name = BROKER if target == "broker" else READER if target.startswith("sink-") else CHANNEL
     settings = Settings(bootstrap_servers=kafka.bootstrap_servers, channel_namespace=NS, channel_name=name,
                         log_level="WARNING", kafka_extra=KAFKA_EXTRA,
@@ -306,11 +330,20 @@ def start_dispatcher(kafka: KafkaNode, target: str, path: Path) -> InProcess:
                                    registry=CollectorRegistry(), host="127.0.0.1", port=0, initial_offset="earliest")
     running = InProcess(dispatcher, source).start()
     wait_for(running.ready, 30, "consumer groups joined")
-    return running
+    return Dispatchers([running])
+
+
+@dataclass
+class Dispatchers:
+    parts: list[InProcess]
+
+    def stop(self) -> None:
+        for part in self.parts:
+            part.stop()
 
 
 @pytest.mark.parametrize("target", ["channel-binary", "channel-structured", "broker", "sink-binary",
-                                    "sink-structured"])
+                                    "sink-structured", "source"])
 def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Callable[[str], Listener],
                                      kafka_running: KafkaNode, start_receiver: Callable[..., Receiver],  # noqa: F811
                                      tmp_path: Path) -> None:
@@ -321,9 +354,10 @@ def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Cal
                             "own-binary": own.url("/binary"), "own-json": own.url("/json")})
         # A KafkaSink is addressed by the Host of the sink ingress Service: here "localhost", the channel of the
         # same name by 127.0.0.1.
-        receiver = start_receiver(resources(target, topic, subs), bootstrap=kafka_running.bootstrap_servers,
-                                  env={"KE_SINK_SERVICE": "localhost"})
-        dispatcher = start_dispatcher(kafka_running, target, receiver.channels_file)
+        # A ``source`` run: the channel only writes the topic (no subscribers); KafkaSources read it.
+        receiver = start_receiver(resources(target, topic, {} if target == "source" else subs),
+                                  bootstrap=kafka_running.bootstrap_servers, env={"KE_SINK_SERVICE": "localhost"})
+        dispatcher = start_dispatcher(kafka_running, target, receiver.channels_file, subs, topic)
         try:
             sent = tool_events(target)
             address = (f"{receiver.url}/{NS}/{BROKER}" if target == "broker" else f"{receiver.url}/{NS}/{CHANNEL}")
