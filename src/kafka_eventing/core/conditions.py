@@ -64,6 +64,19 @@ def find(conditions: Iterable[Mapping[str, Any]] | None, kind: str) -> Mapping[s
     return next((c for c in conditions or () if isinstance(c, Mapping) and c.get("type") == kind), None)
 
 
+def gates_hold(conditions: Iterable[Mapping[str, Any]] | None, gates: Iterable[str]) -> str:
+    """Why stored ``conditions`` do not open every one of ``gates`` yet ("" when each is True): the first missing
+    or not-True gate, with its reason and message."""
+    for kind in gates:
+        found = find(conditions, kind)
+        if found is None:
+            return f"waiting for the controller to report {kind}"
+        if found.get("status") != "True":
+            why = ": ".join(str(found[k]) for k in ("reason", "message") if found.get(k))
+            return f"{kind} is {found.get('status')}" + (f" ({why})" if why else "")
+    return ""
+
+
 def from_dict(stored: Mapping[str, Any]) -> Condition:
     return Condition(str(stored.get("type") or ""), str(stored.get("status") or "Unknown"),
                      str(stored.get("reason") or ""), str(stored.get("message") or ""))

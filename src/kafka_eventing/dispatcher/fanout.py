@@ -40,7 +40,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.dispatcher.app import Dispatcher, consumer_settings
-from kafka_eventing.dispatcher.flow import CONSUME_BATCH
+from kafka_eventing.dispatcher.flow import CONSUME_BATCH, WakeableSleep
 from kafka_eventing.dispatcher.group_offsets import AdminGroupOffsets, GroupOffsets
 from kafka_eventing.dispatcher.lane import Record, TriggerLane
 from kafka_eventing.dispatcher.metrics import Metrics
@@ -144,7 +144,7 @@ class SharedReader(_LoopBound):
         self._poller: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopping = False
         self.stop_requested = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._alarm = WakeableSleep()
         self._next_commit = 0.0
         self._next_lag = 0.0
         self._lag_seen: set[tuple[str, str, str]] = set()
@@ -385,19 +385,10 @@ class SharedReader(_LoopBound):
         return True
 
     async def _sleep(self, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(seconds, self._wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+        await self._alarm.sleep(seconds)
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._alarm.wake()
 
     def _wake_all(self) -> None:
         self._wake()
@@ -653,7 +644,7 @@ class CatchUp:
         self.factory = factory
         self.done = asyncio.Event()
         self._stopping = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._alarm = WakeableSleep()
         self._assigned: set[int] = set()
 
     def stop(self) -> None:
@@ -661,9 +652,7 @@ class CatchUp:
         self.wake()
 
     def wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._alarm.wake()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -726,14 +715,7 @@ class CatchUp:
             consumer.resume(resume)
 
     async def _sleep(self, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(seconds, self.wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+        await self._alarm.sleep(seconds)
 
 
 class BrokerDispatcher(Dispatcher):

@@ -8,6 +8,7 @@ delivery come from the scheduler.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -137,3 +138,28 @@ class FlowControl:
             if high > last + 1:
                 return True
         return False
+
+
+class WakeableSleep:
+    """A sleep that ``wake()`` ends early (cheaper than ``wait_for`` on an Event); one sleeper at a time, on the
+    loop's thread."""
+
+    __slots__ = ("_waiter",)
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def sleep(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(seconds, self.wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -24,7 +24,7 @@ from confluent_kafka import Message
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
-from kafka_eventing.core.conditions import find
+from kafka_eventing.core.conditions import gates_hold
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.settings import Settings
 
@@ -45,15 +45,7 @@ class RecordConverter:
 
 def dispatch_hold(source: Mapping[str, Any]) -> str:
     """Why the controller's conditions do not let the source be consumed yet ("" when they do)."""
-    conditions = (source.get("status") or {}).get("conditions")
-    for kind in ks.DISPATCH_GATES:
-        found = find(conditions, kind)
-        if found is None:
-            return f"waiting for the controller to report {kind}"
-        if found.get("status") != "True":
-            why = ": ".join(str(found[k]) for k in ("reason", "message") if found.get(k))
-            return f"{kind} is {found.get('status')}" + (f" ({why})" if why else "")
-    return ""
+    return gates_hold((source.get("status") or {}).get("conditions"), ks.DISPATCH_GATES)
 
 
 def source_channel(obj: Mapping[str, Any], *, standalone: bool = False) -> Channel:

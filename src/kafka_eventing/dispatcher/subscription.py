@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
-from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, TokenBucket
+from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, TokenBucket, WakeableSleep
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
@@ -112,7 +112,7 @@ class SubscriptionConsumer:
         self._parts: dict[int, Partition] = {}
         self._in_flight = 0
         self._stopping = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._alarm = WakeableSleep()
         self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
         self._rate_timer: asyncio.TimerHandle | None = None
         self._joined = False
@@ -282,20 +282,11 @@ class SubscriptionConsumer:
         return first + cast(list[Message], consumer.consume(room - 1, 0))
 
     async def _sleep(self, seconds: float) -> None:
-        """Sleep until ``seconds`` pass or ``_wake()`` is called (cheaper than wait_for on an Event)."""
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(seconds, self._wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+        """Sleep until ``seconds`` pass or ``_wake()`` is called."""
+        await self._alarm.sleep(seconds)
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._alarm.wake()
 
     # -- scheduling ---------------------------------------------------------------------------------
     def _rate_ok(self) -> bool:

@@ -22,7 +22,7 @@ from kafka_eventing.broker.filters import FilterError, RecordFilter, TriggerFilt
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
-from kafka_eventing.core.conditions import find
+from kafka_eventing.core.conditions import gates_hold
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
 from kafka_eventing.core.settings import Settings
 
@@ -35,15 +35,7 @@ def dispatch_hold(trigger: Mapping[str, Any]) -> str:
     Each of ``DISPATCH_GATES`` must be True: a Trigger whose Broker, subscriber or dependency is not ready gets
     nothing until it is. Ready itself is not waited for, since it includes the dispatcher's own ConsumerGroupReady.
     """
-    conditions = (trigger.get("status") or {}).get("conditions")
-    for kind in kb.DISPATCH_GATES:
-        found = find(conditions, kind)
-        if found is None:
-            return f"waiting for the controller to report {kind}"
-        if found.get("status") != "True":
-            why = ": ".join(str(found[k]) for k in ("reason", "message") if found.get(k))
-            return f"{kind} is {found.get('status')}" + (f" ({why})" if why else "")
-    return ""
+    return gates_hold((trigger.get("status") or {}).get("conditions"), kb.DISPATCH_GATES)
 
 
 def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
