@@ -27,7 +27,7 @@ from kafka_eventing.reprocess.archive import run_archive
 from kafka_eventing.reprocess.http_sink import HttpSinkPolicy
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
 from kafka_eventing.reprocess.replay import Filters, HttpTarget, TopicTarget, run_redrive, run_replay
-from kafka_eventing.reprocess.sources import Window, read_topic
+from kafka_eventing.reprocess.sources import Window, read_archive, read_topic
 from kafka_eventing.reprocess.stats import run_stats
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -283,3 +283,31 @@ def test_redrive_strips_dead_letter_extensions_once_per_run(
     errors = (tmp_path / "stats" / "errors.csv").read_text()
     assert "500" in errors and "oops" in errors  # knativeerrordata decoded
     assert (tmp_path / "stats" / "chart.png").stat().st_size > 1000
+
+
+@pytest.mark.timeout(900)
+def test_replay_redrive_and_archive_send_time_as_written(
+    spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink, tmp_path: Path,
+) -> None:
+    # The sender's spelling of `time`, not a re-rendering of the instant (`.789Z` must not become `.789000Z`).
+    texts = ["2024-05-01T12:34:56.789Z", "2024-05-01T14:34:56.5+02:00", "2024-05-01T12:34:56Z",
+             "2024-05-01T12:34:56.123456789Z"]
+    events = [CloudEvent({"id": f"t-{i}", "source": "/tests/time", "type": "com.example.time", "specversion": "1.0",
+                          "time": text, "knativeerrordest": f"{sink.url}/orig", "knativeerrorcode": "500"}, b"x")
+              for i, text in enumerate(texts)]
+    _produce(kafka_running, topic, events, structured_every=2)  # binary and structured records both
+    want = {f"t-{i}": text for i, text in enumerate(texts)}
+    policy = HttpSinkPolicy(delivery=DeliverySpec(retry=0))
+
+    run_replay(spark, read_topic(spark, topic, plain_options), HttpTarget(url=sink.url + "/replay", policy=policy),
+               run_dir=tmp_path / "replay", source={"topic": topic})
+    run_redrive(spark, read_topic(spark, topic, plain_options), url=None, policy=policy,
+                run_dir=tmp_path / "redrive", source={"topic": topic})
+    out = str(tmp_path / "archive")
+    run_archive(spark, topic=topic, output=out, checkpoint=f"{out}/_checkpoint", kafka_options=plain_options,
+                timeout=240)
+    run_replay(spark, read_archive(spark, out), HttpTarget(url=sink.url + "/archive", policy=policy),
+               run_dir=tmp_path / "from-archive", source={"archive": out})
+    for path in ("/replay", "/orig", "/archive"):
+        got = {h["ce-id"]: h["ce-time"] for p, h, _ in sink.requests if p == path}
+        assert got == want, path

@@ -56,6 +56,7 @@ class BinaryColumns:
 
     decoded: pa.BooleanArray
     attributes: dict[str, pa.Array]  # ATTRIBUTES → string arrays, "time" → TIME_TYPE (UTC)
+    time_text: pa.StringArray  # ``time`` as the sender wrote it, which is what a replay sends
     extensions: pa.MapArray  # map<string, string>, in header order
     data: pa.BinaryArray  # the record value; null when absent or empty (as RawDataFormat reads it)
 
@@ -178,7 +179,8 @@ def decode_binary(headers: pa.Array | pa.ChunkedArray, values: pa.Array | pa.Chu
         ok &= pc.fill_null(pc.greater(pc.binary_length(attributes[attr]), 0), False).to_numpy(zero_copy_only=False)
     for attr in _OPTIONAL_STRINGS:  # absent, or not empty
         ok &= pc.fill_null(pc.greater(pc.binary_length(attributes[attr]), 0), True).to_numpy(zero_copy_only=False)
-    attributes["time"], unsure_time = _parse_time(attributes["time"])
+    sent_time = attributes["time"]
+    attributes["time"], unsure_time = _parse_time(sent_time)
     ok &= ~unsure_time
 
     # Extensions: the other ce_ headers, named by what follows the prefix, in header order.
@@ -199,4 +201,5 @@ def decode_binary(headers: pa.Array | pa.ChunkedArray, values: pa.Array | pa.Chu
     values = values.cast(pa.binary())
     keep = ok & pc.fill_null(pc.greater(pc.binary_length(values), 0), False).to_numpy(zero_copy_only=False)
     data = values if keep.all() else pc.if_else(pa.array(keep), values, pa.nulls(n, pa.binary()))
-    return BinaryColumns(decoded=decoded, attributes=attributes, extensions=extensions, data=data)
+    return BinaryColumns(decoded=decoded, attributes=attributes, time_text=pc.if_else(decoded, sent_time, none),
+                         extensions=extensions, data=data)

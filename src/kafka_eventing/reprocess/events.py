@@ -20,6 +20,8 @@ from kafka_eventing.core.binding import (
     CloudEvent,
     ContentMode,
     RawDataFormat,
+    Timestamp,
+    attribute_text,
     event_from_kafka,
     event_to_kafka,
 )
@@ -37,7 +39,7 @@ RAW_COLUMNS = ("kafka_key", "kafka_value", "kafka_headers")
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "string"), ("source", "string"), ("type", "string"), ("specversion", "string"),
     ("subject", "string"), ("time", "timestamp"), ("datacontenttype", "string"), ("dataschema", "string"),
-    ("extensions", "map"), ("data", "binary"),
+    ("time_text", "string"), ("extensions", "map"), ("data", "binary"),
     ("topic", "string"), ("partition", "int"), ("offset", "long"), ("timestamp", "timestamp"),
     ("event_date", "date"), ("error", "string"),
 )
@@ -85,6 +87,9 @@ def event_row(event: CloudEvent) -> dict[str, Any]:
     attrs = event.get_attributes()
     data = event.get_data()
     row: dict[str, Any] = {name: attrs.get(name) for name in CORE_ATTRIBUTES}
+    # `time` (a timestamp) serves windows, filters and partitioning; `time_text` is what a replay sends, as the
+    # sender wrote it (a timestamp would re-render `.789Z` as `.789000Z`).
+    row["time_text"] = None if row["time"] is None else attribute_text(row["time"])
     row["time"] = _utc(row["time"])
     for name in ("subject", "datacontenttype", "dataschema"):
         if row[name] is not None:
@@ -109,7 +114,7 @@ def decode_record(
     except (BindingError, OverflowError) as exc:
         # OverflowError: a valid `time` near year 1 or 9999 whose offset leaves datetime's range in UTC.
         row = {name: None for name in CORE_ATTRIBUTES}
-        row.update(extensions=None, data=value, error=str(exc)[:1000] or type(exc).__name__)
+        row.update(time_text=None, extensions=None, data=value, error=str(exc)[:1000] or type(exc).__name__)
     when = row["time"] or kafka_ts
     row["event_date"] = when.date() if when is not None else _EPOCH
     return row
@@ -138,7 +143,7 @@ def decode_batch(batch: pa.RecordBatch, keep_raw: bool = False) -> pa.RecordBatc
     kafka_ts = batch.column("timestamp").cast(TIME_TYPE)
     when = pc.coalesce(cols.attributes["time"], kafka_ts)
     arrays: dict[str, pa.Array] = {
-        **cols.attributes, "extensions": cols.extensions, "data": cols.data,
+        **cols.attributes, "time_text": cols.time_text, "extensions": cols.extensions, "data": cols.data,
         "topic": batch.column("topic"), "partition": batch.column("partition"), "offset": batch.column("offset"),
         "timestamp": kafka_ts, "event_date": pc.fill_null(when.cast(pa.date32()), pa.scalar(_EPOCH, pa.date32())),
         "error": pa.nulls(n, pa.string()),
@@ -205,9 +210,11 @@ def ext_pairs(extensions: Any) -> Iterable[tuple[str, Any]]:
 
 
 def event_from_columns(row: Mapping[str, Any]) -> CloudEvent:
-    """Rebuild the event from its columns (archive or decoded rows)."""
+    """Rebuild the event from its columns (archive or decoded rows), ``time`` as the sender wrote it."""
     attrs: dict[str, Any] = {name: row.get(name) for name in CORE_ATTRIBUTES if row.get(name) is not None}
-    if "time" in attrs:
+    if row.get("time_text") is not None:
+        attrs["time"] = Timestamp(row["time_text"], strict=False)
+    elif "time" in attrs:  # an archive written before `time_text` existed: the instant is all there is
         attrs["time"] = _utc(attrs["time"])
     for name, value in ext_pairs(row.get("extensions")):
         if value is not None:

@@ -125,6 +125,8 @@ def read_archive(spark: SparkSession, path: str, window: Window = Window()) -> D
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(path)
+    if "time_text" not in df.columns:  # written before the column existed: replay falls back to the instant
+        df = df.withColumn("time_text", F.lit(None).cast("string"))
     if window.start is not None:
         df = df.where(F.col("timestamp") >= F.lit(window.start))
     if window.end is not None:
