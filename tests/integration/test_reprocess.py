@@ -285,7 +285,7 @@ def test_redrive_strips_dead_letter_extensions_once_per_run(
     assert (tmp_path / "stats" / "chart.png").stat().st_size > 1000
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_replay_redrive_and_archive_send_time_as_written(
     spark: Any, kafka_running: KafkaNode, topic: str, plain_options: dict[str, str], sink: Sink, tmp_path: Path,
 ) -> None:

@@ -219,3 +219,19 @@ def test_edge_cases_match_the_sdk_path(headers: Headers) -> None:
     batch = source_batch([(None, b'{"a":1}', FULL_HEADERS, ts), (None, b'{"a":1}', headers, ts)])
     assert decode_batch(batch).to_pylist() == sdk_rows(batch)
     assert decode_binary(batch.column("headers"), batch.column("value")).decoded[0].as_py()
+
+
+@pytest.mark.parametrize("mode", [ContentMode.BINARY, ContentMode.STRUCTURED])
+@pytest.mark.parametrize("text", ["2024-05-01T12:34:56.789Z", "2024-05-01T14:34:56.5+02:00",
+                                  "2024-05-01T12:34:56Z", "2024-05-01T12:34:56.123456789Z"])
+def test_a_replayed_event_carries_time_as_the_record_had_it(mode: ContentMode, text: str) -> None:
+    from kafka_eventing.core.binding import event_to_http
+    from kafka_eventing.reprocess.events import event_from_columns
+
+    record = event_to_kafka(CloudEvent({"id": "1", "source": "/s", "type": "t", "specversion": "1.0",
+                                        "time": text}, b"x"), mode)
+    (row,) = decode_batch(source_batch([(record.key, record.value, list(record.headers), None)])).to_pylist()
+    assert row["time_text"] == text and row["time"] is not None  # the instant stays for windows and filters
+    headers, _ = event_to_http(event_from_columns(row), ContentMode.BINARY)
+    assert headers["ce-time"] == text
+    assert dict(event_to_kafka(event_from_columns(row), ContentMode.BINARY).headers)["ce_time"] == text.encode()
