@@ -59,6 +59,19 @@ def _install_subscription_crd(api_client: Any) -> None:
     from kubernetes.client.rest import ApiException
 
     api = client.ApiextensionsV1Api(api_client)
+    name = SUBSCRIPTION_CRD["metadata"]["name"]  # type: ignore[index]
+
+    def not_terminating() -> bool:
+        # Knative's own CRDs (tests/fixtures/knative.py) are deleted when their tests end: a Subscription CRD still
+        # being deleted refuses new objects, so wait until it is gone before installing the stand-in.
+        try:
+            return api.read_custom_resource_definition(name).metadata.deletion_timestamp is None
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+
+    wait_for(not_terminating, 120, "no Subscription CRD being deleted")
     try:
         api.create_custom_resource_definition(SUBSCRIPTION_CRD)
     except ApiException as exc:
