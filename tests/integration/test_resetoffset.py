@@ -61,15 +61,28 @@ def _install_subscription_crd(api_client: Any) -> None:
     api = client.ApiextensionsV1Api(api_client)
     name = SUBSCRIPTION_CRD["metadata"]["name"]  # type: ignore[index]
 
+    objects = client.CustomObjectsApi(api_client)
+
     def not_terminating() -> bool:
-        # Knative's own CRDs (tests/fixtures/knative.py) are deleted when their tests end: a Subscription CRD still
-        # being deleted refuses new objects, so wait until it is gone before installing the stand-in.
+        # Knative's own CRDs (tests/fixtures/knative.py) are deleted when their tests end, and a Subscription its
+        # stopped controller left a finalizer on keeps that CRD terminating, refusing new objects: release those
+        # leftovers and wait until the CRD is gone before installing the stand-in.
         try:
-            return api.read_custom_resource_definition(name).metadata.deletion_timestamp is None
+            crd = api.read_custom_resource_definition(name)
         except ApiException as exc:
             if exc.status == 404:
                 return True
             raise
+        if crd.metadata.deletion_timestamp is None:
+            return True
+        for version in crd.spec.versions:
+            for item in objects.list_cluster_custom_object("messaging.knative.dev", version.name,
+                                                           "subscriptions")["items"]:
+                if item["metadata"].get("finalizers"):
+                    objects.patch_namespaced_custom_object(
+                        "messaging.knative.dev", version.name, item["metadata"]["namespace"], "subscriptions",
+                        item["metadata"]["name"], {"metadata": {"finalizers": None}})
+        return False
 
     wait_for(not_terminating, 120, "no Subscription CRD being deleted")
     try:
@@ -77,7 +90,6 @@ def _install_subscription_crd(api_client: Any) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise
-    objects = client.CustomObjectsApi(api_client)
     wait_for(lambda: _served(objects), 30, "Subscription CRD served")
 
 
