@@ -181,7 +181,7 @@ _ext_values = st.one_of(st.text(max_size=6), st.sampled_from(["10", "-3", "true"
 _rows = st.fixed_dictionaries(
     {"id": st.just("e"), "source": st.just("/s"), "type": st.sampled_from(["t", "10", "TRUE"]),
      "specversion": st.just("1.0"), "subject": st.none() | _ext_values,
-     "time": st.none() | st.datetimes(timezones=st.just(UTC)), "datacontenttype": st.none(),
+     "time": st.none() | st.datetimes(timezones=st.just(UTC)), "time_text": st.none(), "datacontenttype": st.none(),
      "dataschema": st.none(), "extensions": st.dictionaries(st.sampled_from(EXTENSION_NAMES), _ext_values),
      "data": st.none(), "topic": st.just("p"), "partition": st.just(0), "offset": st.just(0),
      "timestamp": st.none(), "event_date": st.none(), "error": st.none()})
