@@ -49,9 +49,9 @@ from kafka_eventing.dispatcher.status import (
     REASON_FAILED,
     REASON_JOINED,
     REASON_JOINING,
-    REASON_KAFKA,
     REASON_TOPIC,
     StatusBoard,
+    consumer_problem,
 )
 from kafka_eventing.dispatcher.subscription import LOOP_HANDOFF_TIMEOUT, MAX_IDLE_POLL, ConsumerFactory
 
@@ -615,18 +615,13 @@ class SharedReader(_LoopBound):
             loop.call_soon_threadsafe(self._error, err)
 
     def _error(self, err: KafkaError) -> None:
-        code = err.code()
-        reason = REASON_KAFKA
-        if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            message, reason = f"topic {self.topic} does not exist", REASON_TOPIC
-        elif err.fatal() or code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                     KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError._ALL_BROKERS_DOWN):
-            message = f"Kafka: {err.str()}"
-        else:
+        problem = consumer_problem(err, self.topic)
+        if problem is None:
             log.debug("consumer error", extra={"broker": self.name, "error": err.str()})
             return
+        message, reason = problem
         log.warning("broker cannot consume", extra={"broker": self.name, "error": message})
-        if not self.joined or code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        if not self.joined or reason == REASON_TOPIC:
             for lane in self.lanes.values():
                 self.board.set(lane.subscriber.uid, lane.subscriber.generation, False, message, reason)
 

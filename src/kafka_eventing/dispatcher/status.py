@@ -43,6 +43,20 @@ REASON_TRIGGER_NOT_READY = "TriggerNotReady"  # held: a controller condition of 
 REASON_DEAD_LETTER = "DeadLetterSinkUnresolved"
 REASON_TOPIC = "TopicNotFound"
 REASON_KAFKA = "KafkaError"
+
+
+def consumer_problem(err: Any, topic: str) -> tuple[str, str] | None:
+    """A consumer's librdkafka error as (message, reason) for a subscriber's status, or None for one that the
+    client retries by itself (only logged)."""
+    from confluent_kafka import KafkaError
+
+    code = err.code()
+    if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        return f"topic {topic} does not exist", REASON_TOPIC
+    if err.fatal() or code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                               KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError._ALL_BROKERS_DOWN):
+        return f"Kafka: {err.str()}", REASON_KAFKA
+    return None
 REASON_FAILED = "ConsumerFailed"
 
 

@@ -37,7 +37,7 @@ from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
 from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Scheduler
-from kafka_eventing.dispatcher.status import REASON_JOINED, REASON_KAFKA, REASON_TOPIC, StatusBoard
+from kafka_eventing.dispatcher.status import REASON_JOINED, REASON_TOPIC, StatusBoard, consumer_problem
 from kafka_eventing.dispatcher.unordered import UnorderedScheduler
 
 log = logging.getLogger(__name__)
@@ -438,18 +438,13 @@ class SubscriptionConsumer:
             loop.call_soon_threadsafe(self._error, err)
 
     def _error(self, err: KafkaError) -> None:
-        code = err.code()
-        reason = REASON_KAFKA
-        if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            message, reason = f"topic {self.topic} does not exist", REASON_TOPIC
-        elif err.fatal() or code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                     KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError._ALL_BROKERS_DOWN):
-            message = f"Kafka: {err.str()}"
-        else:
+        problem = consumer_problem(err, self.topic)
+        if problem is None:
             log.debug("consumer error", extra={**self.labels.as_dict(), "error": err.str()})
             return
+        message, reason = problem
         log.warning("subscription cannot consume", extra={**self.labels.as_dict(), "error": message})
-        if not self._joined or code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        if not self._joined or reason == REASON_TOPIC:
             self._board.set(self._subscriber.uid, self._subscriber.generation, False, message, reason)
 
     # -- shutdown -----------------------------------------------------------------------------------
