@@ -7,6 +7,7 @@ would report it: the test marks the Pods that the real ReplicaSet controller cre
 
 from __future__ import annotations
 
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -307,6 +308,41 @@ def test_deleting_a_channel_whose_topic_is_gone(env: Env) -> None:
     eventually(lambda: env.topic(topic) is None, what="topic deleted by hand")
     env.delete("vanished")
     eventually(lambda: env.gone("vanished"), what="channel deleted")
+
+
+def test_deleting_a_channel_stops_its_dispatcher_before_deleting_its_topic(env: Env) -> None:
+    """While a dispatcher pod still exists (held here by a finalizer, as a kubelet keeps a terminating pod until
+    its process exits) the channel's topic stays; once the Deployment is gone, pods and all, the topic goes."""
+    env.start_controller()
+    env.create("held")
+    topic = f"{env.namespace}.held"
+    eventually(lambda: env.topic(topic), what="topic created")
+    dispatcher = res.dispatcher_name(env.namespace, "held")
+    dep = eventually(lambda: env.apps.read_namespaced_deployment(dispatcher, env.system), what="dispatcher")
+    selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
+    pods = eventually(lambda: [p.metadata.name for p in
+                               env.core.list_namespaced_pod(env.system, label_selector=selector).items] or None,
+                      what="dispatcher pods")
+    for pod in pods:
+        env.core.patch_namespaced_pod(pod, env.system, {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}})
+
+    env.delete("held")
+    eventually(lambda: all(env.core.read_namespaced_pod(pod, env.system).metadata.deletion_timestamp
+                           for pod in pods), what="the dispatcher pods terminating")
+    # Many reconciles happen meanwhile (the recheck is 2 s, each Deployment event one more): none may delete
+    # the topic while a dispatcher pod could still be consuming it.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert env.topic(topic) is not None, "the topic was deleted while the dispatcher pod still existed"
+        time.sleep(0.2)
+    assert not env.gone("held")
+
+    for pod in pods:
+        env.core.patch_namespaced_pod(pod, env.system, {"metadata": {"finalizers": None}})
+    eventually(lambda: gone(lambda: env.apps.read_namespaced_deployment(dispatcher, env.system)),
+               what="the dispatcher Deployment gone")
+    eventually(lambda: env.topic(topic) is None, what="the topic deleted after the dispatcher")
+    eventually(lambda: env.gone("held"), what="the channel deleted")
 
 
 def test_kafka_outage_is_reported_and_recovered(env: Env) -> None:

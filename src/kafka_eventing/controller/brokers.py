@@ -44,7 +44,7 @@ from kafka_eventing.controller.connection import (
     resolve,
 )
 from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_destination
-from kafka_eventing.controller.reconciler import Reconciler, Result
+from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.conditions import Condition, find, from_dict
@@ -56,8 +56,6 @@ from kafka_eventing.core.settings import Settings
 log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
-#: how often a Broker being deleted re-checks that its dispatcher is gone, should its deletion event be missed
-STOP_RECHECK_SECONDS = 2.0
 HTTP_CONFLICT = 409
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
@@ -332,20 +330,7 @@ class BrokerReconciler:
         namespace, name = meta["namespace"], meta["name"]
         system = self.settings.system_namespace
         dispatcher = broker_dispatcher_name(namespace, name)
-        # The data plane stops before its topic goes: a dispatcher still consuming a deleted topic fills its log
-        # with UNKNOWN_TOPIC_OR_PART. Foreground deletion keeps the Deployment until its ReplicaSets and Pods are
-        # gone (the garbage collector), so "Deployment not found" means no dispatcher runs.
-        deleting = False
-        for delete, policy in ((self.apps.delete_namespaced_deployment, "Foreground"),
-                               (self.core.delete_namespaced_service, "Background")):
-            self.base.writer.check()
-            try:
-                delete(dispatcher, system, propagation_policy=policy, _request_timeout=(5, 30))
-                deleting = deleting or policy == "Foreground"
-            except ApiException as exc:
-                if exc.status != HTTP_NOT_FOUND:
-                    raise
-        if deleting:
+        if self.base.stop_deployment(dispatcher, ((dispatcher, system),)):
             # Its removal is a Deployment event naming this Broker (ANNOTATION_BROKER): that enqueues it at once.
             log.info("Broker finalizing: waiting for its dispatcher to stop",
                      extra={"namespace": namespace, "broker": name, "deployment": f"{system}/{dispatcher}"})

@@ -36,7 +36,7 @@ from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
-from kafka_eventing.controller.reconciler import Reconciler, Result
+from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.conditions import Condition
@@ -314,19 +314,11 @@ class SourceReconciler:
     def _finalize(self, obj: Mapping[str, Any]) -> Result:
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        system = self.settings.system_namespace
         dispatcher = source_dispatcher_name(namespace, name)
-        try:
-            self.base.writer.check()
-            self.apps.delete_namespaced_deployment(dispatcher, system, propagation_policy="Foreground",
-                                                   _request_timeout=(5, 30))
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
-        if self.stores.deployments.get(system, dispatcher) is not None:
+        if self.base.stop_deployment(dispatcher):
             # Its pods are still stopping (a slow subscriber's deliveries drain for the shutdown grace): the group
             # keeps members until they are gone. The Deployment's deletion event brings this back.
-            return Result(requeue_after=2.0)
+            return Result(requeue_after=STOP_RECHECK_SECONDS)
         try:
             spec: ks.SourceSpec | None = ks.parse_source(obj)
         except ks.SourceSpecError:

@@ -45,6 +45,10 @@ from kafka_eventing.core.settings import Settings, TopicManagement
 
 log = logging.getLogger(__name__)
 
+#: how often a data-plane owner being deleted re-checks that its dispatcher is gone, should the deletion event be
+#: missed
+STOP_RECHECK_SECONDS = 2.0
+
 VERSION = "v1beta1"
 FINALIZER = "kafkachannels.messaging.knative.dev/finalizer"
 
@@ -306,6 +310,28 @@ class Reconciler:
     def _add_finalizer(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         return self.set_finalizers(obj, [*(obj["metadata"].get("finalizers") or ()), FINALIZER])
 
+    def stop_deployment(self, name: str, services: Sequence[tuple[str, str]] = ()) -> bool:
+        """Deletes the data-plane Deployment ``name`` (system namespace) and the ``services`` (name, namespace).
+
+        True while the Deployment still exists. The data plane stops before its topic or consumer group goes: a
+        dispatcher still consuming a deleted topic fills its log with UNKNOWN_TOPIC_OR_PART, and a group with
+        members cannot be deleted. Foreground deletion keeps the Deployment until its ReplicaSets and Pods are gone
+        (the garbage collector), so "not found" means none of its pods runs.
+        """
+        stopping = True
+        doomed = ((self.apps.delete_namespaced_deployment, name, self.settings.system_namespace, "Foreground"),
+                  *((self.core.delete_namespaced_service, svc, where, "Background") for svc, where in services))
+        for delete, victim, where, policy in doomed:
+            self.writer.check()
+            try:
+                delete(victim, where, propagation_policy=policy, _request_timeout=(5, 30))
+            except ApiException as exc:
+                if exc.status != HTTP_NOT_FOUND:
+                    raise
+                if policy == "Foreground":
+                    stopping = False
+        return stopping
+
     def set_finalizers(self, obj: Mapping[str, Any], finalizers: list[str],
                        api: tuple[str, str, str] = (GROUP, VERSION, PLURAL)) -> Mapping[str, Any]:
         """``api``: (group, version, plural) of ``obj`` — the Broker reconciler writes through these too."""
@@ -354,16 +380,11 @@ class Reconciler:
             self.autoscaler.delete(res.ChannelRef(namespace, name))
         # The channel Service is also garbage-collected through its ownerReference; deleting it here keeps
         # deletion complete on clusters without the garbage collector.
-        doomed = ((self.apps.delete_namespaced_deployment, dispatcher, system),
-                  (self.core.delete_namespaced_service, dispatcher, system),
-                  (self.core.delete_namespaced_service, res.channel_service_name(name), namespace))
-        for delete, victim, where in doomed:
-            self.writer.check()
-            try:
-                delete(victim, where, propagation_policy="Background", _request_timeout=(5, 30))
-            except ApiException as exc:
-                if exc.status != HTTP_NOT_FOUND:
-                    raise
+        if self.stop_deployment(dispatcher, ((dispatcher, system), (res.channel_service_name(name), namespace))):
+            # Its removal is a Deployment event naming this channel (ANNOTATION_CHANNEL): that enqueues it at once.
+            log.info("KafkaChannel finalizing: waiting for its dispatcher to stop",
+                     extra={"namespace": namespace, "channel": name, "deployment": f"{system}/{dispatcher}"})
+            return Result(requeue_after=STOP_RECHECK_SECONDS)
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
         if self.settings.topic_management is TopicManagement.ADMIN and not external and self.settings.delete_topics:
             topic = self.settings.topic_for(namespace, name)
