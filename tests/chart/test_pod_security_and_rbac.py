@@ -272,3 +272,16 @@ def test_dispatchers_mint_tokens_for_their_own_service_account_only() -> None:
     (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["name"].endswith("dispatcher-token")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kafka-channel-dispatcher",
                                     "namespace": NAMESPACE}]
+
+
+def test_the_receiver_reads_event_policies_only_with_auth_on() -> None:
+    def policy_rules(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        roles = of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
+        return [(d["metadata"]["name"], r) for d in roles for r in d.get("rules", [])
+                if "eventpolicies" in r.get("resources", [])]
+
+    assert policy_rules(helm()) == []
+    (rule,) = policy_rules(helm(sets=("receiver.auth.enabled=true",)))
+    assert rule[0].endswith("receiver")
+    assert rule[1] == {"apiGroups": ["eventing.knative.dev"], "resources": ["eventpolicies"],
+                       "verbs": ["get", "list", "watch"]}

@@ -85,6 +85,8 @@ class Channel:
     audience: str = ""
     #: the Kafka cluster its events go to when it is not the receiver's own (a Broker's or KafkaSink's config).
     connection: ConnectionRef | None = None
+    #: its labels, sorted: what an EventPolicy's ``to[].selector`` matches.
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def token_audience(self) -> str:
@@ -103,6 +105,10 @@ def knative_audience(group: str, kind: str, namespace: str, name: str) -> str:
     """Knative's audience of an addressable: ``<group>/<kind>/<namespace>/<name>``, lower-cased — what upstream
     publishes in ``status.address.audience`` when OIDC authentication is on."""
     return f"{group}/{kind}/{namespace}/{name}".lower()
+
+
+def labels_of(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
 
 
 def default_audience(namespace: str, name: str) -> str:
@@ -176,7 +182,7 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
         ordered=ordered, num_partitions=int(partitions), generation=int(meta.get("generation") or 0),
         uid=str(meta.get("uid") or ""), subscribers=subscribers,
         # What the channel publishes as its address's audience is what senders ask tokens for.
-        audience=str((status.get("address") or {}).get("audience") or ""),
+        audience=str((status.get("address") or {}).get("audience") or ""), labels=labels_of(meta),
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from kafka_eventing.core.eventpolicies import DefaultMode
 from kafka_eventing.core.kafka_config import PROVIDERS
 
 PREFIX = "KE_"
@@ -121,6 +122,10 @@ class Settings:
     auth_token_file: Path | None = None
     #: how long signing keys are kept before the JWKS is fetched again (a new key id fetches at once).
     auth_keys_ttl_seconds: float = 300.0
+    #: with authentication on, who may send where no EventPolicy applies (Knative's
+    #: ``default-authorization-mode``): allow-all (any valid token), allow-same-namespace (ServiceAccounts of the
+    #: target's namespace; Knative's default) or deny-all. EventPolicies are read when the API serves their CRD.
+    auth_default_mode: DefaultMode = DefaultMode.ALLOW_SAME_NAMESPACE
 
     # -- dispatcher ---------------------------------------------------------------------------------
     #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).

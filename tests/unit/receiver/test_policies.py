@@ -1,0 +1,104 @@
+"""The receiver's EventPolicy decisions (``receiver.auth.PolicyCheck``) on a verified subject: the policies that
+apply, their filters on the decoded records, the default modes and the Broker dispatcher's own replies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka_eventing.core import eventpolicies as ep
+from kafka_eventing.core.binding import KafkaRecord
+from kafka_eventing.core.channels import Channel
+from kafka_eventing.receiver.auth import PolicyCheck
+from kafka_eventing.receiver.ingress import Answer
+
+SENDER = "system:serviceaccount:shop:sender"
+STRANGER = "system:serviceaccount:shop:stranger"
+DISPATCHER = "system:serviceaccount:knative-eventing:kafka-channel-dispatcher"
+ORDERS = Channel(namespace="shop", name="orders", topic="t")
+EVENTS = Channel(namespace="shop", name="events", topic="t", labels=(("team", "b"),))
+
+
+class Policies:
+    def __init__(self, *objs: dict[str, Any]) -> None:
+        self._policies = {(p.namespace, p.name): p for p in map(ep.policy_from_resource, objs)}
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def synced(self) -> bool:
+        return True
+
+    def policies(self) -> dict[tuple[str, str], ep.Policy]:
+        return self._policies
+
+
+def policy(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": ep.API_VERSION, "kind": ep.KIND, "metadata": {"name": name, "namespace": "shop"},
+            "spec": spec}
+
+
+def record(event_type: str) -> KafkaRecord:
+    return KafkaRecord(None, b"{}", [("ce_specversion", b"1.0"), ("ce_id", b"1"), ("ce_source", b"/s"),
+                                     ("ce_type", event_type.encode())])
+
+
+def status(decision: object) -> int:
+    return int(decision.status[:3]) if isinstance(decision, Answer) else 200
+
+
+def check(*objs: dict[str, Any], mode: ep.DefaultMode = ep.DefaultMode.DENY_ALL) -> PolicyCheck:
+    return PolicyCheck(Policies(*objs), mode, [DISPATCHER])
+
+
+def test_an_applying_policy_allows_its_subjects_only() -> None:
+    c = check(policy("orders-senders", to=[{"ref": {"apiVersion": "messaging.knative.dev/v1beta1",
+                                                    "kind": "KafkaChannel", "name": "orders"}}],
+                     **{"from": [{"sub": SENDER}]}))
+    assert c.decide("channel", ORDERS, SENDER) is None
+    refused = c.decide("channel", ORDERS, STRANGER)
+    assert status(refused) == 403 and "orders-senders" in refused.body["error"]  # type: ignore[union-attr]
+    # No policy applies to the Broker: deny-all decides.
+    denied = c.decide("broker", EVENTS, SENDER)
+    assert status(denied) == 403 and "deny-all" in denied.body["error"]  # type: ignore[union-attr]
+
+
+def test_any_applying_policy_may_allow() -> None:
+    c = check(policy("a", **{"from": [{"sub": "system:serviceaccount:ops:*"}]}),
+              policy("b", to=[{"selector": {"matchLabels": {"team": "b"}}}], **{"from": [{"sub": SENDER}]}))
+    assert c.decide("broker", EVENTS, SENDER) is None
+    assert c.decide("broker", EVENTS, "system:serviceaccount:ops:x") is None
+    assert status(c.decide("channel", ORDERS, SENDER)) == 403  # only "a" applies there
+
+
+def test_filters_are_checked_on_every_record_of_the_request() -> None:
+    c = check(policy("typed", **{"from": [{"sub": SENDER}]},
+                     filters=[{"prefix": {"type": "com.example."}}, {"cesql": "type <> 'com.example.secret'"}]))
+    event_check = c.decide("channel", ORDERS, SENDER)
+    assert callable(event_check)
+    assert event_check([record("com.example.order")])
+    assert not event_check([record("org.other.order")])
+    assert not event_check([record("com.example.secret")])
+    assert not event_check([record("com.example.order"), record("org.other.order")])  # a batch: all or none
+
+
+def test_an_unfiltered_policy_wins_over_a_filtered_one_for_the_same_subject() -> None:
+    c = check(policy("typed", **{"from": [{"sub": SENDER}]}, filters=[{"exact": {"type": "a"}}]),
+              policy("open", **{"from": [{"sub": SENDER}]}))
+    assert c.decide("channel", ORDERS, SENDER) is None
+
+
+def test_a_policy_whose_filters_do_not_compile_allows_no_one() -> None:
+    c = check(policy("broken", **{"from": [{"sub": SENDER}]}, filters=[{"cesql": "type = "}]))
+    assert status(c.decide("channel", ORDERS, SENDER)) == 403
+
+
+def test_default_modes_where_no_policy_applies() -> None:
+    assert check(mode=ep.DefaultMode.ALLOW_ALL).decide("channel", ORDERS, "system:serviceaccount:x:y") is None
+    same = check(mode=ep.DefaultMode.ALLOW_SAME_NAMESPACE)
+    assert same.decide("channel", ORDERS, SENDER) is None
+    assert status(same.decide("channel", ORDERS, "system:serviceaccount:x:y")) == 403
+
+
+def test_the_broker_dispatcher_may_reply_into_any_broker_not_into_channels() -> None:
+    c = check(policy("nobody", **{"from": [{"sub": "nobody"}]}))
+    assert c.decide("broker", EVENTS, DISPATCHER) is None
+    assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
