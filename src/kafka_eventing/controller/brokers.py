@@ -196,6 +196,7 @@ class BrokerReconciler:
         if config is not None and (annotations := connection_annotations(obj.get("status"), config.connection.ref)):
             status["annotations"] = annotations
         conditions.append(cond.ready_condition(conditions, BROKER_DEPENDENTS))
+        self.base.event_policies(kb.GROUP, "Broker", obj, status, conditions)
         self.base.patch_status(obj, status, conditions, BROKER_API)
         if errors and result.error is None:
             return Result(error="; ".join(errors))

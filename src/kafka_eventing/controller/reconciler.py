@@ -32,6 +32,7 @@ from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
     ANNOTATION_EXTERNAL_TOPIC,
     GROUP,
+    KIND,
     PLURAL,
     ChannelSpecError,
     channel_from_resource,
@@ -56,6 +57,8 @@ class Stores:
     services: Store  # dispatcher Services (system namespace) and channel Services (all namespaces)
     config_maps: Store
     secrets: Store
+    #: EventPolicies (every namespace) while the API server serves their CRD; None: it does not.
+    policies: Store | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,20 @@ class Reconciler:
         self.writer = Writer(may_write)
         self.autoscaler = KedaAutoscaler(self.custom, settings, self.writer, self._topic_name,
                                          discovery_seconds=keda_discovery_seconds)
+
+    def event_policies(self, group: str, kind: str, obj: Mapping[str, Any], status: dict[str, Any],
+                       conditions: list[Condition]) -> None:
+        """A target's ``status.policies`` and ``EventPoliciesReady`` (``controller.eventpolicies``), added to what
+        its reconciler writes."""
+        from kafka_eventing.controller.eventpolicies import target_status
+        from kafka_eventing.core.eventpolicies import Target
+
+        meta = obj.get("metadata") or {}
+        target = Target(group, kind, str(meta.get("namespace")), str(meta.get("name")),
+                        tuple(sorted((meta.get("labels") or {}).items())))
+        refs, condition = target_status(self.stores.policies, self.settings, target)
+        status["policies"] = refs or None
+        conditions.append(condition)
 
     # -- entry --------------------------------------------------------------------------------------
     def reconcile(self, namespace: str, name: str) -> Result:
@@ -172,6 +189,7 @@ class Reconciler:
             status["deadLetterSinkUri"] = None
 
         conditions.append(cond.ready_condition(conditions))
+        self.event_policies(GROUP, KIND, obj, status, conditions)  # informational: not part of Ready
         self.patch_status(obj, status, conditions)
         if write_errors and result.error is None:
             # A refused API write (quota, admission, a transient 5xx) is retried with backoff like Kafka errors.

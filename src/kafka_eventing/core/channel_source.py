@@ -385,7 +385,8 @@ class FilePolicySource(FileChannelSource):
 
 class KubePolicySource(KubeChannelSource):
     """EventPolicies in every namespace, watched like KafkaChannels (list and watch on eventpolicies). A policy
-    that cannot be parsed is kept out: it allows no one, and the controller says why on its status."""
+    that cannot be parsed applies to its whole namespace and allows no one; the controller says why on its
+    status."""
 
     resource = (ep.GROUP, ep.VERSION, ep.PLURAL)
 
@@ -393,11 +394,10 @@ class KubePolicySource(KubeChannelSource):
         return self._channels  # type: ignore[return-value]
 
     def _channel(self, obj: Mapping[str, Any]) -> Any:
-        try:
-            return ep.policy_from_resource(obj)
-        except ep.PolicySpecError as exc:
-            log.error("EventPolicy rejected", extra={"error": str(exc)})
-            return None
+        policy = ep.policy_or_invalid(obj)
+        if policy.problem:
+            log.error("EventPolicy cannot be used: it allows no one", extra={"error": policy.problem})
+        return policy
 
 
 def policy_source(settings: Settings, api_client: Any) -> PolicySource | None:

@@ -9,6 +9,8 @@ names token subjects, so without tokens there is nothing to check (the controlle
 - a request is allowed when one applying policy names its token's subject in ``from`` (a ``sub`` — exact, or a
   prefix ending in ``*`` — a ServiceAccount ``ref``, or what a controller resolved into ``status.from``) and the
   event passes that policy's ``filters`` (all of them; the Trigger dialects, CESQL included);
+- a policy that cannot be used as written (a field the receiver cannot read, filters that do not compile) applies
+  to every target of its namespace and allows no one: a mistake closes, it never opens;
 - where no policy applies, the default mode decides: ``allow-all`` (any valid token), ``allow-same-namespace``
   (tokens of ServiceAccounts in the target's namespace; Knative's default) or ``deny-all``.
 
@@ -104,6 +106,9 @@ class Policy:
     generation: int = 0
     #: ``status.from`` as read (the subjects a controller resolved).
     resolved: tuple[str, ...] = field(default=(), compare=False)
+    #: why the policy cannot be used as written ("" when it can): such a policy applies to every target of its
+    #: namespace and allows no one — a mistake in a policy closes, it never opens.
+    problem: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -112,14 +117,14 @@ class Policy:
     def applies_to(self, target: Target) -> bool:
         if target.namespace != self.namespace:
             return False
-        if not self.to_refs and not self.to_selectors:
+        if self.problem or (not self.to_refs and not self.to_selectors):
             return True
         if (target.group, target.kind.lower(), target.name) in self.to_refs:
             return True
         return any(s.matches(target) for s in self.to_selectors)
 
     def allows_subject(self, subject: str) -> bool:
-        return any(subject_matches(pattern, subject) for pattern in self.subjects)
+        return not self.problem and any(subject_matches(pattern, subject) for pattern in self.subjects)
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -210,6 +215,17 @@ def policy_from_resource(obj: Mapping[str, Any]) -> Policy:
                   generation=int(meta.get("generation") or 0), resolved=resolved)
 
 
+def policy_or_invalid(obj: Mapping[str, Any]) -> Policy:
+    """``policy_from_resource``, or — for a policy that cannot be used — one that applies to its whole namespace
+    and allows no one, carrying the reason."""
+    try:
+        return policy_from_resource(obj)
+    except PolicySpecError as exc:
+        meta = obj.get("metadata") or {}
+        return Policy(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name") or ""),
+                      generation=int(meta.get("generation") or 0), problem=str(exc))
+
+
 def applying(policies: Iterable[Policy], target: Target) -> list[Policy]:
     """The policies that apply to ``target``, by name (what its ``status.policies`` lists)."""
     return sorted((p for p in policies if p.applies_to(target)), key=lambda p: p.name)
@@ -232,7 +248,7 @@ def parse_documents(docs: Iterable[Any]) -> dict[tuple[str, str], Policy]:
             continue
         for item in doc.get("items", []) if doc.get("kind") == "List" else [doc]:
             if item.get("kind") == KIND and group_of(str(item.get("apiVersion") or "")) == GROUP:
-                policy = policy_from_resource(item)
+                policy = policy_or_invalid(item)
                 out[policy.key] = policy
     return out
 

@@ -126,6 +126,10 @@ class Settings:
     #: ``default-authorization-mode``): allow-all (any valid token), allow-same-namespace (ServiceAccounts of the
     #: target's namespace; Knative's default) or deny-all. EventPolicies are read when the API serves their CRD.
     auth_default_mode: DefaultMode = DefaultMode.ALLOW_SAME_NAMESPACE
+    #: the controller writes EventPolicies' status (``status.from``, Ready): only where no other controller does —
+    #: the chart sets it when it installs the EventPolicy CRD (``crds.eventPolicies``), i.e. without Knative
+    #: Eventing, whose controller writes that status itself. The targets' ``status.policies`` are written always.
+    event_policy_status: bool = False
 
     # -- dispatcher ---------------------------------------------------------------------------------
     #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).

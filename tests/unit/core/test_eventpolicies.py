@@ -103,3 +103,12 @@ def test_parse_documents_keeps_only_event_policies() -> None:
     docs = [policy("a"), {"kind": "List", "items": [policy("b", "ops")]},
             {"apiVersion": "example.com/v1", "kind": ep.KIND, "metadata": {"name": "c"}}, None]
     assert sorted(ep.parse_documents(docs)) == [("ops", "b"), ("shop", "a")]
+
+
+def test_a_policy_that_cannot_be_used_closes_its_namespace() -> None:
+    broken = ep.policy_or_invalid(policy("broken", to=[{"ref": {"kind": "Broker"}}], **{"from": [{"sub": "x"}]}))
+    assert "spec.to[0].ref" in broken.problem
+    assert broken.applies_to(ORDERS) and broken.applies_to(EVENTS)
+    assert not broken.applies_to(ep.Target("messaging.knative.dev", "KafkaChannel", "other", "orders"))
+    assert not broken.allows_subject("x")
+    assert ep.policy_or_invalid(policy("fine")).problem == ""

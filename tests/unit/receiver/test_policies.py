@@ -102,3 +102,11 @@ def test_the_broker_dispatcher_may_reply_into_any_broker_not_into_channels() -> 
     c = check(policy("nobody", **{"from": [{"sub": "nobody"}]}))
     assert c.decide("broker", EVENTS, DISPATCHER) is None
     assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
+
+
+def test_a_policy_that_cannot_be_used_refuses_everyone_in_its_namespace() -> None:
+    broken = ep.policy_or_invalid(policy("broken", to=[{}], **{"from": [{"sub": SENDER}]}))
+    c = PolicyCheck(type("Source", (), {"policies": lambda self: {broken.key: broken}})(),
+                    ep.DefaultMode.ALLOW_ALL, [DISPATCHER])
+    refused = c.decide("channel", ORDERS, SENDER)
+    assert status(refused) == 403 and "broken" in refused.body["error"]  # type: ignore[union-attr]
