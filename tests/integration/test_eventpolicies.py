@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_controller import Env, api, env, eventually  # noqa: F401 - fixtures
 from test_receiver import Receiver, binary_headers, read_all, start_receiver  # noqa: F401 - fixture
 
 from kafka_eventing.controller.crd import install_crd
@@ -69,10 +70,10 @@ def test_event_policies_and_default_modes_with_real_tokens(
 
     ns = kube_namespace
     elsewhere = f"{ns}-x"
-    api = kube_control_plane.api_client()
-    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    install_crd(api)
-    install_crd(api, file="eventpolicies.yaml")
+    admin = kube_control_plane.api_client()
+    core, objects = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    install_crd(admin)
+    install_crd(admin, file="eventpolicies.yaml")
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=elsewhere)))
     try:
         for name, labels in (("orders", {}), ("open", {}), ("typed", {"tier": "typed"})):
@@ -165,5 +166,58 @@ def test_event_policies_and_default_modes_with_real_tokens(
     finally:
         with contextlib.suppress(client.ApiException):
             core.delete_namespace(elsewhere)
-        api.close()
+        admin.close()
 
+
+
+def test_the_controller_reports_policies_on_targets_and_on_themselves(
+        env: Env, kube_control_plane: KubeControlPlane) -> None:  # noqa: F811
+    """The real controller on the real apiserver: which policies apply to a KafkaChannel (``status.policies``,
+    EventPoliciesReady), and each policy's own status where the chart owns the CRD (``status.from``, Ready with a
+    reason)."""
+    e = env
+    install_crd(e.api, file="eventpolicies.yaml")
+    e.start_controller(e.settings(auth_issuer=kube_control_plane.server, event_policy_status=True))
+    e.create("orders")
+    e.custom.patch_namespaced_custom_object(*CHANNELS[:2], e.namespace, CHANNELS[2], "orders",
+                                            {"metadata": {"labels": {"team": "a"}}},
+                                            _content_type="application/merge-patch+json")
+
+    def create(name: str, spec: dict[str, Any]) -> None:
+        e.custom.create_namespaced_custom_object(ep.GROUP, ep.VERSION, e.namespace, ep.PLURAL, policy(name, spec))
+
+    def policy_ready(name: str) -> dict[str, Any] | None:
+        obj = e.custom.get_namespaced_custom_object(ep.GROUP, ep.VERSION, e.namespace, ep.PLURAL, name)
+        ready = next((c for c in (obj.get("status") or {}).get("conditions") or () if c["type"] == "Ready"), None)
+        return {**obj["status"], "ready": ready} if ready else None
+
+    # No policy yet: the default mode, said on the channel.
+    assert e.wait_condition("orders", ep.TARGET_POLICIES_READY, "True")["reason"] == "DefaultAuthorizationMode"
+    create("team-a", {"to": [{"selector": {"matchLabels": {"team": "a"}}}],
+                      "from": [{"sub": f"system:serviceaccount:{e.namespace}:*"},
+                               {"ref": {"apiVersion": "v1", "kind": "ServiceAccount", "name": "billing"}}]})
+    create("team-b", {"to": [{"selector": {"matchLabels": {"team": "b"}}}], "from": [{"sub": "x"}]})
+    create("from-a-source", {"to": [{"ref": {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+                                             "name": "orders"}}],
+                             "from": [{"ref": {"apiVersion": "sources.knative.dev/v1", "kind": "PingSource",
+                                               "name": "tick"}}]})
+
+    status = eventually(lambda: (s := policy_ready("team-a")) and s, 40, "team-a's status")
+    assert status["from"] == [f"system:serviceaccount:{e.namespace}:*",
+                              f"system:serviceaccount:{e.namespace}:billing"]
+    assert (status["ready"]["status"], status["observedGeneration"]) == ("True", 1)
+    unresolved = eventually(lambda: (s := policy_ready("from-a-source")) and s, 40, "from-a-source's status")
+    assert (unresolved["ready"]["status"], unresolved["ready"]["reason"]) == ("False", "SubjectsNotResolved")
+    assert "PingSource" in unresolved["ready"]["message"]
+
+    eventually(lambda: (e.get("orders").get("status") or {}).get("policies") ==
+               [{"apiVersion": ep.API_VERSION, "name": "team-a"}], 40, "status.policies of the channel")
+    assert e.condition("orders", ep.TARGET_POLICIES_READY)["reason"] == "EventPoliciesReady"  # type: ignore[index]
+
+    # A policy that cannot be used closes the namespace: it applies, and the channel says so.
+    create("broken", {"to": [{}], "from": [{"sub": "x"}]})
+    cond = e.wait_condition("orders", ep.TARGET_POLICIES_READY, "False")
+    assert cond["reason"] == "EventPoliciesNotReady" and "broken" in cond["message"]
+    assert [p["name"] for p in e.get("orders")["status"]["policies"]] == ["broken", "team-a"]
+    broken = eventually(lambda: (s := policy_ready("broken")) and s, 40, "broken's status")
+    assert (broken["ready"]["reason"], "spec.to[0]" in broken["ready"]["message"]) == ("InvalidSpec", True)

@@ -15,6 +15,7 @@ from typing import Any, get_type_hints
 
 from kafka_eventing.core.eventpolicies import DefaultMode
 from kafka_eventing.core.kafka_config import PROVIDERS
+from kafka_eventing.core.tls import TlsVersion
 
 PREFIX = "KE_"
 OTEL_PREFIX = "OTEL_"
@@ -130,6 +131,9 @@ class Settings:
     #: the chart sets it when it installs the EventPolicy CRD (``crds.eventPolicies``), i.e. without Knative
     #: Eventing, whose controller writes that status itself. The targets' ``status.policies`` are written always.
     event_policy_status: bool = False
+    #: the lowest TLS version the dispatcher accepts from an ``https://`` subscriber, reply or dead-letter sink
+    #: (1.2 or 1.3; Knative 1.22's minimum is 1.3). Each is verified with the system's CAs and its ``CACerts``.
+    tls_min_version: TlsVersion = TlsVersion.TLS_1_3
 
     # -- dispatcher ---------------------------------------------------------------------------------
     #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).

@@ -62,7 +62,8 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
     try:
         # A dead-letter sink ref without a namespace is in the Trigger's (Knative's rule), never "default".
         delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace,
-                                          dead_letter_audience=status.get("deadLetterSinkAudience"))
+                                          dead_letter_audience=status.get("deadLetterSinkAudience"),
+                                          dead_letter_ca_certs=status.get("deadLetterSinkCACerts"))
     except DeliverySpecError as exc:
         hold = hold or f"invalid delivery: {exc}"
     try:
@@ -77,7 +78,9 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
                       event_filter=RecordFilter(compiled), hop_ttl=True,
                       subscriber_audience=status.get("subscriberAudience")
                       or (spec.get("subscriber") or {}).get("audience") or None,
-                      reply_audience=reply_audience)
+                      reply_audience=reply_audience,
+                      subscriber_ca_certs=status.get("subscriberCACerts")
+                      or (spec.get("subscriber") or {}).get("CACerts") or None)
 
 
 def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]], filters: TriggerFilters,
