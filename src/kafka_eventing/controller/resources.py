@@ -149,6 +149,7 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         "KE_METRICS_PORT": str(settings.metrics_port),
         "KE_LOG_LEVEL": settings.log_level,
         "KE_LOG_FORMAT": str(settings.log_format),
+        "KE_TLS_MIN_VERSION": str(settings.tls_min_version),
     }
     if settings.auth_issuer:
         # Ingress auth is on: a Broker's replies into its own ingress need a token.
