@@ -134,6 +134,14 @@ class Settings:
     #: the lowest TLS version the dispatcher accepts from an ``https://`` subscriber, reply or dead-letter sink
     #: (1.2 or 1.3; Knative 1.22's minimum is 1.3). Each is verified with the system's CAs and its ``CACerts``.
     tls_min_version: TlsVersion = TlsVersion.TLS_1_3
+    #: the receiver serves HTTPS with this certificate (PEM chain) and ``tls_key_file`` while both are set, plain
+    #: HTTP otherwise; ``tls_min_version`` is the lowest version it accepts.
+    tls_cert_file: Path | None = None
+    #: the private key (PEM) of ``tls_cert_file``.
+    tls_key_file: Path | None = None
+    #: how often the receiver looks for a rotated certificate and key (a Secret update) and loads them for new
+    #: connections, without a restart.
+    tls_reload_seconds: float = 10.0
 
     # -- dispatcher ---------------------------------------------------------------------------------
     #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).
