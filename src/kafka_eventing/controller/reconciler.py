@@ -27,7 +27,7 @@ from kafka_eventing.controller.api import (
 )
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
-from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.destinations import Address, Unresolved, resolve_address
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
     ANNOTATION_EXTERNAL_TOPIC,
@@ -67,6 +67,16 @@ class Result:
 
     error: str | None = None
     requeue_after: float | None = None
+
+
+#: Knative's status fields of a resolved dead-letter sink (what the dispatchers read).
+DEAD_LETTER_FIELDS = ("deadLetterSinkUri", "deadLetterSinkAudience", "deadLetterSinkCACerts")
+
+
+def dead_letter_status(address: Address | None) -> dict[str, Any]:
+    """``DEAD_LETTER_FIELDS`` of a resolved dead-letter sink (None: all cleared)."""
+    return dict(zip(DEAD_LETTER_FIELDS, (address.url, address.audience, address.ca_certs) if address
+                    else (None, None, None), strict=True))
 
 
 class Reconciler:
@@ -182,11 +192,8 @@ class Reconciler:
 
         dls = self.dead_letter_sink(ref.namespace, spec)
         if dls is not None:
-            dls_cond, dls_uri = dls
-            conditions.append(dls_cond)
-            status["deadLetterSinkUri"] = dls_uri
-        else:
-            status["deadLetterSinkUri"] = None
+            conditions.append(dls[0])
+        status.update(dead_letter_status(dls[1] if dls else None))
 
         conditions.append(cond.ready_condition(conditions))
         self.event_policies(GROUP, KIND, obj, status, conditions)  # informational: not part of Ready
@@ -292,13 +299,13 @@ class Reconciler:
                                        api_error(exc)))
         return out
 
-    def dead_letter_sink(self, namespace: str, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
-        """``spec.delivery.deadLetterSink`` resolved (the condition and the URI), None when there is none."""
+    def dead_letter_sink(self, namespace: str, spec: Mapping[str, Any]) -> tuple[Condition, Address | None] | None:
+        """``spec.delivery.deadLetterSink`` resolved (the condition and the address), None when there is none."""
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
         if not sink:
             return None
         try:
-            uri = resolve_destination(self.core, self.custom, sink, namespace, "dead-letter sink")
+            uri = resolve_address(self.core, self.custom, sink, namespace, "dead-letter sink")
         except Unresolved as exc:
             reason = {"DestinationNotAddressable": "DeadLetterSinkNotAddressable",
                       "DestinationForbidden": "DeadLetterSinkForbidden"}.get(exc.reason, "DeadLetterSinkUnresolved")
