@@ -4,7 +4,8 @@ Two sources share one interface (``ChannelSource``): ``FileChannelSource`` polls
 documents (standalone mode) and ``KubeChannelSource`` lists and watches the KafkaChannel custom resources
 through the shared ``Informer`` (only ``list`` and ``watch`` on kafkachannels).
 Readers call ``get``/``snapshot`` (a dict that is replaced, never mutated, so reads need no lock) and may
-``subscribe`` to be told of every change.
+``subscribe`` to be told of every change. Brokers, KafkaSinks and (with authentication on) EventPolicies are kept
+the same way, from the same file or API server.
 """
 
 from __future__ import annotations
