@@ -110,3 +110,49 @@ def test_a_policy_that_cannot_be_used_refuses_everyone_in_its_namespace() -> Non
                     ep.DefaultMode.ALLOW_ALL, [DISPATCHER])
     refused = c.decide("channel", ORDERS, SENDER)
     assert status(refused) == 403 and "broken" in refused.body["error"]  # type: ignore[union-attr]
+
+
+def test_the_app_refuses_before_anything_is_produced() -> None:
+    """The falcon app with the real verifier (an OIDC issuer on loopback) and a fake producer: a sender no policy
+    allows and an event the allowing policy's filters reject get 403, and nothing reaches the producer."""
+    import json
+    import threading
+
+    from falcon import testing
+
+    from kafka_eventing.core.settings import Settings
+    from kafka_eventing.receiver.app import create_app
+    from kafka_eventing.receiver.auth import TokenVerifier
+
+    from .test_app import FakeChannels, FakeProducer
+    from .test_auth import AUD, Issuer
+
+    issuer = Issuer()
+    threading.Thread(target=issuer.serve_forever, daemon=True).start()
+    try:
+        producer = FakeProducer()
+        orders = Channel("shop", "orders", "shop.orders", audience=AUD)
+        checks = check(policy("typed", **{"from": [{"sub": SENDER}]}, filters=[{"prefix": {"type": "com.example."}}]))
+        app = create_app(producer, FakeChannels(orders), Settings(produce_timeout_seconds=1),
+                         verifier=TokenVerifier(issuer.url), policies=checks)
+        client = testing.TestClient(app)
+
+        def post(sub: str, event_type: str) -> int:
+            return client.simulate_post("/shop/orders", body=b"{}", headers={
+                "ce-specversion": "1.0", "ce-id": "1", "ce-source": "/s", "ce-type": event_type,
+                "Authorization": f"Bearer {issuer.token(sub=sub)}"}).status_code
+
+        assert post(STRANGER, "com.example.order") == 403
+        assert post(SENDER, "org.other.order") == 403
+        batch = json.dumps([{"specversion": "1.0", "id": i, "source": "/s", "type": t}
+                            for i, t in (("a", "com.example.a"), ("b", "org.other.b"))]).encode()
+        res = client.simulate_post("/shop/orders", body=batch, headers={
+            "content-type": "application/cloudevents-batch+json",
+            "Authorization": f"Bearer {issuer.token(sub=SENDER)}"})
+        assert res.status_code == 403
+        assert producer.produced == []  # nothing refused was written
+        assert post(SENDER, "com.example.order") == 202
+        assert len(producer.produced) == 1
+    finally:
+        issuer.shutdown()
+        issuer.server_close()
