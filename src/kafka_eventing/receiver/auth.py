@@ -173,6 +173,22 @@ class PolicyCheck:
         self.source, self.mode = policies, mode
         self.system_subjects = frozenset(system_subjects)
         self._compiled: dict[tuple[str, str], tuple[ep.Policy, Filter | None]] = {}
+        # The policies by namespace, for the snapshot they were built from (a snapshot is replaced, never
+        # changed): a request looks at its target's namespace only.
+        self._index: tuple[object, dict[str, list[ep.Policy]]] = (None, {})
+
+    def _in(self, namespace: str) -> list[ep.Policy]:
+        snapshot = self.source.policies() if self.source is not None else None
+        if snapshot is None:
+            return []
+        built, index = self._index
+        if built is not snapshot:
+            index = {}
+            for policy in snapshot.values():
+                index.setdefault(policy.namespace, []).append(policy)
+            self._index = (snapshot, index)
+            self._compiled = {k: v for k, v in self._compiled.items() if k in snapshot}  # forget deleted ones
+        return index.get(namespace, [])
 
     @classmethod
     def from_settings(cls, settings: Settings, policies: PolicySource | None) -> PolicyCheck:
@@ -199,8 +215,7 @@ class PolicyCheck:
         if kind == "broker" and subject in self.system_subjects:
             return None
         target = ep.Target(group, kind_name, channel.namespace, channel.name, channel.labels)
-        policies = self.source.policies().values() if self.source is not None else ()
-        applying = ep.applying(policies, target)
+        applying = ep.applying(self._in(channel.namespace), target)
         where = f"{kind_name} {channel.namespace}/{channel.name}"
         if not applying:
             if ep.default_allows(self.mode, subject, channel.namespace):
