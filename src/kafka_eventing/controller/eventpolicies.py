@@ -88,7 +88,7 @@ class EventPolicyReconciler:
         else:
             policy = ep.policy_from_resource(obj)
             try:
-                subjects = [*[s for s in policy.subjects if s not in policy.resolved], *self._resolve(policy)]
+                subjects = [*policy.declared, *self._resolve(policy)]
                 status["from"] = list(dict.fromkeys(subjects))
                 conditions.append(Condition.true(ep.SUBJECTS_RESOLVED))
             except SubjectError as exc:

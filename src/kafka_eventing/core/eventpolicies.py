@@ -106,6 +106,8 @@ class Policy:
     generation: int = 0
     #: ``status.from`` as read (the subjects a controller resolved).
     resolved: tuple[str, ...] = field(default=(), compare=False)
+    #: the subjects the spec names itself (``sub`` values and ServiceAccount refs), without ``status.from``.
+    declared: tuple[str, ...] = field(default=(), compare=False)
     #: why the policy cannot be used as written ("" when it can): such a policy applies to every target of its
     #: namespace and allows no one — a mistake in a policy closes, it never opens.
     problem: str = ""
@@ -212,7 +214,7 @@ def policy_from_resource(obj: Mapping[str, Any]) -> Policy:
     merged = tuple(dict.fromkeys([*subjects, *resolved]))
     return Policy(namespace=namespace, name=name, to_refs=tuple(refs), to_selectors=tuple(selectors),
                   subjects=merged, source_refs=tuple(sources), filters=tuple(filters),
-                  generation=int(meta.get("generation") or 0), resolved=resolved)
+                  generation=int(meta.get("generation") or 0), resolved=resolved, declared=tuple(subjects))
 
 
 def policy_or_invalid(obj: Mapping[str, Any]) -> Policy:

@@ -110,3 +110,14 @@ def test_target_status_default_mode_disabled_and_broken_policies() -> None:
     refs, condition = target_status(DictStore(policy("broken", to=[{}])), AUTH, CHANNEL)
     assert refs == [{"apiVersion": ep.API_VERSION, "name": "broken"}]
     assert (condition.status, condition.reason) == ("False", "EventPoliciesNotReady") and "broken" in condition.message
+
+
+def test_status_from_is_the_same_when_evaluated_again_on_its_own_output() -> None:
+    source = {"status": {"auth": {"serviceAccountName": "ping-tick"}}}
+    r = reconciler(objects={("pingsources", "shop", "tick"): source})
+    obj = policy("p", **{"from": [{"sub": "system:serviceaccount:ops:*"},
+                                  {"ref": {"apiVersion": "sources.knative.dev/v1", "kind": "PingSource",
+                                           "name": "tick"}}]})
+    first, _ = r.evaluate(obj)
+    again, _ = r.evaluate({**obj, "status": first})  # the next reconcile reads what the first one wrote
+    assert again["from"] == first["from"] == ["system:serviceaccount:ops:*", "system:serviceaccount:shop:ping-tick"]
