@@ -112,10 +112,13 @@ class Reconciler:
     def event_policies(self, group: str, kind: str, obj: Mapping[str, Any], status: dict[str, Any],
                        conditions: list[Condition]) -> None:
         """A target's ``status.policies`` and ``EventPoliciesReady`` (``controller.eventpolicies``), added to what
-        its reconciler writes."""
+        its reconciler writes — with authentication on only: off, no policy is enforced and neither is written."""
         from kafka_eventing.controller.eventpolicies import target_status
         from kafka_eventing.core.eventpolicies import Target
 
+        if not self.settings.auth_issuer:
+            status["policies"] = None
+            return
         meta = obj.get("metadata") or {}
         target = Target(group, kind, str(meta.get("namespace")), str(meta.get("name")),
                         tuple(sorted((meta.get("labels") or {}).items())))
