@@ -178,7 +178,7 @@ class BrokerReconciler:
             conditions.append(topic_cond)
             conditions.append(self._data_plane(ref, config, errors))
         if config is not None and all(c.is_true for c in conditions):
-            status["address"] = {"url": broker_url(self.settings, namespace, name)}
+            status["address"] = res.address(self.settings, broker_url(self.settings, namespace, name))
             if self.settings.auth_issuer:
                 # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
                 status["address"]["audience"] = kb.broker_audience(namespace, name)

@@ -169,7 +169,7 @@ class Reconciler:
         svc_cond, url = self._channel_service(ref, write_errors)
         conditions.append(svc_cond)
         if url:
-            status["address"] = {"url": url}
+            status["address"] = res.address(self.settings, url)
             if self.settings.auth_issuer:
                 # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
                 status["address"]["audience"] = default_audience(ref.namespace, ref.name)

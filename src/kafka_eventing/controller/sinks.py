@@ -108,8 +108,8 @@ class SinkReconciler:
                 status["annotations"] = annotations
         conditions.append(self._data_plane())
         if all(c.is_true for c in conditions):
-            status["address"] = {"url": sink_url(self.settings.sink_service, self.settings.system_namespace,
-                                                 namespace, name)}
+            url = sink_url(self.settings.sink_service, self.settings.system_namespace, namespace, name)
+            status["address"] = res.address(self.settings, url)
             if self.settings.auth_issuer:
                 # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
                 status["address"]["audience"] = ks.sink_audience(namespace, name)

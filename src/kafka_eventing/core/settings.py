@@ -142,6 +142,9 @@ class Settings:
     #: how often the receiver looks for a rotated certificate and key (a Secret update) and loads them for new
     #: connections, without a restart.
     tls_reload_seconds: float = 10.0
+    #: the receiver serves HTTPS and this CA bundle (PEM) verifies its certificate: the controller then publishes
+    #: every address as ``https://`` with this bundle as its ``CACerts`` (and Broker dispatchers send replies so).
+    ingress_ca_file: Path | None = None
 
     # -- dispatcher ---------------------------------------------------------------------------------
     #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import ssl
+from pathlib import Path
 
 
 class TlsVersion(enum.StrEnum):
@@ -37,3 +38,14 @@ def client_context(ca_certs: str | None = None, minimum: TlsVersion = TlsVersion
         except (ssl.SSLError, ValueError) as exc:
             raise CACertsError(f"CACerts are not PEM certificates: {exc}") from None
     return context
+
+
+def read_ca_file(path: Path) -> str:
+    """A CA bundle file's PEM text, read again only when the file changed (a rotated Secret)."""
+    st = path.stat()
+    return _read(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: Path, _mtime: int, _size: int) -> str:
+    return path.read_text()
