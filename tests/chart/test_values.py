@@ -108,3 +108,13 @@ def test_an_unknown_default_authorization_mode_fails_at_install() -> None:
     proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", "receiver.auth.enabled=true",
                 "--set", "receiver.auth.defaultMode=allow-some"], ok=False)
     assert proc.returncode != 0 and "defaultMode" in proc.stderr, proc.stderr
+
+
+def test_the_tls_minimum_reaches_the_controller_and_so_the_dispatchers() -> None:
+    from .render import CHART, RELEASE, run, tool
+
+    assert Settings.from_env(container_env(helm(), "kafka-eventing-controller")).tls_min_version.value == "1.3"
+    lowered = container_env(helm(sets=("tls.minVersion=1.2",)), "kafka-eventing-controller")
+    assert Settings.from_env(lowered).tls_min_version.value == "1.2"
+    proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", "tls.minVersion=1.1"], ok=False)
+    assert proc.returncode != 0 and "minVersion" in proc.stderr, proc.stderr
