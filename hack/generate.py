@@ -71,13 +71,15 @@ def dump(data: Any) -> str:
 
 
 #: Opt-in CRDs by file: the Kustomize component that installs each, and what its kustomization says. The rest are
-#: in the base. The chart has a value for each (crds.brokers, crds.sinks, crds.sources, crds.resetOffsets).
+#: in the base. The chart has a value for each (crds.brokers, crds.sinks, crds.sources, crds.resetOffsets,
+#: crds.eventPolicies).
 OPTIONAL_CRDS = {
     "brokers.yaml": "broker-crds",
     "triggers.yaml": "broker-crds",
     "kafkasinks.yaml": "sink-crds",
     "kafkasources.yaml": "source-crds",
     "resetoffsets.yaml": "resetoffset-crd",
+    "eventpolicies.yaml": "eventpolicy-crd",
 }
 COMPONENT_COMMENTS = {
     "broker-crds": [
@@ -92,6 +94,9 @@ COMPONENT_COMMENTS = {
     "resetoffset-crd": [
         "# Opt-in: the ResetOffset CRD (kafka.eventing.knative.dev/v1alpha1, docs/resetoffset.md). Without it the",
         "# controller and the dispatchers leave resets alone; `kafka-eventing offsets` still works."],
+    "eventpolicy-crd": [
+        "# Opt-in: the EventPolicy CRD (eventing.knative.dev/v1alpha1, Knative's schema) for clusters without Knative",
+        "# Eventing. Leave it out where that is installed: its own CRD defines the type."],
 }
 
 

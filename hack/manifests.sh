@@ -24,6 +24,8 @@ for crd in "$CRDS"/*.yaml; do
   grep -q '^  group: sources.knative.dev$' "$crd" && base=$ROOT/kustomize/components/source-crds
   # The ResetOffset CRD is an opt-in component too.
   [[ ${crd##*/} == resetoffsets.yaml ]] && base=$ROOT/kustomize/components/resetoffset-crd
+  # And the EventPolicy CRD (Knative Eventing's type).
+  [[ ${crd##*/} == eventpolicies.yaml ]] && base=$ROOT/kustomize/components/eventpolicy-crd
   for copy in "$base/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
     if ! cmp -s "$crd" "$copy"; then
       echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2

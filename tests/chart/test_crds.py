@@ -25,7 +25,8 @@ SINK_CRD_FILES = ("kafkasinks.yaml",)  # upstream eventing-kafka-broker's type: 
 SOURCE_CRD = "kafkasources.yaml"  # upstream eventing-kafka-broker's type: opt-in too
 #: Opt-in CRDs by file: the Kustomize component holding each (hack/generate.py OPTIONAL_CRDS).
 OPTIONAL_CRDS = {**dict.fromkeys(BROKER_CRD_FILES, "broker-crds"), "kafkasinks.yaml": "sink-crds",
-                 SOURCE_CRD: "source-crds", "resetoffsets.yaml": "resetoffset-crd"}
+                 SOURCE_CRD: "source-crds", "resetoffsets.yaml": "resetoffset-crd",
+                 "eventpolicies.yaml": "eventpolicy-crd"}
 
 
 @pytest.mark.parametrize(("copies", "optional"), [
@@ -50,6 +51,19 @@ def test_resetoffset_crd_is_opt_in() -> None:
     assert crd["spec"] == yaml.safe_load((CRDS / "resetoffsets.yaml").read_text())["spec"]
     component = yaml.safe_load((KUSTOMIZE / "components" / "resetoffset-crd" / "kustomization.yaml").read_text())
     assert component["kind"] == "Component" and component["resources"] == ["resetoffsets.yaml"]
+
+
+def test_eventpolicy_crd_is_opt_in_and_knatives_schema() -> None:
+    with_policies = of_kind(helm(sets=("crds.eventPolicies=true",)), "CustomResourceDefinition")
+    assert {c["spec"]["names"]["kind"] for c in with_policies} == {"KafkaChannel", "EventPolicy"}
+    (crd,) = (c for c in with_policies if c["spec"]["names"]["kind"] == "EventPolicy")
+    assert crd["spec"] == yaml.safe_load((CRDS / "eventpolicies.yaml").read_text())["spec"]
+    assert [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]] == [("v1alpha1", True, True)]
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    assert set(props["spec"]["properties"]) == {"to", "from", "filters"}
+    assert "from" in props["status"]["properties"]
+    component = yaml.safe_load((KUSTOMIZE / "components" / "eventpolicy-crd" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component" and component["resources"] == ["eventpolicies.yaml"]
 
 
 def test_broker_crds_are_opt_in() -> None:

@@ -18,7 +18,7 @@ import pytest
 from kafka_eventing.controller.resources import ChannelRef, DispatcherConfig, dispatcher_deployment
 from kafka_eventing.core.settings import Settings
 
-from .render import NAMESPACE, RENDERS, helm, of_kind, render
+from .render import NAMESPACE, RENDERS, container_env, helm, of_kind, render
 
 READ_VERBS = {"get", "list", "watch"}
 #: Verbs that hand out more than the role holds: never granted.
@@ -272,3 +272,29 @@ def test_dispatchers_mint_tokens_for_their_own_service_account_only() -> None:
     (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["name"].endswith("dispatcher-token")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kafka-channel-dispatcher",
                                     "namespace": NAMESPACE}]
+
+
+def test_the_receiver_reads_event_policies_only_with_auth_on() -> None:
+    def policy_rules(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        roles = of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
+        return [(d["metadata"]["name"], r) for d in roles for r in d.get("rules", [])
+                if "eventpolicies" in r.get("resources", []) and d["metadata"]["name"].endswith("receiver")]
+
+    assert policy_rules(helm()) == []
+    (rule,) = policy_rules(helm(sets=("receiver.auth.enabled=true",)))
+    assert rule[1] == {"apiGroups": ["eventing.knative.dev"], "resources": ["eventpolicies"],
+                       "verbs": ["get", "list", "watch"]}
+
+
+def test_the_controller_writes_event_policy_status_only_for_the_charts_own_crd() -> None:
+    def rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("controller")
+                for r in d.get("rules", []) if any(x.startswith("eventpolicies") for x in r.get("resources", []))]
+
+    read = {"apiGroups": ["eventing.knative.dev"], "resources": ["eventpolicies"], "verbs": ["get", "list", "watch"]}
+    assert rules(helm()) == [read]
+    assert rules(helm(sets=("crds.eventPolicies=true",))) == [read, {
+        "apiGroups": ["eventing.knative.dev"], "resources": ["eventpolicies/status"], "verbs": ["get", "patch"]}]
+    assert "KE_EVENT_POLICY_STATUS" not in container_env(helm(), "kafka-eventing-controller")
+    env = container_env(helm(sets=("crds.eventPolicies=true",)), "kafka-eventing-controller")
+    assert Settings.from_env({"KE_EVENT_POLICY_STATUS": env["KE_EVENT_POLICY_STATUS"]}).event_policy_status

@@ -92,7 +92,29 @@ def test_receiver_auth_is_off_by_default_and_reaches_settings_when_on() -> None:
     assert str(settings.auth_token_file) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert str(settings.auth_ca_file) == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
     assert settings.auth_keys_ttl_seconds == 60
+    assert settings.auth_default_mode.value == "allow-same-namespace"  # Knative's default
+    deny = container_env(helm(sets=("receiver.auth.enabled=true", "receiver.auth.defaultMode=deny-all")),
+                         "kafka-eventing-receiver")
+    assert Settings.from_env(deny).auth_default_mode.value == "deny-all"
     # The controller (status.address.audience) and the dispatchers it starts (tokens for Broker replies) know too.
     on = helm(sets=("receiver.auth.enabled=true",))
     assert container_env(on, "kafka-eventing-controller")["KE_AUTH_ISSUER"] == settings.auth_issuer
     assert "KE_AUTH_ISSUER" not in container_env(helm(), "kafka-eventing-controller")
+
+
+def test_an_unknown_default_authorization_mode_fails_at_install() -> None:
+    from .render import CHART, RELEASE, run, tool
+
+    proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", "receiver.auth.enabled=true",
+                "--set", "receiver.auth.defaultMode=allow-some"], ok=False)
+    assert proc.returncode != 0 and "defaultMode" in proc.stderr, proc.stderr
+
+
+def test_the_tls_minimum_reaches_the_controller_and_so_the_dispatchers() -> None:
+    from .render import CHART, RELEASE, run, tool
+
+    assert Settings.from_env(container_env(helm(), "kafka-eventing-controller")).tls_min_version.value == "1.3"
+    lowered = container_env(helm(sets=("tls.minVersion=1.2",)), "kafka-eventing-controller")
+    assert Settings.from_env(lowered).tls_min_version.value == "1.2"
+    proc = run([tool("helm"), "template", RELEASE, str(CHART), "--set", "tls.minVersion=1.1"], ok=False)
+    assert proc.returncode != 0 and "minVersion" in proc.stderr, proc.stderr

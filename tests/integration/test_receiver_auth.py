@@ -78,9 +78,11 @@ def test_service_account_tokens_for_the_channels_audience(
     channels += ("---\napiVersion: eventing.knative.dev/v1\nkind: Broker\nmetadata:\n  name: events\n"
                  f"  namespace: shop\n  annotations:\n    eventing.knative.dev/broker.class: Kafka\n"
                  f"    kafka.eventing.knative.dev/external.topic: {topic}\n")
+    # Authentication only: any valid token may send (the senders' namespace is not the channels'); who may send
+    # what is tests/integration/test_eventpolicies.py's.
     receiver = start_receiver(channels, bootstrap=kafka_running.bootstrap_servers, env={
         "KE_AUTH_ISSUER": kube_control_plane.server, "KE_AUTH_CA_FILE": str(kube_control_plane.ca_path),
-        "KE_AUTH_TOKEN_FILE": str(own)})
+        "KE_AUTH_TOKEN_FILE": str(own), "KE_AUTH_DEFAULT_MODE": "allow-all"})
 
     def post(path: str, event_id: str, token: str | None) -> Any:
         headers = binary_headers(event_id)

@@ -43,8 +43,14 @@ from kafka_eventing.controller.connection import (
     connection_annotations,
     resolve,
 )
-from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_destination
-from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
+from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_address
+from kafka_eventing.controller.reconciler import (
+    DEAD_LETTER_FIELDS,
+    STOP_RECHECK_SECONDS,
+    Reconciler,
+    Result,
+    dead_letter_status,
+)
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.conditions import Condition, find, from_dict
@@ -176,7 +182,7 @@ class BrokerReconciler:
             conditions.append(topic_cond)
             conditions.append(self._data_plane(ref, config, errors))
         if config is not None and all(c.is_true for c in conditions):
-            status["address"] = {"url": broker_url(self.settings, namespace, name)}
+            status["address"] = res.address(self.settings, broker_url(self.settings, namespace, name))
             if self.settings.auth_issuer:
                 # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
                 status["address"]["audience"] = kb.broker_audience(namespace, name)
@@ -186,7 +192,7 @@ class BrokerReconciler:
             conditions.append(Condition.false(cond.ADDRESSABLE, "NotReady",
                                               "the address is published once the topic and data plane are ready"))
         sink = self.base.dead_letter_sink(namespace, spec)
-        status["deadLetterSinkUri"] = sink[1] if sink else None
+        status.update(dead_letter_status(sink[1] if sink else None))
         if sink is not None:
             conditions.append(sink[0])
             if not sink[0].is_true:
@@ -194,6 +200,7 @@ class BrokerReconciler:
         if config is not None and (annotations := connection_annotations(obj.get("status"), config.connection.ref)):
             status["annotations"] = annotations
         conditions.append(cond.ready_condition(conditions, BROKER_DEPENDENTS))
+        self.base.event_policies(kb.GROUP, "Broker", obj, status, conditions)
         self.base.patch_status(obj, status, conditions, BROKER_API)
         if errors and result.error is None:
             return Result(error="; ".join(errors))
@@ -378,11 +385,13 @@ class BrokerReconciler:
         recheck = Result(requeue_after=self.recheck_seconds)
         conditions.append(self._broker_ready(namespace, broker_name, broker))
         try:
-            status["subscriberUri"] = resolve_destination(self.core, self.custom, spec.get("subscriber") or {},
-                                                          namespace, "subscriber")
+            subscriber = resolve_address(self.core, self.custom, spec.get("subscriber") or {}, namespace,
+                                         "subscriber")
+            status.update(subscriberUri=subscriber.url, subscriberAudience=subscriber.audience,
+                          subscriberCACerts=subscriber.ca_certs)
             conditions.append(Condition.true(SUBSCRIBER_RESOLVED))
         except Unresolved as exc:
-            status["subscriberUri"] = None
+            status.update(subscriberUri=None, subscriberAudience=None, subscriberCACerts=None)
             conditions.append(Condition.false(SUBSCRIBER_RESOLVED, exc.reason, str(exc)))
             result = recheck
         conditions.append(self._subscription(namespace, name, spec, meta.get("annotations") or {}, broker))
@@ -391,14 +400,14 @@ class BrokerReconciler:
         if not dependency.is_true:
             result = recheck
         sink = self.base.dead_letter_sink(namespace, spec)
-        status["deadLetterSinkUri"] = sink[1] if sink else None
+        status.update(dead_letter_status(sink[1] if sink else None))
         if sink is not None:
             conditions.append(sink[0])
             if not sink[0].is_true:
                 result = recheck
         elif broker is not None and (broker.get("status") or {}).get("deadLetterSinkUri"):
             # The Broker's sink is every Trigger's default (upstream: Trigger delivery, else Broker delivery).
-            status["deadLetterSinkUri"] = broker["status"]["deadLetterSinkUri"]
+            status.update({k: broker["status"].get(k) for k in DEAD_LETTER_FIELDS})
         if not conditions[0].is_true:
             result = recheck
         conditions.append(cond.ready_condition([*conditions, self._consumer_group(obj)], TRIGGER_DEPENDENTS))

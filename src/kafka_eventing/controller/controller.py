@@ -1,6 +1,6 @@
 """The running controller: caches fed by watches, a work queue, workers, leader election, /healthz and /metrics —
 for KafkaChannels, Kafka-class Brokers and their Triggers (controller/brokers.py), KafkaSinks, KafkaSources
-(controller/kafkasources.py) and ResetOffsets.
+(controller/kafkasources.py), ResetOffsets and EventPolicies (controller/eventpolicies.py).
 
 Only the lease holder runs reconciles; followers keep their caches warm so a takeover starts at once. Every
 change to a KafkaChannel, to one of its dispatcher objects, to the receiver Deployment, or to the connection
@@ -31,6 +31,7 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import LostLeadership
 from kafka_eventing.controller.brokers import ANNOTATION_BROKER, BrokerReconciler, BrokerStores, config_map_of
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, KEY_SECRET_NAME, SECRET_LABEL, AdminPool
+from kafka_eventing.controller.eventpolicies import EventPolicyReconciler
 from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SourceReconciler
 from kafka_eventing.controller.leader import LeaderElector
 from kafka_eventing.controller.reconciler import Reconciler, Result, Stores
@@ -38,6 +39,7 @@ from kafka_eventing.controller.resetoffsets import ResetOffsetReconciler
 from kafka_eventing.controller.sinks import SinkReconciler
 from kafka_eventing.controller.workqueue import WorkQueue
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import eventpolicies as ep
 from kafka_eventing.core import kafkasources as ksrc
 from kafka_eventing.core import resetoffsets as ro
 from kafka_eventing.core import sinks as ks
@@ -54,6 +56,7 @@ BROKER, TRIGGER = "Broker", "Trigger"
 SINK = "KafkaSink"
 SOURCE = ksrc.KIND
 RESET_OFFSET = ro.KIND
+POLICY = ep.KIND
 MANAGED = f"{res.LABEL_MANAGED_BY}={res.MANAGED_BY}"
 
 
@@ -86,6 +89,9 @@ class ControllerOptions:
     sources: bool | None = None
     #: reconcile ResetOffsets; None: when the API server serves their (optional) CRD at start.
     resetoffsets: bool | None = None
+    #: read EventPolicies (targets' status.policies; their own status with KE_EVENT_POLICY_STATUS); None: when
+    #: the API server serves their CRD (Knative's or the chart's) at start.
+    eventpolicies: bool | None = None
 
 
 def _readiness(obj: Mapping[str, Any]) -> tuple[str, str, str, float]:
@@ -242,6 +248,16 @@ class Controller:
             self.informers = (*self.informers, self.resetoffsets)
             self.reset_reconciler = ResetOffsetReconciler(api_client, settings, self.resetoffsets,
                                                           lambda: self.elector.is_leader)
+        self.eventpolicies: Informer | None = None
+        self.policy_reconciler: EventPolicyReconciler | None = None
+        if opts.eventpolicies or (opts.eventpolicies is None and _serves(custom, ep.GROUP, ep.VERSION, {ep.PLURAL})):
+            self.eventpolicies = Informer("eventpolicies", custom.list_cluster_custom_object, self._on_policy,
+                                          watch_timeout_seconds=wt, group=ep.GROUP, version=ep.VERSION,
+                                          plural=ep.PLURAL)
+            self.informers = (*self.informers, self.eventpolicies)
+            self.reconciler.stores.policies = self.eventpolicies
+            self.policy_reconciler = EventPolicyReconciler(self.reconciler, self.eventpolicies,
+                                                           write_status=settings.event_policy_status)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -339,6 +355,20 @@ class Controller:
         meta = obj.get("metadata") or {}
         self.queue.add((RESET_OFFSET, str(meta.get("namespace")), str(meta.get("name"))))
 
+    def _on_policy(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A policy changed: its status, and the status.policies of every target of its namespace (which ones it
+        names may have changed too)."""
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace"))
+        self.queue.add((POLICY, namespace, str(meta.get("name"))))
+        if kind in ("RESYNC", "RELISTED"):
+            return  # the resync enqueues every target anyway
+        for informer, handler in ((self.channels, self._on_channel), (self.brokers, self._on_broker),
+                                  (self.sinks, self._on_sink)):
+            for target in informer.items() if informer is not None else ():
+                if (target.get("metadata") or {}).get("namespace") == namespace:
+                    handler("RESYNC", target)
+
     def _on_leader(self) -> None:
         self._enqueue_all()
 
@@ -353,6 +383,8 @@ class Controller:
             self._on_source("RESYNC", obj)
         for obj in self.resetoffsets.items() if self.resetoffsets is not None else ():
             self._on_reset("RESYNC", obj)
+        for obj in self.eventpolicies.items() if self.eventpolicies is not None else ():
+            self._on_policy("RESYNC", obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -453,6 +485,9 @@ class Controller:
         if kind == RESET_OFFSET:
             assert self.reset_reconciler is not None
             return self.reset_reconciler.reconcile(namespace, name)
+        if kind == POLICY:
+            assert self.policy_reconciler is not None
+            return self.policy_reconciler.reconcile(namespace, name)
         assert self.broker_reconciler is not None
         if kind == BROKER:
             return self.broker_reconciler.reconcile_broker(namespace, name)

@@ -1,9 +1,11 @@
-"""Resolve a Knative Destination (``{ref, uri}``) to a URL: a core Service by its cluster DNS name, any other
-Addressable (a Knative Service, a Broker, a channel) by its ``status.address.url``."""
+"""Resolve a Knative Destination (``{ref, uri, audience, CACerts}``) to an address: a core Service by its cluster DNS
+name, any other Addressable (a Knative Service, a Broker, a channel) by its ``status.address`` — its url, and the
+audience and CA certificates it publishes unless the destination sets its own (Knative's resolver)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -32,13 +34,28 @@ def not_readable(kind: str, api_version: str) -> str:
             "verbs: [get, list, watch])")
 
 
+@dataclass(frozen=True)
+class Address:
+    url: str
+    #: the audience a token for it must name (the destination's ``audience``, else the ref's published one)
+    audience: str | None = None
+    #: PEM CA certificates it is verified with (the destination's ``CACerts``, else the ref's ``CACerts``)
+    ca_certs: str | None = None
+
+
 def resolve_destination(core: client.CoreV1Api, custom: client.CustomObjectsApi, destination: Mapping[str, Any],
                         default_namespace: str, what: str = "destination") -> str:
+    return resolve_address(core, custom, destination, default_namespace, what).url
+
+
+def resolve_address(core: client.CoreV1Api, custom: client.CustomObjectsApi, destination: Mapping[str, Any],
+                    default_namespace: str, what: str = "destination") -> Address:
     uri, target = destination.get("uri"), destination.get("ref")
+    audience, ca_certs = destination.get("audience") or None, destination.get("CACerts") or None
     if not target:
         if not uri:
             raise Unresolved("DestinationMissing", f"{what} sets neither ref nor uri")
-        return str(uri)
+        return Address(str(uri), audience, ca_certs)
     kind, name = target.get("kind"), target.get("name")
     namespace = target.get("namespace") or default_namespace
     api_version = str(target.get("apiVersion") or "v1")
@@ -53,7 +70,10 @@ def resolve_destination(core: client.CoreV1Api, custom: client.CustomObjectsApi,
             plural = f"{str(kind).lower()}s"
             obj = custom.get_namespaced_custom_object(group, version, namespace, plural, name,
                                                       _request_timeout=(5, 15))
-            found = ((obj.get("status") or {}).get("address") or {}).get("url")
+            address = (obj.get("status") or {}).get("address") or {}
+            found = address.get("url")
+            audience = audience or address.get("audience") or None
+            ca_certs = ca_certs or address.get("CACerts") or None
             if not found:
                 raise Unresolved("DestinationNotAddressable",
                                  f"{what} {kind} {namespace}/{name} has no status.address.url yet")
@@ -67,4 +87,4 @@ def resolve_destination(core: client.CoreV1Api, custom: client.CustomObjectsApi,
         raise Unresolved("DestinationNotFound", f"{ref} {why}") from None
     if uri:
         base = base.rstrip("/") + "/" + str(uri).lstrip("/")
-    return base
+    return Address(base, audience, ca_certs)

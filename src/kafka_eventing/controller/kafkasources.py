@@ -129,7 +129,7 @@ class SourceReconciler:
             conditions.append(Condition.false(ks.SINK_PROVIDED, exc.reason, str(exc)))
             result = recheck
         sink = self.base.dead_letter_sink(namespace, {"delivery": spec.delivery or {}})
-        status["deadLetterSinkUri"] = sink[1] if sink else None
+        status["deadLetterSinkUri"] = sink[1].url if sink and sink[1] else None
         if sink is not None:
             conditions.append(sink[0])
             if not sink[0].is_true:

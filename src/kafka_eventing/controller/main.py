@@ -1,9 +1,10 @@
 """`kafka-eventing controller`: reconciles KafkaChannels (topic, dispatcher Deployment, channel Service, status),
 Kafka-class Brokers (topic, dispatcher, address) with their Triggers (subscriber, dependency, dead-letter sink,
 status), KafkaSinks (topic, address), KafkaSources (dispatcher Deployment, initial offsets, scale) and ResetOffsets
-(kafka.eventing.knative.dev/v1alpha1: the ref resolved, the reset handed to the dispatcher that owns the group),
-each served when the API server serves its CRD, on the Kubernetes API (in a pod its service account; outside
-KE_KUBECONFIG or KUBECONFIG).
+(kafka.eventing.knative.dev/v1alpha1: the ref resolved, the reset handed to the dispatcher that owns the group)
+and EventPolicies (eventing.knative.dev/v1alpha1: the targets' status.policies; their own status with
+KE_EVENT_POLICY_STATUS), each served when the API server serves its CRD, on the Kubernetes API (in a pod its
+service account; outside KE_KUBECONFIG or KUBECONFIG).
 
 Settings come from KE_* variables (docs/settings.md lists every one; the controller's own: KE_SYSTEM_NAMESPACE,
 KE_TOPIC_MANAGEMENT, KE_DELETE_TOPICS, KE_DISPATCHER_IMAGE, KE_DISPATCHER_REPLICAS, KE_RECEIVER_SERVICE,

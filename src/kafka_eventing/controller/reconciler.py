@@ -27,11 +27,12 @@ from kafka_eventing.controller.api import (
 )
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
-from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.destinations import Address, Unresolved, resolve_address
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
     ANNOTATION_EXTERNAL_TOPIC,
     GROUP,
+    KIND,
     PLURAL,
     ChannelSpecError,
     channel_from_resource,
@@ -60,6 +61,8 @@ class Stores:
     services: Store  # dispatcher Services (system namespace) and channel Services (all namespaces)
     config_maps: Store
     secrets: Store
+    #: EventPolicies (every namespace) while the API server serves their CRD; None: it does not.
+    policies: Store | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,16 @@ class Result:
 
     error: str | None = None
     requeue_after: float | None = None
+
+
+#: Knative's status fields of a resolved dead-letter sink (what the dispatchers read).
+DEAD_LETTER_FIELDS = ("deadLetterSinkUri", "deadLetterSinkAudience", "deadLetterSinkCACerts")
+
+
+def dead_letter_status(address: Address | None) -> dict[str, Any]:
+    """``DEAD_LETTER_FIELDS`` of a resolved dead-letter sink (None: all cleared)."""
+    return dict(zip(DEAD_LETTER_FIELDS, (address.url, address.audience, address.ca_certs) if address
+                    else (None, None, None), strict=True))
 
 
 class Reconciler:
@@ -99,6 +112,23 @@ class Reconciler:
         self.writer = Writer(may_write)
         self.autoscaler = KedaAutoscaler(self.custom, settings, self.writer, self._topic_name,
                                          discovery_seconds=keda_discovery_seconds)
+
+    def event_policies(self, group: str, kind: str, obj: Mapping[str, Any], status: dict[str, Any],
+                       conditions: list[Condition]) -> None:
+        """A target's ``status.policies`` and ``EventPoliciesReady`` (``controller.eventpolicies``), added to what
+        its reconciler writes — with authentication on only: off, no policy is enforced and neither is written."""
+        from kafka_eventing.controller.eventpolicies import target_status
+        from kafka_eventing.core.eventpolicies import Target
+
+        if not self.settings.auth_issuer:
+            status["policies"] = None
+            return
+        meta = obj.get("metadata") or {}
+        target = Target(group, kind, str(meta.get("namespace")), str(meta.get("name")),
+                        tuple(sorted((meta.get("labels") or {}).items())))
+        refs, condition = target_status(self.stores.policies, self.settings, target)
+        status["policies"] = refs or None
+        conditions.append(condition)
 
     # -- entry --------------------------------------------------------------------------------------
     def reconcile(self, namespace: str, name: str) -> Result:
@@ -143,7 +173,7 @@ class Reconciler:
         svc_cond, url = self._channel_service(ref, write_errors)
         conditions.append(svc_cond)
         if url:
-            status["address"] = {"url": url}
+            status["address"] = res.address(self.settings, url)
             if self.settings.auth_issuer:
                 # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
                 status["address"]["audience"] = default_audience(ref.namespace, ref.name)
@@ -169,13 +199,11 @@ class Reconciler:
 
         dls = self.dead_letter_sink(ref.namespace, spec)
         if dls is not None:
-            dls_cond, dls_uri = dls
-            conditions.append(dls_cond)
-            status["deadLetterSinkUri"] = dls_uri
-        else:
-            status["deadLetterSinkUri"] = None
+            conditions.append(dls[0])
+        status.update(dead_letter_status(dls[1] if dls else None))
 
         conditions.append(cond.ready_condition(conditions))
+        self.event_policies(GROUP, KIND, obj, status, conditions)  # informational: not part of Ready
         self.patch_status(obj, status, conditions)
         if write_errors and result.error is None:
             # A refused API write (quota, admission, a transient 5xx) is retried with backoff like Kafka errors.
@@ -278,13 +306,13 @@ class Reconciler:
                                        api_error(exc)))
         return out
 
-    def dead_letter_sink(self, namespace: str, spec: Mapping[str, Any]) -> tuple[Condition, str | None] | None:
-        """``spec.delivery.deadLetterSink`` resolved (the condition and the URI), None when there is none."""
+    def dead_letter_sink(self, namespace: str, spec: Mapping[str, Any]) -> tuple[Condition, Address | None] | None:
+        """``spec.delivery.deadLetterSink`` resolved (the condition and the address), None when there is none."""
         sink = ((spec.get("delivery") or {}).get("deadLetterSink")) or None
         if not sink:
             return None
         try:
-            uri = resolve_destination(self.core, self.custom, sink, namespace, "dead-letter sink")
+            uri = resolve_address(self.core, self.custom, sink, namespace, "dead-letter sink")
         except Unresolved as exc:
             reason = {"DestinationNotAddressable": "DeadLetterSinkNotAddressable",
                       "DestinationForbidden": "DeadLetterSinkForbidden"}.get(exc.reason, "DeadLetterSinkUnresolved")

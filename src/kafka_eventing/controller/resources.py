@@ -16,6 +16,7 @@ from typing import Any
 from kafka_eventing.core import tokens
 from kafka_eventing.core.channels import CHANNEL_HOST_SUFFIX
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tls import read_ca_file
 
 MANAGED_BY = "kafka-channel-controller"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -54,6 +55,14 @@ def is_dns1035(name: str) -> bool:
 
 def channel_service_name(name: str) -> str:
     return f"{name}{CHANNEL_HOST_SUFFIX}"
+
+
+def address(settings: Settings, url: str) -> dict[str, Any]:
+    """A ``status.address`` for an ingress URL: ``https://`` with the receiver's CA as ``CACerts`` while the
+    receiver serves HTTPS (``KE_INGRESS_CA_FILE``), else as given."""
+    if settings.ingress_ca_file is None:
+        return {"url": url}
+    return {"url": "https://" + url.removeprefix("http://"), "CACerts": read_ca_file(settings.ingress_ca_file)}
 
 
 def channel_url(namespace: str, name: str) -> str:
@@ -149,6 +158,7 @@ def dispatcher_env(ref: ChannelRef, settings: Settings, config: DispatcherConfig
         "KE_METRICS_PORT": str(settings.metrics_port),
         "KE_LOG_LEVEL": settings.log_level,
         "KE_LOG_FORMAT": str(settings.log_format),
+        "KE_TLS_MIN_VERSION": str(settings.tls_min_version),
     }
     if settings.auth_issuer:
         # Ingress auth is on: a Broker's replies into its own ingress need a token.

@@ -108,14 +108,18 @@ class SinkReconciler:
                 status["annotations"] = annotations
         conditions.append(self._data_plane())
         if all(c.is_true for c in conditions):
-            status["address"] = {"url": sink_url(self.settings.sink_service, self.settings.system_namespace,
-                                                 namespace, name)}
+            url = sink_url(self.settings.sink_service, self.settings.system_namespace, namespace, name)
+            status["address"] = res.address(self.settings, url)
+            if self.settings.auth_issuer:
+                # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
+                status["address"]["audience"] = ks.sink_audience(namespace, name)
             conditions.append(Condition.true(cond.ADDRESSABLE))
         else:
             status["address"] = None
             conditions.append(Condition.false(cond.ADDRESSABLE, "NotReady",
                                               "the address is published once the topic and receiver are ready"))
         conditions.append(cond.ready_condition(conditions, SINK_DEPENDENTS))
+        self.base.event_policies(ks.GROUP, ks.KIND, obj, status, conditions)
         self.base.patch_status(obj, status, conditions, SINK_API)
         return result
 

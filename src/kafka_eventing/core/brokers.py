@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_eventing.core.channels import Channel, knative_audience
+from kafka_eventing.core.channels import Channel, knative_audience, labels_of
 from kafka_eventing.core.kafka_config import connection_ref
 
 GROUP = "eventing.knative.dev"
@@ -98,4 +98,4 @@ def broker_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channe
     return Channel(namespace=namespace, name=name, topic=topic_of(obj), ready=ready, reason=reason,
                    ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""),
                    audience=str(audience or broker_audience(namespace, name)),
-                   connection=connection_ref(obj.get("status")))
+                   connection=connection_ref(obj.get("status")), labels=labels_of(meta))

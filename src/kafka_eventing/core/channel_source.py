@@ -4,7 +4,8 @@ Two sources share one interface (``ChannelSource``): ``FileChannelSource`` polls
 documents (standalone mode) and ``KubeChannelSource`` lists and watches the KafkaChannel custom resources
 through the shared ``Informer`` (only ``list`` and ``watch`` on kafkachannels).
 Readers call ``get``/``snapshot`` (a dict that is replaced, never mutated, so reads need no lock) and may
-``subscribe`` to be told of every change.
+``subscribe`` to be told of every change. Brokers, KafkaSinks and (with authentication on) EventPolicies are kept
+the same way, from the same file or API server.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import eventpolicies as ep
 from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.channels import (
     GROUP,
@@ -359,3 +361,51 @@ def channel_source_from_settings(settings: Settings, api_client: Any = None) -> 
         api_client, settings,
         namespace=settings.channel_namespace or None, name=settings.channel_name or None,
     )
+
+
+# -- EventPolicies: who may send to the targets above (core.eventpolicies) ----------------------------------
+PolicySnapshot = dict[tuple[str, str], ep.Policy]
+
+
+class PolicySource(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def synced(self) -> bool: ...
+    def policies(self) -> PolicySnapshot: ...
+
+
+class FilePolicySource(FileChannelSource):
+    """EventPolicies from the same YAML file (standalone mode: ``status.from`` as written, no controller)."""
+
+    def policies(self) -> PolicySnapshot:
+        return self._channels  # type: ignore[return-value]
+
+    def _load(self) -> Snapshot:
+        return ep.parse_documents([d for d in documents(self.path)])  # type: ignore[return-value]
+
+
+class KubePolicySource(KubeChannelSource):
+    """EventPolicies in every namespace, watched like KafkaChannels (list and watch on eventpolicies). A policy
+    that cannot be parsed applies to its whole namespace and allows no one; the controller says why on its
+    status."""
+
+    resource = (ep.GROUP, ep.VERSION, ep.PLURAL)
+
+    def policies(self) -> PolicySnapshot:
+        return self._channels  # type: ignore[return-value]
+
+    def _channel(self, obj: Mapping[str, Any]) -> Any:
+        policy = ep.policy_or_invalid(obj)
+        if policy.problem:
+            log.error("EventPolicy cannot be used: it allows no one", extra={"error": policy.problem})
+        return policy
+
+
+def policy_source(settings: Settings, api_client: Any) -> PolicySource | None:
+    """Where EventPolicies come from: with authentication off, nowhere (a policy names token subjects); else the
+    channels file, or the API server when it serves the EventPolicy CRD (Knative's or the chart's)."""
+    if not settings.auth_issuer:
+        return None
+    if settings.channel_source != "kube":
+        return FilePolicySource(settings.channels_file, settings) if settings.channels_file else None
+    return KubePolicySource(api_client, settings) if _served(api_client, ep.GROUP, ep.VERSION, ep.PLURAL) else None

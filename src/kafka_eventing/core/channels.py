@@ -66,6 +66,10 @@ class Subscriber:
     #: Audiences a token is sent for (``subscriberAudience``, ``replyAudience``); None: no token.
     subscriber_audience: str | None = None
     reply_audience: str | None = None
+    #: PEM CA certificates trusted for an ``https://`` subscriber / reply (``subscriberCACerts``,
+    #: ``replyCACerts``) besides the system's; None: the system's only.
+    subscriber_ca_certs: str | None = None
+    reply_ca_certs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class Channel:
     audience: str = ""
     #: the Kafka cluster its events go to when it is not the receiver's own (a Broker's or KafkaSink's config).
     connection: ConnectionRef | None = None
+    #: its labels, sorted: what an EventPolicy's ``to[].selector`` matches.
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def token_audience(self) -> str:
@@ -103,6 +109,10 @@ def knative_audience(group: str, kind: str, namespace: str, name: str) -> str:
     """Knative's audience of an addressable: ``<group>/<kind>/<namespace>/<name>``, lower-cased — what upstream
     publishes in ``status.address.audience`` when OIDC authentication is on."""
     return f"{group}/{kind}/{namespace}/{name}".lower()
+
+
+def labels_of(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
 
 
 def default_audience(namespace: str, name: str) -> str:
@@ -162,7 +172,8 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
 
     try:
         channel_delivery = DeliverySpec.from_dict(spec.get("delivery"), status.get("deadLetterSinkUri"), namespace,
-                                                  status.get("deadLetterSinkAudience"))
+                                                  status.get("deadLetterSinkAudience"),
+                                                  dead_letter_ca_certs=status.get("deadLetterSinkCACerts"))
         rate = rate_limit_annotation(annotations)  # every subscriber's, unless its own rateLimit says otherwise
         subscribers = tuple(
             _subscriber(sub, channel_delivery, ordered, where, namespace, rate_limit=rate)
@@ -176,7 +187,7 @@ def channel_from_resource(obj: Mapping[str, Any], settings: Settings, *, reconci
         ordered=ordered, num_partitions=int(partitions), generation=int(meta.get("generation") or 0),
         uid=str(meta.get("uid") or ""), subscribers=subscribers,
         # What the channel publishes as its address's audience is what senders ask tokens for.
-        audience=str((status.get("address") or {}).get("audience") or ""),
+        audience=str((status.get("address") or {}).get("audience") or ""), labels=labels_of(meta),
     )
 
 
@@ -190,7 +201,8 @@ def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, wh
         # No sink of its own: the channel's (or its problem).
         delivery = replace(delivery, dead_letter_uri=default.dead_letter_uri,
                            dead_letter_problem=default.dead_letter_problem,
-                           dead_letter_audience=default.dead_letter_audience)
+                           dead_letter_audience=default.dead_letter_audience,
+                           dead_letter_ca_certs=default.dead_letter_ca_certs)
     rate = parse_rate_limit(sub.get("rateLimit"), f"subscriber {uid} rateLimit")
     return Subscriber(
         uid=str(uid), subscriber_uri=str(uri), generation=int(sub.get("generation") or 0),
@@ -198,6 +210,7 @@ def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, wh
         ordered=_ordered(sub.get("deliveryOrder"), f"{where} subscriber {uid}", ordered),
         rate_limit=rate if rate is not None else rate_limit,
         subscriber_audience=sub.get("subscriberAudience") or None, reply_audience=sub.get("replyAudience") or None,
+        subscriber_ca_certs=sub.get("subscriberCACerts") or None, reply_ca_certs=sub.get("replyCACerts") or None,
     )
 
 

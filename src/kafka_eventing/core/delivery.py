@@ -107,10 +107,13 @@ class DeliverySpec:
     format: ContentMode = ContentMode.BINARY
     #: The dead-letter sink's ``audience``: a token for it is sent with every dead letter (None: no token).
     dead_letter_audience: str | None = None
+    #: The dead-letter sink's ``CACerts`` (PEM), trusted for an ``https://`` sink besides the system's.
+    dead_letter_ca_certs: str | None = None
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any] | None, dead_letter_uri: str | None = None,
-                  namespace: str = "default", dead_letter_audience: str | None = None) -> DeliverySpec:
+                  namespace: str = "default", dead_letter_audience: str | None = None,
+                  dead_letter_ca_certs: str | None = None) -> DeliverySpec:
         """Parse a Knative ``delivery`` object; ``dead_letter_uri`` is the resolved sink if given, else the
         ``deadLetterSink`` destination is resolved with ``resolve_destination`` (refs default to ``namespace``)."""
         spec = spec or {}
@@ -143,9 +146,11 @@ class DeliverySpec:
             sink, problem = resolve_destination(dls if isinstance(dls, Mapping) else None, namespace)
         # The resolved audience (a status' ``deadLetterSinkAudience``) else the destination's own ``audience``.
         audience = dead_letter_audience or (dls.get("audience") if isinstance(dls, Mapping) else None)
+        ca_certs = dead_letter_ca_certs or (dls.get("CACerts") if isinstance(dls, Mapping) else None)
         return cls(retry=retry, backoff_policy=policy, backoff_delay=delay, timeout=timeout, dead_letter_uri=sink,
                    dead_letter_problem=problem, retry_after_max=retry_after_max, format=content_mode,
-                   dead_letter_audience=str(audience) if sink and audience else None)
+                   dead_letter_audience=str(audience) if sink and audience else None,
+                   dead_letter_ca_certs=str(ca_certs) if sink and ca_certs else None)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): linear d×n, exponential d×2^n."""

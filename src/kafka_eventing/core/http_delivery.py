@@ -18,6 +18,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, stop_never
 
 from kafka_eventing.core.delivery import DeliverySpec, is_retryable
+from kafka_eventing.core.tls import CACertsError, TlsVersion, client_context
 
 #: Per-attempt timeout when the DeliverySpec sets none, so that a hung subscriber cannot stall a partition.
 DEFAULT_ATTEMPT_TIMEOUT = 60.0
@@ -169,18 +170,26 @@ _NO_CONTENT_TYPE = ("Content-Type",)
 class HttpSender:
     """POSTs on a shared aiohttp session; every failure becomes an ``Attempt``, never an exception."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    def __init__(self, session: aiohttp.ClientSession, tls_minimum: TlsVersion = TlsVersion.TLS_1_3) -> None:
         self.session = session
+        self.tls_minimum = tls_minimum
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
-    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None, *,
+                   ca_certs: str | None = None) -> Attempt:
+        """``ca_certs``: PEM CAs trusted for this ``https://`` destination besides the system's (its
+        ``CACerts``); every https request is verified and held to ``tls_minimum``."""
         seconds = timeout or DEFAULT_ATTEMPT_TIMEOUT
         client_timeout = self._timeouts.get(seconds)
         if client_timeout is None:
             client_timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         try:
+            tls = client_context(ca_certs, self.tls_minimum) if url[:8].lower() == "https://" else True
+        except CACertsError as exc:
+            return Attempt(None, error=str(exc))
+        try:
             async with self.session.post(url, data=body, headers=headers, timeout=client_timeout,
-                                         skip_auto_headers=_NO_CONTENT_TYPE) as resp:
+                                         skip_auto_headers=_NO_CONTENT_TYPE, ssl=tls) as resp:
                 if resp.content_length == 0:
                     return Attempt(resp.status, b"", resp.headers)  # the usual answer: nothing to read
                 # Only a 2xx may carry a reply worth reading in full; error bodies are kept for knativeerrordata.

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from kafka_eventing.core.eventpolicies import DefaultMode
 from kafka_eventing.core.kafka_config import PROVIDERS
+from kafka_eventing.core.tls import TlsVersion
 
 PREFIX = "KE_"
 OTEL_PREFIX = "OTEL_"
@@ -121,6 +123,28 @@ class Settings:
     auth_token_file: Path | None = None
     #: how long signing keys are kept before the JWKS is fetched again (a new key id fetches at once).
     auth_keys_ttl_seconds: float = 300.0
+    #: with authentication on, who may send where no EventPolicy applies (Knative's
+    #: ``default-authorization-mode``): allow-all (any valid token), allow-same-namespace (ServiceAccounts of the
+    #: target's namespace; Knative's default) or deny-all. EventPolicies are read when the API serves their CRD.
+    auth_default_mode: DefaultMode = DefaultMode.ALLOW_SAME_NAMESPACE
+    #: the controller writes EventPolicies' status (``status.from``, Ready): only where no other controller does —
+    #: the chart sets it when it installs the EventPolicy CRD (``crds.eventPolicies``), i.e. without Knative
+    #: Eventing, whose controller writes that status itself. The targets' ``status.policies`` are written always.
+    event_policy_status: bool = False
+    #: the lowest TLS version the dispatcher accepts from an ``https://`` subscriber, reply or dead-letter sink
+    #: (1.2 or 1.3; Knative 1.22's minimum is 1.3). Each is verified with the system's CAs and its ``CACerts``.
+    tls_min_version: TlsVersion = TlsVersion.TLS_1_3
+    #: the receiver serves HTTPS with this certificate (PEM chain) and ``tls_key_file`` while both are set, plain
+    #: HTTP otherwise; ``tls_min_version`` is the lowest version it accepts.
+    tls_cert_file: Path | None = None
+    #: the private key (PEM) of ``tls_cert_file``.
+    tls_key_file: Path | None = None
+    #: how often the receiver looks for a rotated certificate and key (a Secret update) and loads them for new
+    #: connections, without a restart.
+    tls_reload_seconds: float = 10.0
+    #: the receiver serves HTTPS and this CA bundle (PEM) verifies its certificate: the controller then publishes
+    #: every address as ``https://`` with this bundle as its ``CACerts`` (and Broker dispatchers send replies so).
+    ingress_ca_file: Path | None = None
 
     # -- dispatcher ---------------------------------------------------------------------------------
     #: the KafkaChannel a channel's dispatcher serves (one Deployment per channel; the controller sets it).

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kafka_eventing.core.binding import ContentMode
-from kafka_eventing.core.channels import Channel, knative_audience
+from kafka_eventing.core.channels import Channel, knative_audience, labels_of
 from kafka_eventing.core.kafka_config import connection_ref
 
 GROUP = "eventing.knative.dev"
@@ -76,4 +76,5 @@ def sink_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channel 
     audience = (status.get("address") or {}).get("audience")
     return Channel(namespace=namespace, name=name, topic=topic, ready=ready, reason=reason, content_mode=mode,
                    ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""),
-                   audience=str(audience or sink_audience(namespace, name)), connection=connection_ref(status))
+                   audience=str(audience or sink_audience(namespace, name)), connection=connection_ref(status),
+                   labels=labels_of(meta))

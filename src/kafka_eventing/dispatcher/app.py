@@ -177,7 +177,7 @@ class Dispatcher:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
         # Plain-HTTP destinations through the dispatcher's own keep-alive client (http_client.py), the rest
         # through the aiohttp session.
-        sender = self._sender = PooledSender(self._session)
+        sender = self._sender = PooledSender(self._session, self.settings.tls_min_version)
         if self.tracer is None:
             self._deliverer = Deliverer(sender, self.metrics, self.settings.retry_after_max_seconds,
                                         tokens=self.tokens)

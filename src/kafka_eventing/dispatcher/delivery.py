@@ -167,7 +167,8 @@ class Deliverer:
 
         attempt = await self._with_retries(subscriber.subscriber_uri,
                                            await self._authorized(out_headers, subscriber.subscriber_audience),
-                                           body, subscriber, labels, count=count)
+                                           body, subscriber, labels, count=count,
+                                           ca_certs=subscriber.subscriber_ca_certs)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
         if attempt.ok:
             if not subscriber.reply_uri:
@@ -197,7 +198,7 @@ class Deliverer:
 
     async def _with_retries(
         self, url: str, headers: Mapping[str, str], body: bytes, subscriber: Subscriber, labels: Labels, *,
-        count: AttemptCount | None = None,
+        count: AttemptCount | None = None, ca_certs: str | None = None,
     ) -> Attempt:
         spec = subscriber.delivery
         timeout = spec.timeout_seconds
@@ -210,7 +211,7 @@ class Deliverer:
         # The first attempt inline (no closure, no extra coroutine): it is the only one for almost every event.
         if count is not None:
             count.made += 1
-        first = await self.sender.post(url, headers, body, timeout)
+        first = await self.sender.post(url, headers, body, timeout, ca_certs=ca_certs)
         self._child(self.metrics.deliveries, labels, first.code).inc()
         if first.ok or not is_retryable(first.status) or spec.retry <= done:
             return first
@@ -218,7 +219,7 @@ class Deliverer:
         async def once() -> Attempt:
             if count is not None:
                 count.made += 1
-            result = await self.sender.post(url, headers, body, timeout)
+            result = await self.sender.post(url, headers, body, timeout, ca_certs=ca_certs)
             self._child(self.metrics.deliveries, labels, result.code).inc()
             return result
 
@@ -256,7 +257,7 @@ class Deliverer:
         headers.update(trace)
         result = await self._with_retries(subscriber.reply_uri,
                                           await self._authorized(headers, subscriber.reply_audience),
-                                          body, subscriber, labels)
+                                          body, subscriber, labels, ca_certs=subscriber.reply_ca_certs)
         if result.ok:
             self.metrics.replies.labels(*labels).inc()
             return None
@@ -291,7 +292,8 @@ class Deliverer:
         timeout = subscriber.delivery.timeout_seconds
 
         async def once() -> Attempt:
-            return await self.sender.post(sink, headers, body, timeout)
+            return await self.sender.post(sink, headers, body, timeout,
+                                          ca_certs=subscriber.delivery.dead_letter_ca_certs)
 
         await policy(once)
         self.metrics.dead_lettered.labels(*labels).inc()

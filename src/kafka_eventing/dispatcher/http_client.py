@@ -51,6 +51,7 @@ from kafka_eventing.core.http_delivery import (
     Attempt,
     HttpSender,
 )
+from kafka_eventing.core.tls import TlsVersion
 
 #: An idle connection older than this is closed instead of reused (aiohttp's keepalive_timeout).
 KEEPALIVE_SECONDS = 15.0
@@ -285,20 +286,21 @@ def _inflate(body: bytes, encoding: bytes) -> bytes:
 class PooledSender(HttpSender):
     """``HttpSender`` whose plain-HTTP POSTs go through this module's client; the rest through aiohttp."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        super().__init__(session)
+    def __init__(self, session: aiohttp.ClientSession, tls_minimum: TlsVersion = TlsVersion.TLS_1_3) -> None:
+        super().__init__(session, tls_minimum)
         self._targets: dict[str, _Target | None] = {}
 
-    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None, *,
+                   ca_certs: str | None = None) -> Attempt:
         target = self._targets.get(url)
         if target is None:
             if url in self._targets:
-                return await super().post(url, headers, body, timeout)
+                return await super().post(url, headers, body, timeout, ca_certs=ca_certs)
             if len(self._targets) >= MAX_TARGETS:
                 self._evict()
             target = self._targets[url] = _target(url)
             if target is None:
-                return await super().post(url, headers, body, timeout)
+                return await super().post(url, headers, body, timeout, ca_certs=ca_certs)
         seconds = timeout or DEFAULT_ATTEMPT_TIMEOUT
         try:
             data = _request(target.prefix, headers, body)

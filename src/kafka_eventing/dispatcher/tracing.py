@@ -57,14 +57,15 @@ class TracedSender(HttpSender):
         # No HttpSender.__init__: every POST goes through the wrapped sender (and its session).
         self.inner, self.tracer = sender, tracer
 
-    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None, *,
+                   ca_certs: str | None = None) -> Attempt:
         event = _EVENT.get()
         role = event.role(url) if event is not None else DELIVER
         number = event.next_attempt(role) if event is not None else 1
         with self.tracer.start_as_current_span(f"{role} POST", kind=SpanKind.CLIENT) as span:
             out = dict(headers)
             out.update(t.inject(span))
-            attempt = await self.inner.post(url, out, body, timeout)
+            attempt = await self.inner.post(url, out, body, timeout, ca_certs=ca_certs)
             if not span.is_recording():
                 return attempt  # not sampled: only the context travels on
             span.set_attributes({t.HTTP_METHOD: "POST", t.URL_FULL: url, t.ATTEMPT: number})

@@ -40,7 +40,7 @@ def dispatch_hold(trigger: Mapping[str, Any]) -> str:
 
 def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], filters: TriggerFilters,
                        reply_uri: str | None, *, standalone: bool = False,
-                       reply_audience: str | None = None) -> Subscriber:
+                       reply_audience: str | None = None, reply_ca_certs: str | None = None) -> Subscriber:
     """The Subscriber of a Trigger; ``held`` says why it may not be consumed yet (a controller condition not True,
     no subscriber URI, a filter or delivery that does not parse), so that the dispatcher reports it.
 
@@ -62,7 +62,8 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
     try:
         # A dead-letter sink ref without a namespace is in the Trigger's (Knative's rule), never "default".
         delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace,
-                                          dead_letter_audience=status.get("deadLetterSinkAudience"))
+                                          dead_letter_audience=status.get("deadLetterSinkAudience"),
+                                          dead_letter_ca_certs=status.get("deadLetterSinkCACerts"))
     except DeliverySpecError as exc:
         hold = hold or f"invalid delivery: {exc}"
     try:
@@ -77,7 +78,9 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
                       event_filter=RecordFilter(compiled), hop_ttl=True,
                       subscriber_audience=status.get("subscriberAudience")
                       or (spec.get("subscriber") or {}).get("audience") or None,
-                      reply_audience=reply_audience)
+                      reply_audience=reply_audience, reply_ca_certs=reply_ca_certs,
+                      subscriber_ca_certs=status.get("subscriberCACerts")
+                      or (spec.get("subscriber") or {}).get("CACerts") or None)
 
 
 def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]], filters: TriggerFilters,
@@ -88,13 +91,17 @@ def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]],
     if base is None:
         return None
     name = base.name
-    reply = reply_uri or ((broker.get("status") or {}).get("address") or {}).get("url")
+    address = (broker.get("status") or {}).get("address") or {}
+    reply = reply_uri or address.get("url")
+    # Replies go into the Broker's ingress: over HTTPS, verified with the CA it publishes.
+    reply_ca = address.get("CACerts") if str(reply or "").startswith("https://") else None
     subscribers = []
     for trigger in sorted(triggers, key=lambda t: str((t.get("metadata") or {}).get("name"))):
         if kb.trigger_broker(trigger) != name or (trigger.get("metadata") or {}).get("deletionTimestamp"):
             continue
         subscribers.append(trigger_subscriber(trigger, broker, filters, reply, standalone=standalone,
-                                              reply_audience=base.token_audience if authenticated else None))
+                                              reply_audience=base.token_audience if authenticated else None,
+                                              reply_ca_certs=reply_ca))
     return Channel(namespace=base.namespace, name=name, topic=base.topic, ready=base.ready, reason=base.reason,
                    ordered=False, generation=base.generation, uid=base.uid, subscribers=tuple(subscribers))
 

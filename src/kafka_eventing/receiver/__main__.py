@@ -2,7 +2,9 @@
 
 The shared ingress of every KafkaChannel (``POST /<namespace>/<channel>``, or any path with the Host
 ``<channel>-kn-channel.<namespace>.svc...``), every Kafka Broker (``POST /<namespace>/<broker>``) and every
-KafkaSink (``POST /<namespace>/<sink>`` on the sink ingress Service): 202 once Kafka holds the event. They come
+KafkaSink (``POST /<namespace>/<sink>`` on the sink ingress Service): 202 once Kafka holds the event. With
+KE_AUTH_ISSUER it verifies each sender's token and enforces EventPolicies (eventing.knative.dev/v1alpha1, read
+when served) and KE_AUTH_DEFAULT_MODE. They come
 from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster) or file
 (KE_CHANNELS_FILE); Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_* variable:
 docs/settings.md.
@@ -30,7 +32,9 @@ ABOUT = """kafka-eventing receiver: the shared ingress of KafkaChannels, Kafka B
 
 POST a CloudEvent to a channel (Host <name>-kn-channel.<namespace>.svc, or path /<namespace>/<name>), a Broker
 (path /<namespace>/<name> on the receiver Service) or a KafkaSink (path /<namespace>/<name> on the sink ingress
-Service, KE_SINK_SERVICE); 202 once Kafka holds it, on the cluster the target names. Targets come from
+Service, KE_SINK_SERVICE); 202 once Kafka holds it, on the cluster the target names. With KE_AUTH_ISSUER a
+sender needs a token for the target's audience, and an EventPolicy (eventing.knative.dev/v1alpha1) or the default
+mode KE_AUTH_DEFAULT_MODE that allows it (else 401/403). Targets come from
 KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster) or file (KE_CHANNELS_FILE).
 Settings are KE_* environment variables (every one: docs/settings.md); the flags below are gunicorn's.
 """

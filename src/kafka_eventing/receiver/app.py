@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import falcon
 import falcon.asgi
 
-from kafka_eventing.core.channel_source import ChannelSource
+from kafka_eventing.core.channel_source import ChannelSource, PolicySource
 from kafka_eventing.core.channels import ChannelKey
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.receiver.auth import AuthMiddleware, TokenVerifier
+from kafka_eventing.receiver.auth import AuthMiddleware, PolicyCheck, TokenVerifier
 from kafka_eventing.receiver.connections import Connections, ConnectionUnavailable
 from kafka_eventing.receiver.ingress import (
     DEFAULT_MESSAGE_MAX_BYTES,
@@ -121,6 +121,10 @@ class ChannelResource:
         records = ingress.decode(channel, req, body)
         if isinstance(records, Answer):
             return records
+        check = getattr(req.context, "event_check", None)  # an EventPolicy's filters (receiver.auth)
+        if check is not None and not check(records):
+            return Answer(falcon.HTTP_403, {"error": "the event does not pass the filters of the EventPolicies "
+                                                     "that allow its sender"})
         # The target's Kafka cluster: the receiver's own for nearly every request, with no lookup at all. Taken
         # here, with no await before the produce, so a connection closed meanwhile is never written to.
         connection = channel.connection
@@ -168,8 +172,9 @@ class ReadyResource:
     the Service at once, and clients would get connection errors instead of a 503 + Retry-After per request."""
 
     def __init__(self, channels: ChannelSource, sender: KafkaSender, brokers: ChannelSource | None = None,
-                 sinks: ChannelSource | None = None) -> None:
+                 sinks: ChannelSource | None = None, policies: PolicySource | None = None) -> None:
         self.channels, self.sender, self.brokers, self.sinks = channels, sender, brokers, sinks
+        self.policies = policies
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         checks = {"channels": self.channels.synced(), "accepting": not self.sender.closing}
@@ -177,6 +182,8 @@ class ReadyResource:
             checks["brokers"] = self.brokers.synced()
         if self.sinks is not None:
             checks["sinks"] = self.sinks.synced()
+        if self.policies is not None:  # before they are read, the default mode would decide for every target
+            checks["eventpolicies"] = self.policies.synced()
         resp.status = falcon.HTTP_200 if all(checks.values()) else falcon.HTTP_503
         resp.media = checks
 
@@ -207,6 +214,7 @@ def create_app(
     sender: KafkaSender | None = None,
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
     verifier: TokenVerifier | None = None,
+    policies: PolicyCheck | None = None,
     tracer: Tracer | None = None,
     brokers: ChannelSource | None = None,
     connect: Callable[[ConnectionRef], KafkaSender] | None = None,
@@ -242,14 +250,15 @@ def create_app(
             c.connection for t in targets for c in t.snapshot().values() if c.connection is not None))
     middleware: list[object] = [_Shutdown(resource)]
     if verifier is not None:  # only then: without authentication a request meets no middleware at all
-        middleware.append(AuthMiddleware(verifier, resource.ingress, resource))
+        middleware.append(AuthMiddleware(verifier, resource.ingress, resource, policies))
     app: AsgiApp = falcon.asgi.App(middleware=middleware)  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(falcon.HTTPError, JsonErrors())
     app.add_route("/", resource)
     app.add_route("/{namespace}/{name}", resource)
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(channels, sender, brokers, sinks))
+    app.add_route("/readyz", ReadyResource(channels, sender, brokers, sinks,
+                                           policies.source if policies is not None else None))
     app.add_route("/metrics", MetricsResource())
     return app
 
@@ -270,6 +279,7 @@ class Runtime:
     brokers: ChannelSource | None = None
     api_client: Any = None
     sinks: ChannelSource | None = None
+    policies: PolicySource | None = None
 
     def close(self) -> None:
         self.sender.close(timeout=self.settings.produce_timeout_seconds + 2.0)
@@ -280,6 +290,8 @@ class Runtime:
             self.brokers.stop()
         if self.sinks is not None:
             self.sinks.stop()
+        if self.policies is not None:
+            self.policies.stop()
 
 
 _runtime: Runtime | None = None
@@ -312,7 +324,12 @@ def build_runtime() -> Runtime:
 
     from kafka_eventing.core import logging as ke_logging
     from kafka_eventing.core import tracing
-    from kafka_eventing.core.channel_source import broker_source, channel_source_from_settings, sink_source
+    from kafka_eventing.core.channel_source import (
+        broker_source,
+        channel_source_from_settings,
+        policy_source,
+        sink_source,
+    )
     from kafka_eventing.core.kube import api_client as kube_api_client
 
     settings = Settings.from_env()
@@ -322,13 +339,14 @@ def build_runtime() -> Runtime:
     channels = channel_source_from_settings(settings, api)
     channels.start()
     brokers, sinks = broker_source(settings, api), sink_source(settings, api)
-    for source in (brokers, sinks):
+    policies = policy_source(settings, api)
+    for source in (brokers, sinks, policies):
         if source is not None:
             source.start()
     sender = new_sender(settings, KafkaProducer(config))
     _runtime = Runtime(settings, sender.producer, channels, sender,
                        int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)),
-                       tracing.setup(settings, "kafka-eventing-receiver"), brokers, api, sinks)
+                       tracing.setup(settings, "kafka-eventing-receiver"), brokers, api, sinks, policies)
     return _runtime
 
 
@@ -388,6 +406,7 @@ def get_app() -> AsgiApp:
     parts = build_runtime()
     return create_app(parts.producer, parts.channels, parts.settings, sender=parts.sender,
                       message_max_bytes=parts.message_max_bytes, verifier=TokenVerifier.from_settings(parts.settings),
+                      policies=PolicyCheck.from_settings(parts.settings, parts.policies),
                       tracer=parts.tracing.tracer if parts.tracing is not None else None, brokers=parts.brokers,
                       connect=connection_sender(parts.settings, parts.api_client), sinks=parts.sinks)
 

@@ -29,6 +29,9 @@ timeout = 30
 graceful_timeout = int(_settings.produce_timeout_seconds * 2 + 5)
 GC_GEN0_THRESHOLD = 20_000
 accesslog = None  # one JSON log line per failure is ours; an access log per event would cost more than it tells
+if _settings.tls_cert_file and _settings.tls_key_file:
+    # HTTPS: uvicorn makes each worker's SSL context from these; receiver.server reloads them on rotation.
+    certfile, keyfile = str(_settings.tls_cert_file), str(_settings.tls_key_file)
 
 
 def on_starting(server: Any) -> None:

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import ssl
+from pathlib import Path
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.workers import UvicornWorker
 
 from kafka_eventing.core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL = 1.0
 #: Request line and headers together; CloudEvents put attributes in headers, and 64 KiB is ample for them (nginx
@@ -100,11 +105,70 @@ def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
     loop.call_later(SWEEP_INTERVAL, _sweep, loop, connections)
 
 
+class CertificateReloader:
+    """Loads a rotated certificate and key into the serving SSL context: new handshakes get the new certificate,
+    open connections keep theirs (nothing is dropped). Checked every ``interval`` seconds by the files' mtime,
+    size and inode (a Secret volume swaps a symlink); a pair that does not load (caught mid-rotation) is tried
+    again at the next check, and the old one served meanwhile."""
+
+    def __init__(self, context: ssl.SSLContext, cert: Path, key: Path, interval: float) -> None:
+        self.context, self.cert, self.key, self.interval = context, cert, key, interval
+        self._stamp = self.stamp()
+
+    def stamp(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for path in (self.cert, self.key):
+            try:
+                st = path.stat()
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append((-1, -1, -1))
+        return tuple(out)
+
+    def check(self) -> bool:
+        """True when a new pair was loaded."""
+        stamp = self.stamp()
+        if stamp == self._stamp:
+            return False
+        try:
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("rotated TLS certificate not loaded yet, serving the previous one", extra={"error": str(exc)})
+            return False
+        self._stamp = stamp
+        log.info("TLS certificate reloaded", extra={"cert": str(self.cert)})
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.check()
+
+
 class ReceiverWorker(UvicornWorker):
-    """What gunicorn runs (``-k kafka_eventing.receiver.server.ReceiverWorker``): uvicorn with the protocol above."""
+    """What gunicorn runs (``-k kafka_eventing.receiver.server.ReceiverWorker``): uvicorn with the protocol above,
+    and — with ``KE_TLS_CERT_FILE`` — HTTPS at ``KE_TLS_MIN_VERSION`` or above, its certificate reloaded on
+    rotation (``CertificateReloader``)."""
 
     CONFIG_KWARGS = {"loop": "auto", "http": DeadlineHttpProtocol}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        DeadlineHttpProtocol.request_timeout = Settings.from_env().request_timeout_seconds
+        self.settings = Settings.from_env()
+        DeadlineHttpProtocol.request_timeout = self.settings.request_timeout_seconds
+
+    async def _serve(self) -> None:
+        settings, reload = self.settings, None
+        if self.cfg.is_ssl:
+            self.config.load()  # makes the SSL context the server will use
+            context = self.config.ssl
+            assert context is not None
+            context.minimum_version = settings.tls_min_version.ssl_version
+            cert, key = self.cfg.ssl_options["certfile"], self.cfg.ssl_options.get("keyfile") or ""
+            reloader = CertificateReloader(context, Path(cert), Path(key or cert), settings.tls_reload_seconds)
+            reload = asyncio.get_running_loop().create_task(reloader.run())
+        try:
+            await super()._serve()
+        finally:
+            if reload is not None:
+                reload.cancel()

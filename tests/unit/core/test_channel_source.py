@@ -175,3 +175,27 @@ def test_kube_source_lists_watches_and_relists_on_gone() -> None:
         assert call["_request_timeout"] == (10, 37)
         assert call["field_selector"] == "metadata.name=x"
         assert call["namespace"] == "ns"
+
+
+def test_file_policy_source_reads_event_policies_beside_the_channels(tmp_path: Path) -> None:
+    from kafka_eventing.core.channel_source import FilePolicySource, policy_source
+
+    path = tmp_path / "channels.yaml"
+    path.write_text(
+        "apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\nmetadata: {name: orders, namespace: shop}\n"
+        "---\napiVersion: eventing.knative.dev/v1alpha1\nkind: EventPolicy\nmetadata: {name: p, namespace: shop}\n"
+        "spec:\n  from: [{sub: 'system:serviceaccount:shop:*'}]\n"
+        "---\napiVersion: eventing.knative.dev/v1alpha1\nkind: EventPolicy\nmetadata: {name: bad, namespace: shop}\n"
+        "spec:\n  to: [{}]\n")
+    settings = Settings(channel_source="file", channels_file=path, auth_issuer="https://issuer.example")
+    assert policy_source(Settings(channel_source="file", channels_file=path), None) is None  # auth off: none
+    source = policy_source(settings, None)
+    assert isinstance(source, FilePolicySource)
+    source.start()
+    try:
+        policies = source.policies()
+        assert sorted(policies) == [("shop", "bad"), ("shop", "p")]
+        assert policies[("shop", "p")].allows_subject("system:serviceaccount:shop:x")
+        assert "spec.to[0]" in policies[("shop", "bad")].problem  # kept, closed: it allows no one
+    finally:
+        source.stop()

@@ -26,9 +26,12 @@ class FakeSender:
     def __init__(self, script: dict[str, list[Attempt]]) -> None:
         self.script = script
         self.calls: list[tuple[str, dict[str, str], bytes]] = []
+        self.ca_certs: dict[str, str | None] = {}  # the CACerts each destination was sent with
 
-    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None) -> Attempt:
+    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None, *,
+                   ca_certs: str | None = None) -> Attempt:
         self.calls.append((url, dict(headers), body))
+        self.ca_certs[url] = ca_certs
         answers = self.script[url]
         return answers.pop(0) if len(answers) > 1 else answers[0]
 
@@ -196,3 +199,15 @@ def test_tokens_go_to_destinations_that_declare_an_audience_and_only_there() -> 
     deliverer = Deliverer(plain, Metrics(CollectorRegistry()), 600, tokens=FixedTokens())  # type: ignore[arg-type]
     asyncio.run(deliverer.handle(record.headers, record.value, Subscriber("u", "http://s"), LABELS))
     assert "Authorization" not in plain.to("http://s")[0][1]
+
+
+def test_each_destination_is_sent_with_its_own_ca_certs() -> None:
+    sender = FakeSender({"https://s": [Attempt(200, b"", {"ce-id": "r", "ce-source": "/r", "ce-type": "reply",
+                                                           "ce-specversion": "1.0"})],
+                         "https://reply": [Attempt(500)], "https://dls": [Attempt(200)]})
+    sub = Subscriber("u", "https://s", reply_uri="https://reply", subscriber_ca_certs="SUB-CA",
+                     reply_ca_certs="REPLY-CA",
+                     delivery=replace(spec(retry=0, sink="https://dls"), dead_letter_ca_certs="DLS-CA"))
+    outcome, _ = run(sender, sub)
+    assert outcome is Outcome.DEAD_LETTERED
+    assert sender.ca_certs == {"https://s": "SUB-CA", "https://reply": "REPLY-CA", "https://dls": "DLS-CA"}

@@ -221,7 +221,7 @@ def test_https_and_credentials_go_through_aiohttp(monkeypatch: pytest.MonkeyPatc
     async def body(srv: Server, base: str, pooled: PooledSender, plain: HttpSender) -> None:
         seen = []
 
-        async def fallback(self: HttpSender, url: str, *_args: Any) -> Attempt:
+        async def fallback(self: HttpSender, url: str, *_args: Any, **_kwargs: Any) -> Attempt:
             seen.append(url)
             return Attempt(200)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from kafka_eventing.receiver.__main__ import command
 
@@ -30,3 +31,26 @@ def test_help_says_what_the_receiver_serves() -> None:
     out = subprocess.run([sys.executable, "-m", "kafka_eventing.receiver", "--help"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert "KafkaChannels, Kafka Brokers and KafkaSinks" in out and "usage: gunicorn" in out
+
+
+def test_a_rotated_certificate_is_loaded_into_the_serving_context(tmp_path: Path) -> None:
+    import ssl
+
+    from kafka_eventing.localstack.tls import CertificateAuthority
+    from kafka_eventing.receiver.server import CertificateReloader
+
+    ca = CertificateAuthority()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first = ca.issue("a")
+    cert.write_bytes(first.cert_pem)
+    key.write_bytes(first.key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    reloader = CertificateReloader(context, cert, key, 1.0)
+    assert not reloader.check()  # unchanged
+    second = ca.issue("b")
+    cert.write_bytes(second.cert_pem)  # caught mid-rotation: the new certificate with the old key
+    assert not reloader.check()  # refused, the old pair still served; tried again next time
+    key.write_bytes(second.key_pem)
+    assert reloader.check()
+    assert not reloader.check()
