@@ -113,6 +113,9 @@ class _Sink(asyncio.Protocol):
     service: dict[str, list[float]] = {}
     #: Per ``/e2e...`` path: (event id, ms from its ``ce-benchsent`` stamp to its arrival here).
     arrivals: dict[str, list[tuple[str, float]]] = {}
+    #: Per path: the ``ce-id`` s seen and how many arrived again (exactly-once is checked by id, not by count).
+    ids: dict[str, set[bytes]] = {}
+    duplicates: dict[str, int] = {}
     delayed: _Delayed | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -143,6 +146,9 @@ class _Sink(asyncio.Protocol):
         if method == "GET":
             if path.startswith("/arrivals/"):
                 payload: Any = self.arrivals.get(path[len("/arrivals"):], [])
+            elif path.startswith("/ids/"):
+                key = path[len("/ids"):]
+                payload = {"unique": len(self.ids.get(key, ())), "duplicates": self.duplicates.get(key, 0)}
             elif path.startswith("/service/"):
                 times = self.service.get(path[len("/service"):], [])
                 payload = {"count": len(times), "median_ms": median(times) * 1e3,
@@ -156,6 +162,15 @@ class _Sink(asyncio.Protocol):
         now = time.monotonic()
         if path.startswith("/e2e"):
             self._arrived(path, head)
+        at = head.find(b"\r\nce-id:")
+        if at < 0:
+            at = head.lower().find(b"\r\nce-id:")
+        event_id = head[at + 8:].split(b"\r\n", 1)[0].strip() if at >= 0 else b""
+        seen = self.ids.setdefault(path, set())
+        if event_id in seen:
+            self.duplicates[path] = self.duplicates.get(path, 0) + 1
+        else:
+            seen.add(event_id)
         entry = self.stats.get(path)
         if entry is None:
             self.stats[path] = [1, now, now]
@@ -239,6 +254,12 @@ class SinkProcess:
     def stats(self) -> dict[str, list[float]]:
         with urllib.request.urlopen(self.url("/"), timeout=5) as resp:  # noqa: S310 - 127.0.0.1 only
             data: dict[str, list[float]] = json.loads(resp.read())
+            return data
+
+    def ids(self, path: str) -> dict[str, int]:
+        """Distinct event ids that reached ``path``, and how many arrived again."""
+        with urllib.request.urlopen(self.url("/ids" + path), timeout=10) as resp:  # noqa: S310 - 127.0.0.1 only
+            data: dict[str, int] = json.loads(resp.read())
             return data
 
     def service(self, path: str) -> dict[str, float]:
@@ -458,25 +479,31 @@ def dispatcher(*args: Any, plane: type[DispatcherRun] | type[PeerRun] = Dispatch
 
 def dispatcher_rate(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: str, count: int, *, ordered: bool,
                     max_in_flight: int, partitions: int, delay_ms: int = 0,
-                    peer_max_poll_records: int | None = None) -> dict[str, float]:
+                    peer_max_poll_records: int | None = None) -> dict[str, Any]:
     """Ours, or with ``peer_max_poll_records`` the Java peer at that ``max.poll.records``."""
     path = (f"/slow{delay_ms}" if delay_ms else "") + f"/disp-{uuid.uuid4().hex[:8]}"
     plane: dict[str, Any] = ({"plane": DispatcherRun} if peer_max_poll_records is None else
                              {"plane": PeerRun, "max_poll_records": peer_max_poll_records})
     with dispatcher(node, workdir, topic, [("s1", sink.url(path))], ordered=ordered, max_in_flight=max_in_flight,
                     partitions=partitions, **plane) as run:
-        # Rate and CPU over the last 80 % of the events: interpreter start, imports, the group join and the peer's
-        # JIT compilation are not per-event costs (the first 20 % of a run is its warm-up, for ours and the peer).
+        # Rate and CPU over the second half of the events: the first half is drained unmeasured, a warm-up for ours
+        # and the peer alike (interpreter start, imports, the group join and the peer's JIT compilation are not
+        # per-event costs; a 20 % window left the peer's JIT inside the measurement).
         sink.wait_for(path, 1, 120)
-        seen0 = sink.wait_for(path, count // 5, 300)
+        seen0 = sink.wait_for(path, count // 2, 300)
         began, cpu0 = time.monotonic(), run.cpu()
         whole = sink.wait([path], count, float(os.environ.get("BENCH_WAIT", "300")))[path]
         cpu = run.cpu() - cpu0
         # The backlog may hold more than ``count``: the events delivered by the last arrival seen, not ``count``.
         seen, _, last = sink.stats()[path]  # last: the subscriber's time of that arrival (one monotonic clock)
         done = int(seen) - seen0
+        ids = sink.ids(path)
         out = {"rate": done / max(1e-9, last - began), "rate_whole_run": whole,
-               "cpu_us_per_event": cpu / max(1, done) * 1e6, "rss_mib": run.rss() / 2**20}
+               "cpu_us_per_event": cpu / max(1, done) * 1e6, "rss_mib": run.rss() / 2**20,
+               "events": count, "unique_ids": ids["unique"], "duplicates": ids["duplicates"],
+               # every delivered event distinct, none missing up to ``count`` (the backlog may hold more)
+               "exactly_once": ids["duplicates"] == 0 and ids["unique"] >= count,
+               "load_average": [round(x, 2) for x in os.getloadavg()]}
         if delay_ms:
             out.update({f"service_{k}": v for k, v in sink.service(path).items() if k != "count"})
         return out
@@ -509,17 +536,22 @@ PEER_RUNS: dict[str, tuple[bool, int, int, int | None]] = {
 
 
 def peer_count(count: int | None, ordered: bool, polls: int, args: argparse.Namespace) -> int:
-    """Events for a peer run: its ordered consumer polls every 200 ms, so at most ``polls`` × 5 events/s — a
-    backlog drained in about 8 s at that rate, not the 40,000 of the other runs (160 s at 250/s)."""
+    """Events for a peer run: the same backlog as our run of the same order (``--count``, ``--ordered-count``);
+    its ordered consumer polls every 200 ms, so at most ``polls`` × 5 events/s, which ``--ordered-count`` keeps
+    affordable for both."""
     if count is not None:
         return count
-    return min(args.count, polls * 5 * 8) if ordered else args.count
+    return int(args.ordered_count if ordered else args.count)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=40000,
                         help="events for the instant-subscriber runs (8000 took under a second for the bare client)")
+    parser.add_argument("--ordered-count", type=int, default=10000,
+                        help="events for the ordered instant-subscriber runs, ours and the peer's alike")
+    parser.add_argument("--skip-rss", action="store_true", help="skip the RSS-under-backlog runs")
     parser.add_argument("--size", type=int, default=512, help="event data bytes for the rate runs")
     parser.add_argument("--in-flight", type=int, default=64, help="max in flight (unordered) and bare concurrency")
     parser.add_argument("--slow-in-flight", type=int, default=4,
@@ -566,7 +598,7 @@ def main() -> int:
             "raw_consumer", "bare_http", "bare_http_uvloop", "bare_http_pooled", "bare_http_10ms",
             "dispatcher_unordered", "dispatcher_ordered", "dispatcher_unordered_10ms", "dispatcher_ordered_10ms",
             *(PEER_RUNS if peer_missing is None else ()))}
-        details: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
+        details: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
         for rep in range(args.repeats):
             runs["raw_consumer"].append(raw_consumer_rate(node, topic, args.count))
             for key, out in (
@@ -578,19 +610,23 @@ def main() -> int:
                     ("bare_http_10ms", bare_http_rate(sink, slow_count, args.slow_in_flight, args.size, 10))):
                 runs[key].append(out["rate"])
                 details[key].append(out)
-            for key, ordered, inflight, delay, count in (
+            # Ours and the peer's dispatcher runs, each on a fresh process and consumer group, ours first on even
+            # rounds and the peer first on odd ones: neither always runs on the colder (or quieter) machine.
+            jobs: list[tuple[str, dict[str, Any]]] = [
+                (key, {"count": count, "ordered": ordered, "max_in_flight": inflight, "delay_ms": delay})
+                for key, ordered, inflight, delay, count in (
                     ("dispatcher_unordered", False, args.in_flight, 0, args.count),
-                    ("dispatcher_ordered", True, args.in_flight, 0, args.count),
+                    ("dispatcher_ordered", True, args.in_flight, 0, args.ordered_count),
                     ("dispatcher_unordered_10ms", False, args.slow_in_flight, 10, slow_count),
-                    ("dispatcher_ordered_10ms", True, args.slow_in_flight, 10, 2000)):
-                out = dispatcher_rate(node, workdir, sink, topic, count, ordered=ordered, max_in_flight=inflight,
-                                      partitions=partitions, delay_ms=delay)
-                runs[key].append(out["rate"])
-                details[key].append(out)
-            for key, (ordered, polls, delay, count) in (PEER_RUNS if peer_missing is None else {}).items():
-                out = dispatcher_rate(node, workdir, sink, topic, peer_count(count, ordered, polls, args),
-                                      ordered=ordered, max_in_flight=args.in_flight, partitions=partitions,
-                                      delay_ms=delay, peer_max_poll_records=polls)
+                    ("dispatcher_ordered_10ms", True, args.slow_in_flight, 10, 2000))]
+            jobs += [(key, {"count": peer_count(count, ordered, polls, args), "ordered": ordered,
+                            "max_in_flight": args.in_flight, "delay_ms": delay, "peer_max_poll_records": polls})
+                     for key, (ordered, polls, delay, count) in (PEER_RUNS if peer_missing is None else {}).items()]
+            for key, job in (jobs if rep % 2 == 0 else jobs[::-1]):
+                out = dispatcher_rate(node, workdir, sink, topic, job.pop("count"), partitions=partitions, **job)
+                if not out["exactly_once"]:
+                    print(f"  {key}: NOT exactly once: {out['unique_ids']} ids of {out['events']}, "
+                          f"{out['duplicates']} duplicates", flush=True)
                 runs[key].append(out["rate"])
                 details[key].append(out)
             print(f"repeat {rep + 1}: " + ", ".join(f"{k}={v[-1]:.0f}/s" for k, v in runs.items()), flush=True)
@@ -660,7 +696,7 @@ def main() -> int:
         rss_topic = "bench.rss"
         create_topic(node, rss_topic, partitions)
         produced, rss_runs = 0, []
-        for backlog in (int(b) for b in args.backlogs.split(",")):
+        for backlog in (int(b) for b in ("" if args.skip_rss else args.backlogs).split(",") if b):
             took = produce(node, rss_topic, produced, backlog - produced, 10 * 1024)
             print(f"backlog {backlog} × 10 KB produced (+{backlog - produced} in {took:.0f}s)", flush=True)
             produced = backlog
@@ -677,8 +713,10 @@ def main() -> int:
             "unordered_vs_bare_http >= 0.60": result["ratios"]["unordered_vs_bare_http"] >= 0.60,
             "unordered_10ms_vs_ideal >= 0.90": result["ratios"]["unordered_10ms_vs_ideal"] >= 0.90,
             "ordered_10ms_vs_ideal >= 0.90": result["ratios"]["ordered_10ms_vs_ideal"] >= 0.90,
-            "rss_peak <= 128 MiB": all(r["peak_mib"] <= 128 for r in rss_runs),
+            "rss_peak <= 128 MiB": all(r["peak_mib"] <= 128 for r in rss_runs) if rss_runs else None,
         }
+        result["exactly_once"] = {k: all(d.get("exactly_once", True) for d in v) for k, v in details.items()}
+        result["machine"]["load_average_at_end"] = list(os.getloadavg())
     finally:
         sink.stop()
         node.stop()
@@ -721,7 +759,7 @@ def plot(result: dict[str, Any]) -> None:
     ax.set_ylabel("process CPU µs per event (median, dots = runs)")
     ax.set_title("CPU per event: dispatcher vs bare aiohttp client")
     ax = axes[0][1]
-    for run in result["rss"]:
+    for run in result["rss"]:  # none with --skip-rss
         xs, ys = zip(*run["samples"], strict=True)
         ax.plot(xs, ys, label=f"backlog {run['backlog_events']:,} × 10 KB ({run['backlog_gib']:.1f} GiB)")
     ax.axhline(128, color="#c44", ls="--", lw=1, label="128 MiB target")

@@ -168,6 +168,8 @@ def measure(plane: Plane, sink: bench_dispatcher.SinkProcess, path: str, *, rate
         "dispatcher_cpu_us_per_event": round(dispatcher_cpu / max(1, accepted) * 1e6, 1),
         "machine_busy_percent": busy,
         "generator_lateness_p99_ms": load["generator_lateness_p99_ms"],
+        "exactly_once": len(set(ids)) == accepted and len(ids) == len(set(ids)),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -230,7 +232,7 @@ def main() -> int:
     began = time.monotonic()
     try:
         for rep in range(args.repeats):
-            for name in planes:
+            for name in planes if rep % 2 == 0 else planes[::-1]:  # neither side always first
                 topic = f"bench.e2e-{name}-{rep}"
                 bench_dispatcher.create_topic(node, topic, PARTITIONS)
                 path = f"/e2e/{name}-{rep}"

@@ -52,7 +52,9 @@ from _common import (
 
 from kafka_eventing.receiver.__main__ import WORKER as RECEIVER_WORKER
 
-SIZES = (1024, 20 * 1024)
+#: ``BENCH_SIZES`` (bytes, comma list) and ``BENCH_KINDS`` (of KINDS_1KB) narrow a run, e.g. to the receiver against
+#: the bare endpoint at 1 KB.
+SIZES = tuple(int(x) for x in os.environ.get("BENCH_SIZES", f"1024,{20 * 1024}").split(","))
 #: open-loop rates (events/s) at which every 1 KB server's latency and CPU per event are measured
 FIXED_RATES = (1000, 3000)
 #: warm-up at saturation before the measured runs: long enough for the peer's JIT compiler (and our caches)
@@ -414,7 +416,7 @@ def main() -> None:
                 fixed_floors: dict[str, list[dict[str, Any]]] = {}
                 for rep in range(REPEATS):
                     for model in MODELS:
-                        for kind in kinds_for(size):
+                        for kind in kinds_for(size, rep):
                             print(f"[{time.monotonic() - began:5.0f}s] {model} {kind} {label} #{rep + 1}", flush=True)
                             if kind.startswith("receiver") or kind == "peer":
                                 fresh_topic(admin)
@@ -494,8 +496,12 @@ def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
 KINDS_1KB = ["bare", "granian", "receiver", "receiver-batching", "peer"]
 
 
-def kinds_for(size: int) -> list[str]:
-    return KINDS_1KB if size == 1024 else ["bare", "receiver"]
+def kinds_for(size: int, rep: int = 0) -> list[str]:
+    """The servers of one round, in reversed order on odd rounds: none always runs first (or on a JIT-warm
+    Kafka broker, or on a machine whose neighbours have just gone quiet)."""
+    only = os.environ.get("BENCH_KINDS")
+    kinds = [k for k in (KINDS_1KB if size == 1024 else ["bare", "receiver"]) if not only or k in only.split(",")]
+    return kinds if rep % 2 == 0 else kinds[::-1]
 
 
 def run_name(model: str, kind: str, label: str) -> str:
