@@ -35,7 +35,11 @@ EXIT_USAGE, EXIT_FAILED_DELIVERIES = 2, 3
 
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spark and kafka")
-    g.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    g.add_argument("--master", default="local[*]",
+                   help="Spark master: local[N] (default local[*]), spark://host:port (standalone), "
+                        "k8s://https://kubernetes.default.svc (executor pods; see docs/reprocessing.md)")
+    g.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="Spark configuration, repeatable (e.g. spark.executor.instances=4), as spark-submit's")
     g.add_argument("--jars", action="append", help="extra jar files or folders (default: the setup cache)")
     g.add_argument("--driver-memory", default="1g")
     g.add_argument("--bootstrap-servers", help="overrides KE_BOOTSTRAP_SERVERS")
@@ -154,6 +158,16 @@ def _window(args: argparse.Namespace) -> Window:
     )
 
 
+def _spark_conf(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise ValueError(f"--conf {item!r} is not spark.KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
 def _equals(items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -212,6 +226,7 @@ def main(argv: list[str]) -> int:
         window = _window(args) if args.job != "archive" else None
         policy = _policy(args) if args.job in ("replay", "redrive") else None
         filters = _filters(args) if args.job in ("replay", "redrive") else None
+        conf = _spark_conf(args.conf)
     except (SettingsError, KafkaConfigError, DeliverySpecError, CesqlParseError, ValueError) as exc:
         print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -222,7 +237,7 @@ def main(argv: list[str]) -> int:
     options = spark_kafka_options(connection)
     log.info("kafka options %s", options.redacted())  # the jaas config (password) never reaches a log
     spark = build_session(master=args.master, app_name=f"kafka-eventing-{args.job}", jars=args.jars,
-                          driver_memory=args.driver_memory)
+                          driver_memory=args.driver_memory, conf=conf)
     try:
         return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)
     finally:
