@@ -12,6 +12,7 @@ from kafka_eventing.core.settings import Settings
 
 from .render import (
     CHART,
+    NAMESPACE,
     RELEASE,
     REPROCESS_ON,
     ROOT,
@@ -26,6 +27,7 @@ from .render import (
     scenario,
     tool,
 )
+from .test_pod_security_and_rbac import rbac_problems, restricted_violations
 
 
 def job_env(docs: tuple[dict[str, Any], ...], doc: dict[str, Any]) -> dict[str, Any]:
@@ -142,3 +144,79 @@ def test_sparkapplication_example() -> None:
         assert pod["podSecurityContext"]["runAsUser"] == 185 and pod["podSecurityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["readOnlyRootFilesystem"] is True
         assert pod["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+CLUSTER_ON = (*REPROCESS_ON, "reprocess.cluster.enabled=true", "reprocess.cluster.executors=3",
+              "reprocess.cluster.executorCores=2", "reprocess.cluster.executorMemory=2g")
+
+
+def _conf(args: list[str]) -> dict[str, str]:
+    return dict(a.removeprefix("--conf=").split("=", 1) for a in args if a.startswith("--conf="))
+
+
+def test_local_mode_is_the_default_and_needs_no_api() -> None:
+    docs = helm(sets=REPROCESS_ON)
+    for doc in (*of_kind(docs, "CronJob"), *of_kind(docs, "Job")):
+        spec = pod_spec(doc)
+        assert spec["automountServiceAccountToken"] is False
+        assert not any(a.startswith("--conf=spark.kubernetes") for a in spec["containers"][0]["args"])
+    assert not [d for d in of_kind(docs, "Role") if d["metadata"]["name"].endswith("-reprocess")]
+    assert not [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-reprocess-executor")]
+
+
+def test_cluster_mode_runs_executor_pods_with_least_rbac_and_restricted_pods() -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    docs = helm(sets=CLUSTER_ON)
+    sa = "kafka-eventing-reprocess"
+    image = None
+    for doc in (*of_kind(docs, "CronJob"), *of_kind(docs, "Job")):
+        spec = pod_spec(doc)
+        (c,) = spec["containers"]
+        image = c["image"]
+        assert spec["serviceAccountName"] == sa and spec["automountServiceAccountToken"] is True
+        parsed = build_parser().parse_args(c["args"])  # the CLI takes them; the chart's --master wins
+        assert parsed.master == "k8s://https://kubernetes.default.svc"
+        conf = _conf(c["args"])
+        assert conf["spark.kubernetes.namespace"] == NAMESPACE
+        assert conf["spark.kubernetes.container.image"] == c["image"]  # executors run the project's image
+        assert (conf["spark.executor.instances"], conf["spark.executor.cores"], conf["spark.executor.memory"]) == (
+            "3", "2", "2g")
+        assert conf["spark.kubernetes.executor.deleteOnTermination"] == "true"
+        # Executors reach the driver at its pod IP and are owned by its pod (deleted with it).
+        assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+        assert env["POD_IP"] == "status.podIP" and env["POD_NAME"] == "metadata.name"
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        template_dir = conf["spark.kubernetes.executor.podTemplateFile"].rsplit("/", 1)[0]
+        assert mounts[template_dir] == "executor-template"
+        assert not restricted_violations(spec)
+
+    (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-reprocess-executor")]
+    executor = yaml.safe_load(cm["data"]["executor.yaml"])
+    assert executor["kind"] == "Pod"
+    assert executor["spec"]["automountServiceAccountToken"] is False  # executors call no API
+    assert [c["name"] for c in executor["spec"]["containers"]] == ["executor"]
+    assert not restricted_violations(executor["spec"]), restricted_violations(executor["spec"])
+    assert image is not None
+
+    (role,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == sa]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert {r["resources"][0]: set(r["verbs"]) for r in role["rules"]} == {
+        "pods": {"get", "list", "watch", "create", "patch", "delete", "deletecollection"},
+        "configmaps": {"get", "list", "create", "delete", "deletecollection"},
+    }
+    assert all(r["apiGroups"] == [""] and len(r["resources"]) == 1 for r in role["rules"])
+    assert not [d for d in of_kind(docs, "ClusterRoleBinding") if sa in str(d.get("subjects"))]
+    (binding,) = [d for d in of_kind(docs, "RoleBinding") if d["metadata"]["name"] == sa]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    assert not rbac_problems(docs)
+
+
+def test_cluster_conf_is_checked_by_the_schema() -> None:
+    bad = run([tool("helm"), "template", RELEASE, str(CHART), "--set", "reprocess.cluster.executors=0"], ok=False)
+    assert bad.returncode != 0 and "executors" in bad.stderr
+    bad = run([tool("helm"), "template", RELEASE, str(CHART), "--set-string", "reprocess.cluster.conf.foo=1"],
+              ok=False)
+    assert bad.returncode != 0 and "'foo' does not match pattern" in bad.stderr

@@ -14,7 +14,11 @@ the first argument may be.
 {{- fail (printf "reprocess.%s.args must start with one of %s, not %q" .name (join ", " .jobs) (toString (first $args))) }}
 {{- end }}
 serviceAccountName: {{ include "kafka-eventing.componentName" (dict "root" $root "component" "reprocess") }}
-automountServiceAccountToken: false  # the jobs call no Kubernetes API
+{{- if $r.cluster.enabled }}
+automountServiceAccountToken: true  # the driver starts and deletes its executor pods (templates/reprocess/rbac.yaml)
+{{- else }}
+automountServiceAccountToken: false  # local mode calls no Kubernetes API
+{{- end }}
 enableServiceLinks: false
 restartPolicy: Never  # the Job's backoffLimit retries with a fresh pod
 {{- with $root.Values.imagePullSecrets }}
@@ -34,14 +38,31 @@ containers:
       {{- range $args }}
       - {{ toString . | quote }}
       {{- end }}
+      {{- if $r.cluster.enabled }}
+      {{- /* After the job's own args: argparse keeps the last --master. */}}
+      {{- range (include "kafka-eventing.reprocessClusterArgs" $root | fromYamlArray) }}
+      - {{ . | quote }}
+      {{- end }}
+      {{- end }}
     envFrom:
       - configMapRef:
           name: {{ include "kafka-eventing.configName" $root }}
       {{- with $r.envFrom }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
-    {{- if or (include "kafka-eventing.kafkaSecretName" $root) $r.env }}
+    {{- if or (include "kafka-eventing.kafkaSecretName" $root) $r.env $r.cluster.enabled }}
     env:
+      {{- if $r.cluster.enabled }}
+      # The driver's address for its executors, and its pod as their owner: executors go when the driver pod goes.
+      - name: POD_NAME
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.name
+      - name: POD_IP
+        valueFrom:
+          fieldRef:
+            fieldPath: status.podIP
+      {{- end }}
       {{- if include "kafka-eventing.kafkaSecretName" $root }}
       # The connection Secret's keys as files (see kafka.existingSecret), as for the receiver and dispatchers.
       - name: KE_KAFKA_SECRET_DIR
@@ -55,9 +76,21 @@ containers:
       {{- toYaml $r.securityContext | nindent 6 }}
     resources:
       {{- toYaml .job.resources | nindent 6 }}
+    {{- if $r.cluster.enabled }}
+    ports:
+      - name: driver-rpc
+        containerPort: 7078
+      - name: blockmanager
+        containerPort: 7079
+    {{- end }}
     volumeMounts:
       - name: tmp
         mountPath: /tmp
+      {{- if $r.cluster.enabled }}
+      - name: executor-template
+        mountPath: /opt/kafka-eventing/spark
+        readOnly: true
+      {{- end }}
       {{- with include "kafka-eventing.kafkaSecretMount" $root | trim }}
       {{- . | nindent 6 }}
       {{- end }}
@@ -72,6 +105,11 @@ volumes:
       sizeLimit: {{ . }}
       {{- else }} {}
       {{- end }}
+  {{- if $r.cluster.enabled }}
+  - name: executor-template
+    configMap:
+      name: {{ include "kafka-eventing.componentName" (dict "root" $root "component" "reprocess-executor") }}
+  {{- end }}
   {{- with include "kafka-eventing.kafkaSecretVolume" $root | trim }}
   {{- . | nindent 2 }}
   {{- end }}
@@ -89,5 +127,39 @@ tolerations:
 {{- with $r.affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+
+{{/*
+Spark on Kubernetes (reprocess.cluster): the `--master`/`--conf` args that make the job's pod the driver (client
+mode) of `executors` executor pods. A YAML list.
+*/}}
+{{- define "kafka-eventing.reprocessClusterArgs" -}}
+{{- $r := .Values.reprocess }}
+{{- $c := $r.cluster }}
+{{- $conf := dict
+  "spark.kubernetes.namespace" .Release.Namespace
+  "spark.kubernetes.container.image" (include "kafka-eventing.image" (dict "root" . "role" $r))
+  "spark.kubernetes.container.image.pullPolicy" .Values.image.pullPolicy
+  "spark.kubernetes.driver.pod.name" "$(POD_NAME)"
+  "spark.driver.host" "$(POD_IP)"
+  "spark.driver.bindAddress" "$(POD_IP)"
+  "spark.driver.port" "7078"
+  "spark.driver.blockManager.port" "7079"
+  "spark.executor.instances" (toString $c.executors)
+  "spark.executor.cores" (toString $c.executorCores)
+  "spark.executor.memory" (toString $c.executorMemory)
+  "spark.kubernetes.executor.podTemplateFile" "/opt/kafka-eventing/spark/executor.yaml"
+  "spark.kubernetes.executor.podTemplateContainerName" "executor"
+  "spark.kubernetes.executor.deleteOnTermination" "true"
+  "spark.scheduler.minRegisteredResourcesRatio" "1.0"
+  "spark.scheduler.maxRegisteredResourcesWaitingTime" "300s"
+}}
+{{- $conf = merge (dict) $c.conf $conf }}
+- --master
+- k8s://https://kubernetes.default.svc
+{{- range $k := keys $conf | sortAlpha }}
+- --conf={{ $k }}={{ get $conf $k }}
 {{- end }}
 {{- end }}
