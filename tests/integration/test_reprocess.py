@@ -6,6 +6,9 @@ One Spark session serves the whole module (a start costs ~10 s); N stays small s
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,10 +26,12 @@ from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
 from kafka_eventing.core.delivery import DeliverySpec
 from kafka_eventing.core.kafka_config import connection_from_secret
 from kafka_eventing.localstack.kafka import KafkaNode
+from kafka_eventing.localstack.tools import cache_dir
 from kafka_eventing.reprocess.archive import run_archive
 from kafka_eventing.reprocess.http_sink import HttpSinkPolicy
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
 from kafka_eventing.reprocess.replay import Filters, HttpTarget, TopicTarget, run_redrive, run_replay
+from kafka_eventing.reprocess.session import SPARK_KAFKA_VERSION
 from kafka_eventing.reprocess.sources import Window, read_archive, read_topic
 from kafka_eventing.reprocess.stats import run_stats
 
@@ -311,3 +316,47 @@ def test_replay_redrive_and_archive_send_time_as_written(
     for path in ("/replay", "/orig", "/archive"):
         got = {h["ce-id"]: h["ce-time"] for p, h, _ in sink.requests if p == path}
         assert got == want, path
+
+
+def _cli(kafka: KafkaNode, *args: str) -> subprocess.CompletedProcess[str]:
+    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return subprocess.run([sys.executable, "-m", "kafka_eventing.reprocess", *args, "--master", "local[1]",
+                           "--jars", str(jars), "--driver-memory", "512m",
+                           "--bootstrap-servers", kafka.bootstrap_servers],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
+def _one_line(stderr: str) -> str:
+    """The job's own line (Spark's JVM may log WARN lines of its own before it)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("kafka-eventing reprocess")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def test_missing_topic_and_empty_window_fail_with_one_line_and_write_nothing(
+    kafka_running: KafkaNode, topic: str, tmp_path: Path,
+) -> None:
+    missing = f"missing.{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "archive"
+    done = _cli(kafka_running, "archive", "--topic", missing, "--output", str(out))
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert _one_line(done.stderr) == (
+        f"kafka-eventing reprocess archive: topic {missing!r} does not exist on {kafka_running.bootstrap_servers}")
+    assert not out.exists()  # no checkpoint a later run would resume from as if the topic had been archived
+    admin = AdminClient(kafka_running.client_config())
+    assert missing not in admin.list_topics(timeout=30).topics  # and the check did not create it
+
+    _produce(kafka_running, topic, [_event(i) for i in range(3)])
+    window = ("--from", "2001-01-01T00:00:00Z", "--to", "2001-01-02T00:00:00Z")
+    run_dir, stats = tmp_path / "run", tmp_path / "stats"
+    done = _cli(kafka_running, "replay", "--topic", topic, *window, "--to-url", "http://127.0.0.1:9/",
+                "--run-dir", str(run_dir))
+    assert done.returncode == 4, done.stderr[-3000:]
+    line = _one_line(done.stderr)
+    assert line.startswith(f"kafka-eventing reprocess replay: no record in topic {topic!r} within ") and "2001" in line
+    assert not run_dir.exists()  # no manifest claiming a finished run
+    done = _cli(kafka_running, "stats", "--topic", topic, *window, "--out", str(stats))
+    assert done.returncode == 4 and _one_line(done.stderr).startswith("kafka-eventing reprocess stats: no record")
+    assert not stats.exists()

@@ -2,7 +2,9 @@
 
 The Kafka connection comes from the same settings and connection Secret as every other role
 (``KE_BOOTSTRAP_SERVERS``, ``KE_KAFKA_SECRET_DIR``, ``KE_KAFKA_PROVIDER``; flags override them).
-Exit codes: 0 done, 2 bad arguments or configuration, 3 some deliveries failed (see the manifest).
+Exit codes: 0 done, 2 bad arguments or configuration, 3 some deliveries failed (see the manifest), 4 nothing to
+read (the topic does not exist, or the window holds no record): one line says which, and nothing is written — no
+archive, checkpoint, manifest or stats a later run could take for a finished one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from kafka_eventing.cesql import CesqlParseError
 from kafka_eventing.core import logging as ke_logging
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
-from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_settings
+from kafka_eventing.core.kafka_config import (
+    KafkaConfigError,
+    KafkaConnection,
+    KafkaConnectionError,
+    check_connection,
+    connection_from_settings,
+)
 from kafka_eventing.core.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -30,7 +38,23 @@ if TYPE_CHECKING:
     from kafka_eventing.reprocess.sources import Window
 
 log = logging.getLogger("kafka_eventing.reprocess")
-EXIT_USAGE, EXIT_FAILED_DELIVERIES = 2, 3
+EXIT_USAGE, EXIT_FAILED_DELIVERIES, EXIT_NO_INPUT = 2, 3, 4
+
+
+class NoInputError(Exception):
+    """Nothing to read: the job stops before it writes anything."""
+
+
+def _check_topic(connection: KafkaConnection, topic: str, timeout: float = 30.0) -> None:
+    """The topic exists: Spark's Kafka source would read a missing one as empty (or a broker with topic
+    auto-creation would create it), and an archive run would commit a checkpoint for a topic that is not there."""
+    from confluent_kafka.admin import AdminClient
+
+    check_connection(connection, timeout)
+    metadata = AdminClient(connection.admin_config(log_level=0)).list_topics(timeout=timeout)
+    if topic not in metadata.topics or metadata.topics[topic].error is not None:
+        servers = connection.config.get("bootstrap.servers")
+        raise NoInputError(f"topic {topic!r} does not exist on {servers}")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -230,6 +254,15 @@ def main(argv: list[str]) -> int:
     except (SettingsError, KafkaConfigError, DeliverySpecError, CesqlParseError, ValueError) as exc:
         print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        if topic is not None:
+            _check_topic(connection, topic)
+    except NoInputError as exc:
+        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
+        return EXIT_NO_INPUT
+    except KafkaConnectionError as exc:
+        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
     from kafka_eventing.reprocess.kafka_options import spark_kafka_options
     from kafka_eventing.reprocess.session import build_session
@@ -240,6 +273,9 @@ def main(argv: list[str]) -> int:
                           driver_memory=args.driver_memory, conf=conf)
     try:
         return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)
+    except NoInputError as exc:
+        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
+        return EXIT_NO_INPUT
     finally:
         spark.stop()
 
@@ -251,9 +287,16 @@ def _source(
     from kafka_eventing.reprocess.sources import read_archive, read_topic
 
     if getattr(args, "archive", None):
-        return read_archive(spark, args.archive, window), {"archive": args.archive, **window.describe()}
-    assert topic is not None
-    return read_topic(spark, topic, options, window, keep_raw=keep_raw), {"topic": topic, **window.describe()}
+        events, source = read_archive(spark, args.archive, window), {"archive": args.archive, **window.describe()}
+    else:
+        assert topic is not None
+        events = read_topic(spark, topic, options, window, keep_raw=keep_raw)
+        source = {"topic": topic, **window.describe()}
+    if events.isEmpty():
+        where = f"archive {args.archive}" if getattr(args, "archive", None) else f"topic {topic!r}"
+        bounds = {k: v for k, v in window.describe().items() if v is not None}
+        raise NoInputError(f"no record in {where}" + (f" within {bounds}" if bounds else ""))
+    return events, source
 
 
 def _run(
