@@ -18,10 +18,10 @@ import pytest
 from test_reprocess import Sink, _event, _produce, _produce_raw
 from test_reprocess import sink as sink_fixture  # noqa: F401 (registers the fixture here)
 
-from fixtures.spark import StandaloneCluster
 from kafka_eventing.core.delivery import DeliverySpec
 from kafka_eventing.core.kafka_config import connection_from_secret
 from kafka_eventing.localstack.kafka import KafkaNode
+from kafka_eventing.localstack.spark import StandaloneCluster
 from kafka_eventing.localstack.tools import cache_dir
 from kafka_eventing.reprocess.archive import run_archive
 from kafka_eventing.reprocess.http_sink import HttpSinkPolicy
@@ -40,13 +40,7 @@ _RUN_FIELDS = {"run_id", "run_dir", "started", "finished", "seconds", "sink", "a
 def _cli(cluster: StandaloneCluster, kafka: KafkaNode, job: str, *args: str, code: int = 0) -> str:
     """One job through ``python -m kafka_eventing.reprocess`` against the cluster; its stdout."""
     jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
-    conf = {
-        "spark.executor.memory": cluster.executor_memory, "spark.executor.cores": "1", "spark.cores.max": "2",
-        # Start only once both executors have registered, so the plan is spread over both.
-        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
-        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-    }
+    conf = cluster.session_conf()  # one executor per worker, started once both have registered
     cmd = [sys.executable, "-m", "kafka_eventing.reprocess", job, *args, "--master", cluster.master_url,
            "--jars", str(jars), "--driver-memory", "512m", "--bootstrap-servers", kafka.bootstrap_servers,
            *[f"--conf={k}={v}" for k, v in conf.items()]]
