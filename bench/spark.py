@@ -43,6 +43,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_eventing.core.binding import CloudEvent, event_to_kafka
 from kafka_eventing.core.kafka_config import connection_from_secret
 from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
+from kafka_eventing.localstack.spark import StandaloneCluster
 from kafka_eventing.reprocess.archive import PARTITION_COLUMNS, run_archive
 from kafka_eventing.reprocess.events import decode_batch
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
@@ -94,20 +95,25 @@ def _tree_cpu(root: int, exclude: set[int]) -> float:
 
 @dataclass
 class Meter:
-    """CPU used between ``start()`` and ``stop()``: ours (driver + JVM + Python workers), the broker's, the rest."""
+    """CPU used between ``start()`` and ``stop()``: ours (driver + JVM + Python workers, and a standalone cluster's
+    daemons with their executors), the broker's, the rest."""
 
     broker_pid: int
+    cluster_pids: tuple[int, ...] = ()
+
+    def _ours(self) -> float:
+        return _tree_cpu(os.getpid(), {self.broker_pid}) + sum(_tree_cpu(p, set()) for p in self.cluster_pids)
 
     def start(self) -> None:
         self.t0 = time.monotonic()
-        self.ours0 = _tree_cpu(os.getpid(), {self.broker_pid})
+        self.ours0 = self._ours()
         self.broker0 = _tree_cpu(self.broker_pid, set())
         self.machine0 = machine_cpu_ticks()
         self.load = os.getloadavg()[0]
 
     def stop(self, events: int) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
-        ours = _tree_cpu(os.getpid(), {self.broker_pid}) - self.ours0
+        ours = self._ours() - self.ours0
         broker = _tree_cpu(self.broker_pid, set()) - self.broker0
         end = machine_cpu_ticks()
         busy, total = end.busy - self.machine0.busy, end.total - self.machine0.total
@@ -193,6 +199,10 @@ def main() -> int:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=100_000,
                         help="archive micro-batch size (several batches give a steady-state rate)")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value (A/B tests)")
+    parser.add_argument("--standalone", default="",
+                        help="also archive on a standalone cluster (localstack.spark) of these executor counts, "
+                             "1 core each, e.g. 1,2; --cores '' runs only these and the baseline")
+    parser.add_argument("--name", default="spark", help="docs/benchmarks/<name>.json and .png")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
@@ -235,7 +245,32 @@ def main() -> int:
                   f"{runs[-1]['cpu_seconds_per_1k_events']:.3f} CPU s/1k", flush=True)
         results["baseline"] = _summary(runs)
 
-        for cores in (int(c) for c in args.cores.split(",")):
+        for n in (int(c) for c in args.standalone.split(",") if c):
+            cluster = StandaloneCluster(work / f"cluster-{n}", workers=n, cores=1, memory="1400m",
+                                        executor_memory="1g").start()
+            try:
+                spark = build_session(master=cluster.master_url, app_name=f"bench-standalone-{n}",
+                                      shuffle_partitions=n, conf={**cluster.session_conf(),
+                                                                  "spark.ui.showConsoleProgress": "false",
+                                                                  **extra_conf})
+                cmeter = Meter(meter.broker_pid, tuple(cluster.pids()))
+                run_archive(spark, topic=warm_topic, output=str(work / f"warm-s{n}"), kafka_options=options,
+                            checkpoint=str(work / f"warm-ck-s{n}"), max_offsets_per_trigger=WARM_EVENTS // 2)
+                runs = []
+                for r in range(args.repeat):
+                    runs.append(archive_run(spark, cmeter, work=work, name=f"s{n}-{r}", topic=topic,
+                                            options=options, events=args.events,
+                                            max_offsets=args.max_offsets_per_trigger))
+                    x = runs[-1]
+                    print(f"archive standalone {n} executor(s): wall {x['wall_events_per_s']:,.0f} ev/s, steady "
+                          f"{x['steady_events_per_s']:,.0f} ev/s, {x['cpu_seconds_per_1k_events']:.3f} CPU s/1k",
+                          flush=True)
+                results["archive"][f"standalone {n}x1"] = _summary(runs)
+                spark.stop()
+            finally:
+                cluster.stop()
+
+        for cores in (int(c) for c in args.cores.split(",") if c):
             spark = build_session(master=f"local[{cores}]", app_name=f"bench-{cores}", shuffle_partitions=cores,
                                   conf={"spark.ui.showConsoleProgress": "false", **extra_conf})
             # Warm up the JVM and the Python workers so the first measurement is not a start-up cost.
@@ -302,7 +337,7 @@ def main() -> int:
         "load_1m_at_end": os.getloadavg()[0],
     }
     data = {"machine": facts, "results": results, "summary": summary}
-    print(write_json("spark", data))
+    print(write_json(args.name, data))
 
     fig, axes = new_figure(2, width=6.0, height=4.5)
     labels = ["baseline\n(1 process)", *(f"archive\n{k}" for k in arch)]
@@ -320,7 +355,7 @@ def main() -> int:
     ax.bar(labels, [r.get("median_events_per_cpu_second", 0) for r in rows], color="tab:green")
     ax.set_ylabel("events per CPU second (median)")
     ax.set_title("efficiency: Spark JVM + Python workers (baseline: its process)")
-    print(save_png(fig, "spark"))
+    print(save_png(fig, args.name))
     print(summary)
     return 0
 
