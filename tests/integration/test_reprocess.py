@@ -335,6 +335,7 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.timeout(900)
 def test_missing_topic_and_empty_window_fail_with_one_line_and_write_nothing(
     kafka_running: KafkaNode, topic: str, tmp_path: Path,
 ) -> None:

@@ -11,12 +11,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_reprocess import Sink, _event, _produce, _produce_raw
-from test_reprocess import sink as sink_fixture  # noqa: F401 (registers the fixture here)
 
 from kafka_eventing.core.delivery import DeliverySpec
 from kafka_eventing.core.kafka_config import connection_from_secret
@@ -35,6 +35,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(1500)]
 
 #: Manifest fields that name the run rather than describe its outcome.
 _RUN_FIELDS = {"run_id", "run_dir", "started", "finished", "seconds", "sink", "attempt"}
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    s = Sink()
+    s.thread.start()
+    try:
+        yield s
+    finally:
+        s.server.shutdown()
+        s.server.server_close()
 
 
 def _cli(cluster: StandaloneCluster, kafka: KafkaNode, job: str, *args: str, code: int = 0) -> str:
