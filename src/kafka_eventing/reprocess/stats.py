@@ -29,7 +29,7 @@ def run_stats(events: DataFrame, out_dir: str | Path, *, title: str = "") -> dic
             ext.getItem("knativeerrordest").alias("destination"),
             # knativeerrordata is the subscriber's response body, base64 (truncated by the dispatcher).
             F.substring(F.decode(F.unbase64(ext.getItem("knativeerrordata")), "UTF-8"), 1, 200).alias("reason"),
-        ).count().orderBy(F.desc("count"))
+        ).count().orderBy(F.desc("count"), "code", "destination", "reason")  # ties in a stable order
     )
     counts.write.mode("overwrite").parquet(str(out / "counts.parquet"))
     errors.write.mode("overwrite").parquet(str(out / "errors.parquet"))
