@@ -1,5 +1,6 @@
-"""The reprocessing jobs on a standalone Spark cluster (a master and two 1-core workers on loopback), through the
-command line with ``--master spark://…``: the same output as local mode, the work spread over both executors.
+"""The reprocessing jobs on a standalone Spark cluster (a master and two 1-core workers on loopback): the archive
+through the command line with ``--master spark://…``, replay, redrive and stats in one more application of the same
+driver (``reprocess_cluster_driver.py``): the same output as local mode, each job's work spread over both executors.
 
 Local mode (``local[2]``) keeps every task in one JVM; a cluster ships the job's Python code, the Kafka connector
 jars (``spark.jars``) and the shuffles across executors, which is what this file makes every CI run exercise.
@@ -31,7 +32,9 @@ from kafka_eventing.reprocess.session import SPARK_KAFKA_VERSION
 from kafka_eventing.reprocess.sources import read_topic
 from kafka_eventing.reprocess.stats import run_stats
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(900)]
+
+DRIVER = Path(__file__).with_name("reprocess_cluster_driver.py")
 
 #: Manifest fields that name the run rather than describe its outcome.
 _RUN_FIELDS = {"run_id", "run_dir", "started", "finished", "seconds", "sink", "attempt"}
@@ -46,20 +49,6 @@ def sink() -> Iterator[Sink]:
     finally:
         s.server.shutdown()
         s.server.server_close()
-
-
-def _cli(cluster: StandaloneCluster, kafka: KafkaNode, job: str, *args: str, code: int = 0) -> str:
-    """One job through ``python -m kafka_eventing.reprocess`` against the cluster; its stdout."""
-    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
-    conf = cluster.session_conf()  # one executor per worker, started once both have registered
-    cmd = [sys.executable, "-m", "kafka_eventing.reprocess", job, *args, "--master", cluster.master_url,
-           "--jars", str(jars), "--driver-memory", "512m", "--bootstrap-servers", kafka.bootstrap_servers,
-           *[f"--conf={k}={v}" for k, v in conf.items()]]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
-    assert done.returncode == code, f"{job} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-4000:]}"
-    return done.stdout
 
 
 def _rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
@@ -93,29 +82,39 @@ def test_every_job_on_a_standalone_cluster_matches_local_mode(
     policy = HttpSinkPolicy(delivery=DeliverySpec(retry=0))
     where = "type = 'com.example.t1' OR traceid LIKE 'trace-2%'"
 
-    # Local mode, in this process: the reference.
-    local = tmp_path / "local"
-    run_archive(spark, topic=topic, output=str(local / "archive"), checkpoint=str(local / "ckpt"),
-                kafka_options=options, timeout=300)
-    run_replay(spark, read_topic(spark, topic, options), HttpTarget(url=f"{sink.url}/local", policy=policy),
-               run_dir=local / "replay", source={"topic": topic, "start": None, "end": None,
-                                                 "starting_offsets": None, "ending_offsets": None},
-               filters=Filters(where=where))
-    run_redrive(spark, read_topic(spark, topic, options), url=f"{sink.url}/local-redrive", policy=policy,
-                run_dir=local / "redrive", source={"topic": topic, "start": None, "end": None,
-                                                   "starting_offsets": None, "ending_offsets": None},
-                filters=Filters())
-    run_stats(read_topic(spark, topic, options), local / "stats", title=topic)
-
-    # The same jobs on the cluster, through the command line.
+    # The cluster's driver in its own process, started first: its JVM and executors come up while local mode runs.
     remote = tmp_path / "cluster"
-    _cli(spark_cluster, kafka_running, "archive", "--topic", topic, "--output", str(remote / "archive"),
-         "--checkpoint", str(remote / "ckpt"))
-    _cli(spark_cluster, kafka_running, "replay", "--topic", topic, "--to-url", f"{sink.url}/cluster",
-         "--where", where, "--retry", "0", "--run-dir", str(remote / "replay"), code=3)
-    _cli(spark_cluster, kafka_running, "redrive", "--topic", topic, "--to-url", f"{sink.url}/cluster-redrive",
-         "--retry", "0", "--run-dir", str(remote / "redrive"), code=3)
-    _cli(spark_cluster, kafka_running, "stats", "--topic", topic, "--out", str(remote / "stats"))
+    spec = {"master": spark_cluster.master_url, "conf": spark_cluster.session_conf(),
+            "jars": str(cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"),
+            "bootstrap_servers": kafka_running.bootstrap_servers, "kafka_options": options, "topic": topic,
+            "sink": sink.url, "where": where, "out": str(remote), "result": str(tmp_path / "result.json")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    with (tmp_path / "driver.log").open("w") as log:
+        driver = subprocess.Popen([sys.executable, str(DRIVER), str(tmp_path / "spec.json")], stdout=log,
+                                  stderr=subprocess.STDOUT, env=env, text=True)
+
+    # Local mode, in this process: the reference.
+    try:
+        local = tmp_path / "local"
+        run_archive(spark, topic=topic, output=str(local / "archive"), checkpoint=str(local / "ckpt"),
+                    kafka_options=options, timeout=300)
+        source = {"topic": topic, "start": None, "end": None, "starting_offsets": None, "ending_offsets": None}
+        run_replay(spark, read_topic(spark, topic, options), HttpTarget(url=f"{sink.url}/local", policy=policy),
+                   run_dir=local / "replay", source=source, filters=Filters(where=where))
+        run_redrive(spark, read_topic(spark, topic, options), url=f"{sink.url}/local-redrive", policy=policy,
+                    run_dir=local / "redrive", source=source, filters=Filters())
+        run_stats(read_topic(spark, topic, options), local / "stats", title=topic)
+        code = driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    log_tail = (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+    assert code == 0, log_tail
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["archive_exit"] == 0, log_tail
 
     assert _rows(spark, str(remote / "archive")) == _rows(spark, str(local / "archive"))
     assert len(_rows(spark, str(local / "archive"))) == 61
@@ -127,9 +126,47 @@ def test_every_job_on_a_standalone_cluster_matches_local_mode(
     for name in ("counts.csv", "errors.csv"):
         assert (remote / "stats" / name).read_text() == (local / "stats" / name).read_text(), name
 
-    # Each job's tasks ran on both executors, one per worker (their own logs say which tasks they finished).
-    apps = {a["name"]: a["id"] for a in spark_cluster.apps()}
-    for job in ("archive", "replay", "redrive", "stats"):
-        tasks = spark_cluster.task_counts(apps[f"kafka-eventing-{job}"])
+    # Each job's tasks ran on both executors, one per worker (their own logs say which tasks they finished): the
+    # archive in the command line's own application, the others by their job groups' stages in the second one.
+    apps = spark_cluster.apps()
+    (jobs_app,) = [a for a in apps if a["id"] == result["app_id"]]
+    archive_app = max((a for a in apps if a["name"] == "kafka-eventing-archive" and a["starttime"] <= jobs_app[
+        "starttime"]), key=lambda a: a["starttime"])  # the command line's, just before the driver's second one
+    runs: dict[str, dict[str, int]] = {"archive": spark_cluster.task_counts(archive_app["id"])}
+    for job, stages in result["stages"].items():
+        assert stages, job
+        runs[job] = spark_cluster.task_counts(result["app_id"], set(stages))
+    assert set(runs) == {"archive", "replay", "redrive", "stats"}
+    for job, tasks in runs.items():
         workers = {name.split("/")[0] for name, n in tasks.items() if n > 0}
         assert workers == {"worker-0", "worker-1"}, (job, tasks)
+
+
+def test_no_executor_ends_the_job_with_one_line_and_writes_nothing(
+    spark_cluster: StandaloneCluster, kafka_running: KafkaNode, topic: str, tmp_path: Path,
+) -> None:
+    # More memory than any worker offers: the master never starts an executor (as a missing image or a Role
+    # without pods/create leaves executor pods pending on Kubernetes), and Spark alone would wait for ever.
+    _produce(kafka_running, topic, [_event(i) for i in range(3)])
+    conf = {**spark_cluster.session_conf(), "spark.executor.memory": "4g"}
+    out = tmp_path / "archive"
+    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    done = subprocess.run(
+        [sys.executable, "-m", "kafka_eventing.reprocess", "archive", "--topic", topic, "--output", str(out),
+         "--master", spark_cluster.master_url, "--executor-timeout", "10", "--jars", str(jars),
+         "--driver-memory", "512m", "--bootstrap-servers", kafka_running.bootstrap_servers,
+         *[f"--conf={k}={v}" for k, v in conf.items()]],
+        capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 5, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("kafka-eventing reprocess")]
+    assert lines == [f"kafka-eventing reprocess archive: no executor started within 10 s on "
+                     f"{spark_cluster.master_url} (check the executor image and its pull secret, the driver's RBAC "
+                     "for pods, and that a node or worker offers the executor's cores and memory)"], done.stderr[-3000:]
+    assert not out.exists()  # no archive and no checkpoint a later run would resume from
+    status = spark_cluster.status()
+    assert status["activeapps"] == []  # the application ended with the driver: nothing of it left on the workers
+    app = max((a for a in status["completedapps"] if a["name"] == "kafka-eventing-archive"),
+              key=lambda a: a["starttime"])
+    assert spark_cluster.task_counts(app["id"]) == {}  # no executor of it was ever started on a worker

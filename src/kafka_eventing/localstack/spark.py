@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kafka_eventing.localstack._proc import free_port, terminate
+
+#: An executor's log line for each task it finished: "Finished task 1.0 in stage 3.0 (TID 7). …".
+_FINISHED = re.compile(r"Finished task \S+ in stage (\d+)\.\d+ ")
 
 
 class SparkClusterError(RuntimeError):
@@ -106,17 +111,21 @@ class StandaloneCluster:
 
     def session_conf(self) -> dict[str, str]:
         """Spark settings of a driver on this machine using every worker: one executor per worker, started only
-        once all have registered (so a plan is spread over all of them), the driver on loopback."""
+        once all have registered, and no waiting for a preferred executor (Kafka's source prefers one executor per
+        partition by hash, which on a small topic can be the same one), so a plan is spread over all of them; the
+        driver on loopback."""
         return {"spark.executor.memory": self.executor_memory, "spark.executor.cores": str(self.cores),
                 "spark.cores.max": str(self.cores * self.workers),
                 "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-                "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s", "spark.locality.wait": "0s",
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
-    def task_counts(self, app_id: str) -> dict[str, int]:
-        """Tasks each executor of ``app_id`` finished, from the executors' own logs in the workers' work dirs."""
+    def task_counts(self, app_id: str, stages: Collection[int] | None = None) -> dict[str, int]:
+        """Tasks each executor of ``app_id`` finished (of ``stages`` only, if given), from the executors' own logs
+        in the workers' work dirs (``worker-N/<executor id>``)."""
         out: dict[str, int] = {}
         for work in self.work_dirs:
             for stderr in sorted((work / app_id).glob("*/stderr")):
-                out[f"{work.name}/{stderr.parent.name}"] = stderr.read_text(errors="replace").count("Finished task ")
+                done = _FINISHED.findall(stderr.read_text(errors="replace"))
+                out[f"{work.name}/{stderr.parent.name}"] = sum(stages is None or int(s) in stages for s in done)
         return out

@@ -4,7 +4,9 @@ The Kafka connection comes from the same settings and connection Secret as every
 (``KE_BOOTSTRAP_SERVERS``, ``KE_KAFKA_SECRET_DIR``, ``KE_KAFKA_PROVIDER``; flags override them).
 Exit codes: 0 done, 2 bad arguments or configuration, 3 some deliveries failed (see the manifest), 4 nothing to
 read (the topic does not exist, or the window holds no record): one line says which, and nothing is written — no
-archive, checkpoint, manifest or stats a later run could take for a finished one.
+archive, checkpoint, manifest or stats a later run could take for a finished one; 5 no executor started on a
+cluster master within ``--executor-timeout`` (image, pull secret, RBAC or resources: one line says so, nothing is
+written, and stopping the session removes the executors Spark asked for).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,11 +41,33 @@ if TYPE_CHECKING:
     from kafka_eventing.reprocess.sources import Window
 
 log = logging.getLogger("kafka_eventing.reprocess")
-EXIT_USAGE, EXIT_FAILED_DELIVERIES, EXIT_NO_INPUT = 2, 3, 4
+EXIT_USAGE, EXIT_FAILED_DELIVERIES, EXIT_NO_INPUT, EXIT_NO_EXECUTOR = 2, 3, 4, 5
 
 
 class NoInputError(Exception):
     """Nothing to read: the job stops before it writes anything."""
+
+
+class NoExecutorError(Exception):
+    """A cluster master started no executor in time: the job stops before it writes anything."""
+
+
+def _await_executor(spark: SparkSession, master: str, timeout: float) -> None:
+    """On a cluster master, wait for the first executor to register. Spark itself waits for ever when none can
+    start (a missing image, a Role without pods/create, more memory than any worker offers), logging a WARN line
+    now and then; a Job or CronJob would hang until its deadline, its executor pods pending."""
+    if master.startswith("local"):
+        return
+    # The driver counts itself among the block managers; any other entry is a registered executor.
+    # (PySpark's StatusTracker has no executor list: the JVM context's is read.)
+    deadline = time.monotonic() + timeout
+    while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 2:
+        if time.monotonic() > deadline:
+            raise NoExecutorError(
+                f"no executor started within {timeout:g} s on {master} (check the executor image and its pull "
+                "secret, the driver's RBAC for pods, and that a node or worker offers the executor's cores and "
+                "memory)")
+        time.sleep(0.5)
 
 
 def _check_topic(connection: KafkaConnection, topic: str, timeout: float = 30.0) -> None:
@@ -64,6 +89,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "k8s://https://kubernetes.default.svc (executor pods; see docs/reprocessing.md)")
     g.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="Spark configuration, repeatable (e.g. spark.executor.instances=4), as spark-submit's")
+    g.add_argument("--executor-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="on a cluster master, fail (exit 5) when no executor has started by then (default 300)")
     g.add_argument("--jars", action="append", help="extra jar files or folders (default: the setup cache)")
     g.add_argument("--driver-memory", default="1g")
     g.add_argument("--bootstrap-servers", help="overrides KE_BOOTSTRAP_SERVERS")
@@ -272,10 +299,14 @@ def main(argv: list[str]) -> int:
     spark = build_session(master=args.master, app_name=f"kafka-eventing-{args.job}", jars=args.jars,
                           driver_memory=args.driver_memory, conf=conf)
     try:
+        _await_executor(spark, args.master, args.executor_timeout)
         return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)
     except NoInputError as exc:
         print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
         return EXIT_NO_INPUT
+    except NoExecutorError as exc:
+        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
+        return EXIT_NO_EXECUTOR
     finally:
         spark.stop()
 
