@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,50 @@ def test_no_executor_ends_the_job_with_one_line_and_writes_nothing(
     app = max((a for a in status["completedapps"] if a["name"] == "kafka-eventing-archive"),
               key=lambda a: a["starttime"])
     assert spark_cluster.task_counts(app["id"]) == {}  # no executor of it was ever started on a worker
+
+
+def test_a_killed_executor_is_replaced_and_the_archive_is_still_exact(
+    spark: Any, spark_cluster: StandaloneCluster, kafka_running: KafkaNode, topic: str, tmp_path: Path,
+) -> None:
+    _produce(kafka_running, topic, [_event(i) for i in range(60)])
+    options = dict(spark_kafka_options(connection_from_secret(kafka_running.connection_secret())))
+    local = tmp_path / "local"
+    run_archive(spark, topic=topic, output=str(local / "archive"), checkpoint=str(local / "ckpt"),
+                kafka_options=options, timeout=300)
+
+    # ~10 micro-batches of 6 records, so the run outlives the first one; worker-0's executor is killed (SIGKILL,
+    # as a node loss would) once the first batch is committed.
+    out, ckpt = tmp_path / "cluster", tmp_path / "cluster-ckpt"
+    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    with (tmp_path / "driver.log").open("w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "kafka_eventing.reprocess", "archive", "--topic", topic, "--output", str(out),
+             "--checkpoint", str(ckpt), "--max-offsets-per-trigger", "6", "--master", spark_cluster.master_url,
+             "--jars", str(jars), "--driver-memory", "512m", "--bootstrap-servers", kafka_running.bootstrap_servers,
+             *[f"--conf={k}={v}" for k, v in spark_cluster.session_conf().items()]],
+            stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "commits" / "0").exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert driver.poll() is None, "the run ended before an executor could be killed"
+        (app,) = [a["id"] for a in spark_cluster.status()["activeapps"]]
+        (victim,) = [(name, pid) for name, pid in spark_cluster.executors().items()
+                     if name.startswith(f"worker-0/{app}/")]
+        os.kill(victim[1], signal.SIGKILL)
+        code = driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    log_tail = (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+    assert code == 0, log_tail
+
+    rows = _rows(spark, str(out))
+    assert rows == _rows(spark, str(local / "archive")), log_tail  # every record once: no lost, no duplicate row
+    assert len(rows) == 60
+    # The master started a new executor in the killed one's place (a second executor directory on worker-0).
+    started = sorted(p.name for p in (spark_cluster.work_dirs[0] / app).iterdir())
+    assert len(started) >= 2 and victim[0].rsplit("/", 1)[1] in started, started

@@ -120,6 +120,23 @@ class StandaloneCluster:
                 "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s", "spark.locality.wait": "0s",
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
+    def executors(self) -> dict[str, int]:
+        """Running executor JVMs, ``worker-N/<app id>/<executor id>`` → pid: a worker starts each in its own
+        directory under the worker's work dir (the executor's Python workers share it, hence the command check)."""
+        out: dict[str, int] = {}
+        works = {work.resolve(): work.name for work in self.work_dirs}
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cwd = Path(os.readlink(proc / "cwd"))
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:  # gone, or not ours
+                continue
+            if cwd.parent.parent in works and b"CoarseGrainedExecutorBackend" in cmdline:
+                out[f"{works[cwd.parent.parent]}/{cwd.parent.name}/{cwd.name}"] = int(proc.name)
+        return out
+
     def task_counts(self, app_id: str, stages: Collection[int] | None = None) -> dict[str, int]:
         """Tasks each executor of ``app_id`` finished (of ``stages`` only, if given), from the executors' own logs
         in the workers' work dirs (``worker-N/<executor id>``)."""
