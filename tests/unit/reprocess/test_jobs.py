@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
 from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
-from kafka_eventing.reprocess.cli import _equals, build_parser, print_summary
+from kafka_eventing.reprocess.cli import EXIT_USAGE, _equals, _spark_conf, build_parser, main, print_summary
 from kafka_eventing.reprocess.events import decode_record, event_from_columns, event_row
 from kafka_eventing.reprocess.http_sink import RateLimiter, strip_extensions
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
@@ -135,6 +135,23 @@ def test_cli_parsing_and_summary(capsys: pytest.CaptureFixture[str]) -> None:
     print_summary({"job": "replay", "counts": {"sent": 3, "failed": 0}})
     out = capsys.readouterr().out
     assert re.search(r"^counts.sent +3$", out, re.M) and re.search(r"^job +replay$", out, re.M)
+
+
+def test_spark_conf_flags_for_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["stats", "--topic", "t", "--out", "o", "--master", "spark://127.0.0.1:7077",
+                                      "--conf", "spark.executor.instances=4", "--conf=spark.a.b=x=y",
+                                      "--executor-timeout", "30"])
+    assert (args.master, args.executor_timeout) == ("spark://127.0.0.1:7077", 30.0)
+    assert _spark_conf(args.conf) == {"spark.executor.instances": "4", "spark.a.b": "x=y"}
+    assert build_parser().parse_args(["stats", "--topic", "t", "--out", "o"]).executor_timeout == 300.0
+    for bad in ("executor.instances=4", "spark.executor.instances"):
+        with pytest.raises(ValueError, match="is not spark.KEY=VALUE"):
+            _spark_conf([bad])
+    # Refused before anything connects to Kafka or starts a JVM: one line, exit 2.
+    assert main(["stats", "--topic", "t", "--out", "o", "--bootstrap-servers", "127.0.0.1:9",
+                 "--conf", "executor.instances=4"]) == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == (
+        "kafka-eventing reprocess stats: --conf 'executor.instances=4' is not spark.KEY=VALUE")
 
 
 def test_window_parsing() -> None:
