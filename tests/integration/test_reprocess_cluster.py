@@ -150,7 +150,9 @@ def test_no_executor_ends_the_job_with_one_line_and_writes_nothing(
     # More memory than any worker offers: the master never starts an executor (as a missing image or a Role
     # without pods/create leaves executor pods pending on Kubernetes), and Spark alone would wait for ever.
     _produce(kafka_running, topic, [_event(i) for i in range(3)])
-    conf = {**spark_cluster.session_conf(), "spark.executor.memory": "4g"}
+    # The session's own wait for executors (120 s in session_conf) is shortened: it counts within the 10 s.
+    conf = {**spark_cluster.session_conf(), "spark.executor.memory": "4g",
+            "spark.scheduler.maxRegisteredResourcesWaitingTime": "5s"}
     out = tmp_path / "archive"
     jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
@@ -183,7 +185,7 @@ def test_a_killed_executor_is_replaced_and_the_archive_is_still_exact(
     run_archive(spark, topic=topic, output=str(local / "archive"), checkpoint=str(local / "ckpt"),
                 kafka_options=options, timeout=300)
 
-    # ~10 micro-batches of 6 records, so the run outlives the first one; worker-0's executor is killed (SIGKILL,
+    # ~6 micro-batches of 10 records, so the run outlives the first one; worker-0's executor is killed (SIGKILL,
     # as a node loss would) once the first batch is committed.
     out, ckpt = tmp_path / "cluster", tmp_path / "cluster-ckpt"
     jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
@@ -192,7 +194,7 @@ def test_a_killed_executor_is_replaced_and_the_archive_is_still_exact(
     with (tmp_path / "driver.log").open("w") as log:
         driver = subprocess.Popen(
             [sys.executable, "-m", "kafka_eventing.reprocess", "archive", "--topic", topic, "--output", str(out),
-             "--checkpoint", str(ckpt), "--max-offsets-per-trigger", "6", "--master", spark_cluster.master_url,
+             "--checkpoint", str(ckpt), "--max-offsets-per-trigger", "10", "--master", spark_cluster.master_url,
              "--jars", str(jars), "--driver-memory", "512m", "--bootstrap-servers", kafka_running.bootstrap_servers,
              *[f"--conf={k}={v}" for k, v in spark_cluster.session_conf().items()]],
             stdout=log, stderr=subprocess.STDOUT, env=env, text=True)

@@ -52,15 +52,17 @@ class NoExecutorError(Exception):
     """A cluster master started no executor in time: the job stops before it writes anything."""
 
 
-def _await_executor(spark: SparkSession, master: str, timeout: float) -> None:
-    """On a cluster master, wait for the first executor to register. Spark itself waits for ever when none can
-    start (a missing image, a Role without pods/create, more memory than any worker offers), logging a WARN line
-    now and then; a Job or CronJob would hang until its deadline, its executor pods pending."""
+def _await_executor(spark: SparkSession, master: str, timeout: float, started: float) -> None:
+    """On a cluster master, wait until ``timeout`` s after ``started`` (the session's start, which itself waits up
+    to ``spark.scheduler.maxRegisteredResourcesWaitingTime`` for executors) for the first executor to register.
+    Spark alone waits for ever when none can start (a missing image, a Role without pods/create, more memory than
+    any worker offers), logging a WARN line now and then; a Job or CronJob would hang until its deadline, its
+    executor pods pending."""
     if master.startswith("local"):
         return
     # The driver counts itself among the block managers; any other entry is a registered executor.
     # (PySpark's StatusTracker has no executor list: the JVM context's is read.)
-    deadline = time.monotonic() + timeout
+    deadline = started + timeout
     while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 2:
         if time.monotonic() > deadline:
             raise NoExecutorError(
@@ -90,7 +92,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="Spark configuration, repeatable (e.g. spark.executor.instances=4), as spark-submit's")
     g.add_argument("--executor-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="on a cluster master, fail (exit 5) when no executor has started by then (default 300)")
+                   help="on a cluster master, fail (exit 5) when no executor has started this long after the "
+                        "session's start (default 300)")
     g.add_argument("--jars", action="append", help="extra jar files or folders (default: the setup cache)")
     g.add_argument("--driver-memory", default="1g")
     g.add_argument("--bootstrap-servers", help="overrides KE_BOOTSTRAP_SERVERS")
@@ -296,10 +299,11 @@ def main(argv: list[str]) -> int:
 
     options = spark_kafka_options(connection)
     log.info("kafka options %s", options.redacted())  # the jaas config (password) never reaches a log
+    started = time.monotonic()
     spark = build_session(master=args.master, app_name=f"kafka-eventing-{args.job}", jars=args.jars,
                           driver_memory=args.driver_memory, conf=conf)
     try:
-        _await_executor(spark, args.master, args.executor_timeout)
+        _await_executor(spark, args.master, args.executor_timeout, started)
         return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)
     except NoInputError as exc:
         print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
