@@ -456,7 +456,7 @@ async def test_a_kafka_source_group_moves_every_partition_of_every_topic_in_one_
     obj = reset_obj(time="earliest")
     obj["status"]["target"] = ro.Target(GROUP_ID, ("t1", "t2"), "KafkaChannel", "ns", "kc").to_status()
     api, offsets = FakeApi(obj), TwoTopicOffsets()
-    resets, owner = make(api, offsets)
+    resets, _ = make(api, offsets)
     await settle(resets)
     (commit,) = offsets.commits
     assert [(tp.topic, tp.partition, tp.offset) for tp in commit] == [
