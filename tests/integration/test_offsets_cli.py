@@ -121,3 +121,31 @@ def test_bad_time_and_unknown_group(loaded: tuple[KafkaNode, str], capsys: Any) 
     assert "is not RFC 3339" in capsys.readouterr().err
     assert main(["reset", "--group", "never-used", "--topic", topic, "--to", "earliest", "--yes"]) == 1
     assert "has no committed offsets" in capsys.readouterr().out
+
+
+def test_a_group_over_two_topics_is_shown_and_moved_in_one_commit(loaded: tuple[KafkaNode, str],
+                                                                   capsys: Any) -> None:
+    """A KafkaSource's group reads several topics: every partition of each is moved by the one command."""
+    from confluent_kafka.admin import NewTopic
+
+    kafka, topic = loaded
+    second = f"{topic}.two"
+    admin = AdminClient(kafka.client_config())
+    for future in admin.create_topics([NewTopic(second, num_partitions=3, replication_factor=1)]).values():
+        future.result(30)
+    try:
+        produce(kafka, second, 30)
+        commit(kafka, second, GROUP, [5, 6, 7])
+        args = ["--group", GROUP, "--topic", topic, "--topic", second]
+        assert main(["show", *args]) == 0
+        shown = capsys.readouterr().out
+        assert f"group {GROUP}, topic {topic}" in shown and f"group {GROUP}, topic {second}" in shown
+        assert main(["reset", *args, "--to", "earliest", "--yes"]) == 0
+        assert "moved 6 of 6 partitions" in capsys.readouterr().out
+        assert committed(kafka, topic, GROUP) == [0, 0, 0] and committed(kafka, second, GROUP) == [0, 0, 0]
+    finally:
+        for future in admin.delete_topics([second], operation_timeout=10).values():
+            try:
+                future.result(30)
+            except Exception:
+                pass

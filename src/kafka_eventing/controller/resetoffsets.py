@@ -2,13 +2,16 @@
 dispatcher that owns the group, validate, and hand the reset over by writing ``status.target`` with
 ``Accepted=True``; the dispatcher carries it out (``dispatcher/resets.py``) and reports Resetting and Done.
 
-Refused, with ``Accepted=False`` and nothing moved: a ref that does not exist (RefNotFound), a kind that is not
+A ref is a Subscription of a KafkaChannel (its subscription's group), a Trigger of a Kafka Broker (the Trigger's
+group) or a KafkaSource (``spec.consumerGroup``, over all its topics, carried out by the source's dispatcher).
+Refused, with ``Accepted=False`` and nothing moved: a ref that does not exist (RefNotFound), a KafkaSource whose
+spec cannot be used (InvalidRef), a kind that is not
 supported (UnsupportedRef; a Subscription whose channel is not a KafkaChannel too), a Trigger of a Broker of
 another class (NotKafkaBroker), a time that is not RFC 3339, ``earliest`` or ``latest`` (InvalidTime), and a
 second reset of a group while one is pending (ResetInProgress). Refusals are final for the generation; an edit of
 the spec is looked at again. Each generation is accepted once and never again once done.
 
-Every kind of ref resolves in ``resolve_ref``: a new kind (KafkaSource) is one more branch returning a ``Target``.
+Every kind of ref resolves in ``resolve_ref``: a new kind is one more branch returning a ``Target``.
 Refs are read straight from the API (a ResetOffset is rare; no cache of Subscriptions is worth keeping).
 """
 
@@ -24,6 +27,7 @@ from kubernetes.client.rest import ApiException
 from kafka_eventing.controller.api import MERGE_PATCH, CustomObjects, LostLeadership
 from kafka_eventing.controller.reconciler import Result
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core import resetoffsets as ro
 from kafka_eventing.core.channels import GROUP as CHANNEL_GROUP
 from kafka_eventing.core.channels import PLURAL as CHANNEL_PLURAL
@@ -86,11 +90,11 @@ class ResetOffsetReconciler:
         if ref.api == ro.TRIGGER:
             return self._trigger(namespace, ref)
         if ref.api == ro.KAFKA_SOURCE:
-            raise ro.SpecError(ro.REASON_UNSUPPORTED_REF, "resetting a KafkaSource is not supported yet")
+            return self._kafka_source(namespace, ref)
         raise ro.SpecError(ro.REASON_UNSUPPORTED_REF,
                            f"spec.ref {ref.group}/{ref.version} {ref.kind} is not supported: name a "
-                           "messaging.knative.dev/v1 Subscription of a KafkaChannel or an eventing.knative.dev/v1 "
-                           "Trigger of a Kafka Broker")
+                           "messaging.knative.dev/v1 Subscription of a KafkaChannel, an eventing.knative.dev/v1 "
+                           "Trigger of a Kafka Broker or a sources.knative.dev/v1 KafkaSource")
 
     def _subscription(self, namespace: str, ref: ro.Ref) -> ro.Target:
         group, version, plural = ro.SUBSCRIPTION_API
@@ -127,6 +131,17 @@ class ResetOffsetReconciler:
                                f"{kb.BROKER_CLASS}: its consumer group is not this project's")
         return ro.Target(kb.trigger_group(namespace, ref.name), (kb.topic_of(broker),), "Broker", namespace,
                          broker_name)
+
+    def _kafka_source(self, namespace: str, ref: ro.Ref) -> ro.Target:
+        """A KafkaSource's one consumer group (``spec.consumerGroup``) over all its topics, carried out by the
+        source's own dispatcher."""
+        source = self._read_ref(ks.GROUP, ref.version if ref.version in ks.VERSIONS else ks.VERSION, ks.PLURAL,
+                                namespace, ref)
+        try:
+            spec = ks.parse_source(source)
+        except ks.SourceSpecError as exc:
+            raise ro.SpecError(ro.REASON_INVALID_REF, f"KafkaSource {ref.name} cannot be reset: {exc}") from None
+        return ro.Target(spec.consumer_group, spec.topics, ro.KAFKA_SOURCE_KIND, namespace, ref.name)
 
     def _read_ref(self, group: str, version: str, plural: str, namespace: str, ref: ro.Ref) -> Mapping[str, Any]:
         try:

@@ -13,7 +13,8 @@ members and names them: stop the dispatcher (or use a ResetOffset, which pauses 
 The connection comes from the same ``KE_*`` settings as the roles (``KE_BOOTSTRAP_SERVERS``,
 ``KE_KAFKA_SECRET_DIR``, ``KE_KAFKA_PROVIDER``).
 The group is named with ``--group``, or derived: ``--channel NS/NAME --subscription UID`` (the channel's template)
-or ``--trigger NS/NAME``.
+or ``--trigger NS/NAME``. A KafkaSource's group reads several topics: ``--group <spec.consumerGroup> --topic T1
+--topic T2`` shows them all and moves them all in one commit.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core import resetoffsets as ro
-from kafka_eventing.core.group_offsets import GroupOffsets, GroupOffsetsError, plan
+from kafka_eventing.core.group_offsets import Committed, GroupOffsets, GroupOffsetsError, plan
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings, SettingsError
 
@@ -51,38 +52,44 @@ def table(rows: Sequence[ro.PartitionMove], highs: dict[int, int], *, moving: bo
     return "\n".join(out)
 
 
-def _group_and_topic(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
+def _group_and_topics(args: argparse.Namespace, settings: Settings) -> tuple[str, list[str]]:
+    topics = list(args.topic or ())
     if args.trigger:
         ns, _, name = args.trigger.partition("/")
-        return args.group or kb.trigger_group(ns, name), args.topic or kb.broker_topic(ns, args.broker or "default")
+        return args.group or kb.trigger_group(ns, name), topics or [kb.broker_topic(ns, args.broker or "default")]
     if args.channel:
         ns, _, name = args.channel.partition("/")
         if not args.subscription and not args.group:
             raise SettingsError("--channel needs --subscription UID (or --group)")
         group = args.group or settings.consumer_group_for(ns, name, args.subscription)
-        return group, args.topic or settings.topic_for(ns, name)
-    if not args.group or not args.topic:
-        raise SettingsError("name the group: --group G --topic T, --channel NS/NAME --subscription UID, "
-                            "or --trigger NS/NAME [--broker NAME]")
-    return args.group, args.topic
+        return group, topics or [settings.topic_for(ns, name)]
+    if not args.group or not topics:
+        raise SettingsError("name the group: --group G --topic T [--topic T2 ...], --channel NS/NAME "
+                            "--subscription UID, or --trigger NS/NAME [--broker NAME]")
+    return args.group, topics
 
 
 def run(args: argparse.Namespace, offsets: GroupOffsets, settings: Settings,
         ask: Callable[[str], str] = input, out: Callable[[str], None] = print) -> int:
-    group, topic = _group_and_topic(args, settings)
-    parts = offsets.partitions(topic)
-    committed = offsets.committed(group, topic, parts)
-    highs = {p: w.high for p, w in offsets.watermarks(topic, parts).items()}
-    out(f"group {group}, topic {topic}")
+    group, topics = _group_and_topics(args, settings)
+    parts = {t: offsets.partitions(t) for t in topics}
+
+    def read_committed() -> dict[str, dict[int, Committed]]:
+        return {t: offsets.committed(group, t, ps) for t, ps in parts.items()}
+
+    committed = read_committed()
+    highs = {t: {p: w.high for p, w in offsets.watermarks(t, ps).items()} for t, ps in parts.items()}
     if args.command == "show":
-        rows = [ro.PartitionMove(topic, p, committed[p].offset, committed[p].offset) for p in parts]
-        out(table(rows, highs, moving=False))
+        for t in topics:
+            out(f"group {group}, topic {t}")
+            rows = [ro.PartitionMove(t, p, committed[t][p].offset, committed[t][p].offset) for p in parts[t]]
+            out(table(rows, highs[t], moving=False))
         members = offsets.members(group)
         out(f"members: {members.count} ({members.state.lower()})")
         return 0
     when = ro.parse_time(args.to)
-    if all(c.offset < 0 for c in committed.values()):
-        out(f"group {group} has no committed offsets on {topic}: nothing to move")
+    if all(c.offset < 0 for per in committed.values() for c in per.values()):
+        out(f"group {group} has no committed offsets on {', '.join(topics)}: nothing to move")
         return 1
     deadline = time.monotonic() + args.wait
     members = offsets.members(group)
@@ -93,15 +100,20 @@ def run(args: argparse.Namespace, offsets: GroupOffsets, settings: Settings,
         out(f"refused: the group has {members.count} active member(s) ({', '.join(members.clients)}); Kafka moves "
             "a group's offsets only while it is empty. Stop its dispatcher, use a ResetOffset, or --wait.")
         return 3
-    committed = offsets.committed(group, topic, parts)
-    moves = plan(offsets, topic, committed, earliest=when.earliest, latest=when.latest, millis=when.millis)
-    out(table(moves, highs, moving=True))
+    committed = read_committed()
+    moves: list[ro.PartitionMove] = []
+    for t in topics:
+        planned = plan(offsets, t, committed[t], earliest=when.earliest, latest=when.latest, millis=when.millis)
+        out(f"group {group}, topic {t}")
+        out(table(planned, highs[t], moving=True))
+        moves += planned
     if not args.yes and ask(f"move group {group} to {when.text}? [y/N] ").strip().lower() not in ("y", "yes"):
         out("nothing moved")
         return 1
     marker = ro.marker(CLI_UID, int(time.time()), 0)
     try:
-        offsets.commit(group, [TopicPartition(topic, m.partition, m.new, marker) for m in moves])
+        # Every partition of every topic in one request: applied whole or not at all.
+        offsets.commit(group, [TopicPartition(m.topic, m.partition, m.new, marker) for m in moves])
     except (GroupOffsetsError, KafkaException) as exc:
         out(f"nothing moved: {exc}")
         return 3
@@ -117,7 +129,9 @@ def parser() -> argparse.ArgumentParser:
                         ("reset", "move every partition of the group to a point in time")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("--group", help="the consumer group")
-        s.add_argument("--topic", help="its topic (derived with --channel or --trigger)")
+        s.add_argument("--topic", action="append", help="its topic (derived with --channel or --trigger); repeat "
+                                                        "it for a group over several (a KafkaSource's), moved in "
+                                                        "one commit")
         s.add_argument("--channel", metavar="NS/NAME", help="a KafkaChannel (with --subscription)")
         s.add_argument("--subscription", metavar="UID", help="the Subscription's uid (the channel's subscriber)")
         s.add_argument("--trigger", metavar="NS/NAME", help="a Trigger of a Kafka Broker (with --broker)")

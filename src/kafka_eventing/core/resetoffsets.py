@@ -6,7 +6,7 @@ Who writes what:
 
 * the controller (``controller/resetoffsets.py``) resolves ``spec.ref`` to a ``Target`` (consumer group, topic,
   the dispatcher that owns the group) and validates; it writes ``status.target`` and ``Accepted`` (True, or False
-  with the reason: RefNotFound, UnsupportedRef, NotKafkaBroker, InvalidTime, ResetInProgress);
+  with the reason: RefNotFound, UnsupportedRef, InvalidRef, NotKafkaBroker, InvalidTime, ResetInProgress);
 * the owning dispatcher (``dispatcher/resets.py``) carries it out and writes ``Resetting``, ``Done``,
   ``status.partitions`` (per partition the old and the new offset) and ``status.completedGeneration``; a group
   without commits ends in ``Done=False`` reason GroupNotFound, with nothing moved.
@@ -36,6 +36,7 @@ TRIGGER = ("eventing.knative.dev", "Trigger")
 KAFKA_SOURCE = ("sources.knative.dev", "KafkaSource")
 SUBSCRIPTION_API = ("messaging.knative.dev", "v1", "subscriptions")
 KAFKA_CHANNEL_KIND = "KafkaChannel"
+KAFKA_SOURCE_KIND = "KafkaSource"
 
 EARLIEST, LATEST = "earliest", "latest"
 
@@ -48,6 +49,7 @@ DONE = "Done"
 REASON_ACCEPTED = "Accepted"
 REASON_REF_NOT_FOUND = "RefNotFound"
 REASON_UNSUPPORTED_REF = "UnsupportedRef"
+REASON_INVALID_REF = "InvalidRef"
 REASON_NOT_KAFKA = "NotKafkaBroker"
 REASON_INVALID_TIME = "InvalidTime"
 REASON_IN_PROGRESS = "ResetInProgress"
@@ -59,7 +61,8 @@ REASON_COMMITTING = "Committing"
 REASON_DONE = "Done"
 REASON_FAILED = "Failed"
 #: Accepted reasons that end the reset for this generation (nothing moved).
-REFUSED = (REASON_REF_NOT_FOUND, REASON_UNSUPPORTED_REF, REASON_NOT_KAFKA, REASON_INVALID_TIME, REASON_IN_PROGRESS)
+REFUSED = (REASON_REF_NOT_FOUND, REASON_UNSUPPORTED_REF, REASON_INVALID_REF, REASON_NOT_KAFKA, REASON_INVALID_TIME,
+           REASON_IN_PROGRESS)
 
 #: Commit metadata of a partition moved by a reset: ``ke.reset=<uid>/<generation>/<old offset>``. The reset's
 #: commit carries it on every partition, in the one request that moves them, so a dispatcher restarted after the
@@ -147,13 +150,21 @@ def parse_spec(obj: Mapping[str, Any]) -> Spec:
     """The spec, or ``SpecError`` with the condition reason."""
     spec = obj.get("spec") or {}
     time = parse_time((spec.get("offset") or {}).get("time"))
-    return Spec(parse_ref(spec.get("ref")), time)
+    ref = parse_ref(spec.get("ref"))
+    namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+    other = str((spec.get("ref") or {}).get("namespace") or "")
+    if other and namespace and other != namespace:
+        # The dispatcher that carries a reset out watches its own namespace's ResetOffsets only.
+        raise SpecError(REASON_UNSUPPORTED_REF, f"spec.ref.namespace {other!r}: the ref must be in the "
+                                                f"ResetOffset's namespace {namespace!r}")
+    return Spec(ref, time)
 
 
 @dataclass(frozen=True)
 class Target:
-    """What a ref resolves to: the consumer group to move, its topic, and the dispatcher that owns the group
-    (``dispatcher_kind`` KafkaChannel or Broker, with its namespace and name)."""
+    """What a ref resolves to: the consumer group to move, its topics (several for a KafkaSource), and the
+    dispatcher that owns the group (``dispatcher_kind`` KafkaChannel, Broker or KafkaSource, with its namespace
+    and name)."""
 
     group: str
     topics: tuple[str, ...]

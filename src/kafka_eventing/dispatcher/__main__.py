@@ -70,13 +70,13 @@ async def _run(settings: Settings) -> None:
         else:
             raise SettingsError("a Broker's dispatcher in file mode needs KE_CHANNELS_FILE")
     elif settings.source_name:
-        # A KafkaSource's dispatcher writes no status: the controller reports the source's conditions.
+        # A KafkaSource's dispatcher writes no status of the source: the controller reports its conditions.
         from kafka_eventing.dispatcher.sources import FileSourceSource, KubeSourceSource
 
         writer = MemoryStatusWriter()
         if settings.channel_source == "kube":
-            source = KubeSourceSource(kube_api_client(settings.kubeconfig), settings.source_namespace,
-                                      settings.source_name)
+            api_client = kube_api_client(settings.kubeconfig)
+            source = KubeSourceSource(api_client, settings.source_namespace, settings.source_name)
         elif settings.channels_file is not None:
             source = FileSourceSource(settings.channels_file, settings, settings.source_namespace,
                                       settings.source_name)
@@ -92,9 +92,10 @@ async def _run(settings: Settings) -> None:
     resets = None
     if settings.channel_source == "kube" and serves_resetoffsets(api_client):
         # ResetOffsets naming this dispatcher's groups (dispatcher/resets.py); the CRD is optional.
-        kind = "Broker" if settings.broker_name else ro.KAFKA_CHANNEL_KIND
-        namespace, name = ((settings.broker_namespace, settings.broker_name) if settings.broker_name
-                           else (settings.channel_namespace, settings.channel_name))
+        kind, namespace, name = (
+            ("Broker", settings.broker_namespace, settings.broker_name) if settings.broker_name
+            else (ro.KAFKA_SOURCE_KIND, settings.source_namespace, settings.source_name) if settings.source_name
+            else (ro.KAFKA_CHANNEL_KIND, settings.channel_namespace, settings.channel_name))
         resets = Resets(kind, namespace, name, KubeResetApi(api_client), GroupOffsets(connection.admin_config()))
     if settings.dispatcher_initial_offset not in ("latest", "earliest"):
         raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")

@@ -289,21 +289,26 @@ class Dispatcher:
 
     # -- ResetOffset (dispatcher/resets.py) -----------------------------------------------------------
     def group_subscriber(self, group: str) -> str | None:
+        uids = self._group_subscribers(group)
+        return uids[0] if uids else None
+
+    def _group_subscribers(self, group: str) -> list[str]:
+        """The subscribers whose consumer group is ``group``: one, or a KafkaSource's topics (one group)."""
         channel = self._channel()
-        return next((s.uid for s in channel.subscribers if self.group_of(channel, s) == group), None) \
-            if channel is not None else None
+        return [s.uid for s in channel.subscribers if self.group_of(channel, s) == group] \
+            if channel is not None else []
 
     async def pause_group(self, group: str) -> None:
-        """Stop the group's member (no new records; in-flight deliveries finish within the shutdown grace, the
-        finished marks are committed, the member leaves the group) and keep it out while ``Resets.holds`` says
-        so. The other subscriptions are not touched."""
-        uid = self.group_subscriber(group)
-        if uid is None:
+        """Stop the group's members (no new records; in-flight deliveries finish within the shutdown grace, the
+        finished marks are committed, each member leaves the group) and keep them out while ``Resets.holds``
+        says so. The other subscriptions are not touched."""
+        uids = self._group_subscribers(group)
+        if not uids:
             return
         self._reconcile()
-        leaving = self._stopping_subs.get(uid)
-        if leaving is not None:
-            await asyncio.gather(leaving, return_exceptions=True)
+        leaving = [task for uid in uids if (task := self._stopping_subs.get(uid)) is not None]
+        if leaving:
+            await asyncio.gather(*leaving, return_exceptions=True)
 
     def resume_group(self, group: str) -> None:
         """The member joins again (from the committed offsets), unless the dispatcher is stopping."""

@@ -108,8 +108,8 @@ def serves_resetoffsets(api_client: Any) -> bool:
 
 
 class Resets:
-    """The ResetOffsets of one namespace that target this dispatcher (``kind`` KafkaChannel or Broker,
-    ``namespace``/``name``), carried out one at a time per group."""
+    """The ResetOffsets of one namespace that target this dispatcher (``kind`` KafkaChannel, Broker or
+    KafkaSource, ``namespace``/``name``), carried out one at a time per group."""
 
     def __init__(self, kind: str, namespace: str, name: str, api: ResetApi, offsets: GroupOffsets, *,
                  informer: Any = None, identity: str | None = None, claim_seconds: float = CLAIM_SECONDS,
@@ -223,8 +223,8 @@ class Resets:
         meta = obj.get("metadata") or {}
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
         generation = ro.generation_of(obj)
-        group, topic = target.group, target.topics[0]
-        labels = {"resetoffset": f"{ns}/{name}", "group": group, "topic": topic}
+        group, topics = target.group, target.topics
+        labels = {"resetoffset": f"{ns}/{name}", "group": group, "topics": list(topics)}
         current = await asyncio.to_thread(self.api.read, ns, name)
         if current is None or ro.generation_of(current) != generation or ro.is_finished(current):
             return False  # the watch was behind: deleted, edited or finished meanwhile
@@ -233,13 +233,13 @@ class Resets:
         except ro.SpecError as exc:
             await self._finish(obj, Condition.false(ro.DONE, exc.reason, str(exc)))
             return False
-        parts = await asyncio.to_thread(self.offsets.partitions, topic)
-        committed = await asyncio.to_thread(self.offsets.committed, group, topic, parts)
-        moves = applied(committed, topic, uid, generation)
-        if moves is None and all(c.offset < 0 for c in committed.values()):
+        parts = {t: await asyncio.to_thread(self.offsets.partitions, t) for t in topics}
+        committed = await asyncio.to_thread(self._committed, group, parts)
+        moves = applied(committed, uid, generation)
+        if moves is None and all(c.offset < 0 for per in committed.values() for c in per.values()):
             await self._finish(obj, Condition.false(
                 ro.DONE, ro.REASON_GROUP_NOT_FOUND,
-                f"consumer group {group} has no committed offsets on {topic}: nothing to move"))
+                f"consumer group {group} has no committed offsets on {', '.join(topics)}: nothing to move"))
             return False
         if moves is not None:  # committed before a restart; only the report is missing
             await self._finish(obj, _done_condition(moves), moves)
@@ -252,8 +252,8 @@ class Resets:
             current = await asyncio.to_thread(self.api.read, ns, name)
             if current is None or ro.generation_of(current) != generation or ro.is_finished(current):
                 return True  # deleted, edited, or finished by another replica
-            committed = await asyncio.to_thread(self.offsets.committed, group, topic, parts)
-            moves = applied(committed, topic, uid, generation)
+            committed = await asyncio.to_thread(self._committed, group, parts)
+            moves = applied(committed, uid, generation)
             if moves is not None:
                 break
             members = await asyncio.to_thread(self.offsets.members, group)
@@ -272,9 +272,13 @@ class Resets:
             if not await asyncio.to_thread(self._claim, ns, name, generation):
                 await asyncio.sleep(self.poll_seconds)  # another replica commits it; wait for its Done
                 continue
-            planned = await asyncio.to_thread(plan, self.offsets, topic, committed, earliest=spec.time.earliest,
-                                              latest=spec.time.latest, millis=spec.time.millis)
-            offsets = [TopicPartition(topic, m.partition, m.new, ro.marker(uid, generation, m.old)) for m in planned]
+            planned = [m for t in topics
+                       for m in await asyncio.to_thread(plan, self.offsets, t, committed[t],
+                                                        earliest=spec.time.earliest, latest=spec.time.latest,
+                                                        millis=spec.time.millis)]
+            # Every partition of every topic (a KafkaSource's group reads several) in the one request.
+            offsets = [TopicPartition(m.topic, m.partition, m.new, ro.marker(uid, generation, m.old))
+                       for m in planned]
             try:
                 await asyncio.to_thread(self.offsets.commit, group, offsets)
             except (GroupOffsetsError, KafkaException) as exc:
@@ -286,6 +290,9 @@ class Resets:
             break
         await self._finish(obj, _done_condition(moves), moves)
         return True
+
+    def _committed(self, group: str, parts: Mapping[str, list[int]]) -> dict[str, dict[int, Committed]]:
+        return {topic: self.offsets.committed(group, topic, ps) for topic, ps in parts.items()}
 
     # -- status -------------------------------------------------------------------------------------
     def _claim(self, ns: str, name: str, generation: int) -> bool:
@@ -360,16 +367,19 @@ class Resets:
         await asyncio.to_thread(write)
 
 
-def applied(committed: Mapping[int, Committed], topic: str, uid: str, generation: int) -> list[ro.PartitionMove] | None:
-    """The moves of this reset if its commit is the group's current one on every partition, else None."""
-    if not committed:
+def applied(committed: Mapping[str, Mapping[int, Committed]], uid: str,
+            generation: int) -> list[ro.PartitionMove] | None:
+    """The moves of this reset if its commit is the group's current one on every partition of every topic, else
+    None."""
+    if not committed or not all(committed.values()):
         return None
     moves = []
-    for partition, c in sorted(committed.items()):
-        old = ro.marker_old(c.metadata, uid, generation)
-        if old is None:
-            return None
-        moves.append(ro.PartitionMove(topic, partition, old, c.offset))
+    for topic, per_topic in committed.items():
+        for partition, c in sorted(per_topic.items()):
+            old = ro.marker_old(c.metadata, uid, generation)
+            if old is None:
+                return None
+            moves.append(ro.PartitionMove(topic, partition, old, c.offset))
     return moves
 
 

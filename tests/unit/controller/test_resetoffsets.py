@@ -59,6 +59,11 @@ OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
     ("triggers", "mt"): {"spec": {"broker": "mt"}},
     ("brokers", "kafka"): {"metadata": {"name": "kafka", "namespace": "ns",
                                         "annotations": {"eventing.knative.dev/broker.class": "Kafka"}}},
+    ("kafkasources", "src"): {"metadata": {"name": "src", "namespace": "ns", "uid": "u-3"},
+                              "spec": {"bootstrapServers": ["k:9092"], "topics": ["t1", "t2"],
+                                       "consumerGroup": "my-group", "sink": {"uri": "http://sink/"}}},
+    ("kafkasources", "broken"): {"metadata": {"name": "broken", "namespace": "ns", "uid": "u-4"},
+                                 "spec": {"bootstrapServers": ["k:9092"], "topics": []}},
     ("brokers", "mt"): {"metadata": {"name": "mt", "namespace": "ns",
                                      "annotations": {"eventing.knative.dev/broker.class": "MTChannelBasedBroker"}}},
 }
@@ -102,13 +107,27 @@ def test_trigger_of_a_kafka_broker_resolves_to_its_trigger_group() -> None:
     assert target["dispatcher"] == {"kind": "Broker", "namespace": "ns", "name": "kafka"}
 
 
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_kafka_source_resolves_to_its_consumer_group_over_all_its_topics(version: str) -> None:
+    rec, _, store = reconciler(reset(ref={"apiVersion": f"sources.knative.dev/{version}", "kind": "KafkaSource",
+                                          "name": "src"}))
+    rec.reconcile("ns", "r")
+    assert store.objs["r"]["status"]["target"] == {
+        "group": "my-group", "topics": ["t1", "t2"],
+        "dispatcher": {"kind": "KafkaSource", "namespace": "ns", "name": "src"}}
+    assert conditions(store)[ro.ACCEPTED] == ("True", ro.REASON_ACCEPTED)
+
+
 @pytest.mark.parametrize(("ref", "time", "reason"), [
     ({**SUB_REF, "name": "missing"}, "earliest", ro.REASON_REF_NOT_FOUND),
     ({**SUB_REF, "name": "imc"}, "earliest", ro.REASON_UNSUPPORTED_REF),
     ({**TRIGGER_REF, "name": "mt"}, "earliest", ro.REASON_NOT_KAFKA),
     ({**TRIGGER_REF, "name": "missing"}, "earliest", ro.REASON_REF_NOT_FOUND),
     ({"apiVersion": "sources.knative.dev/v1beta1", "kind": "KafkaSource", "name": "k"}, "latest",
-     ro.REASON_UNSUPPORTED_REF),
+     ro.REASON_REF_NOT_FOUND),
+    ({"apiVersion": "sources.knative.dev/v1", "kind": "KafkaSource", "name": "broken"}, "latest",
+     ro.REASON_INVALID_REF),
+    ({**SUB_REF, "namespace": "elsewhere"}, "earliest", ro.REASON_UNSUPPORTED_REF),
     ({"apiVersion": "v1", "kind": "Pod", "name": "p"}, "latest", ro.REASON_UNSUPPORTED_REF),
     (SUB_REF, "2026-11-26", ro.REASON_INVALID_TIME),
 ])

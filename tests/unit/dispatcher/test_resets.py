@@ -432,3 +432,41 @@ async def test_a_reset_of_a_running_member_stops_it_and_starts_it_again() -> Non
     assert [e for e in log if e[1] == now] == [("join", now), ("leave", now), ("join", now), ("leave", now)]
     assert [e for e in log if e[1] == other] == [("join", other), ("leave", other)]
     assert len(offsets.commits) == 1
+
+
+class TwoTopicOffsets(FakeOffsets):
+    """A KafkaSource's group over two topics (three partitions each): committed offsets kept per topic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_topic = {t: {p: Committed(o, "") for p, o in base.items()}
+                         for t, base in (("t1", {0: 5, 1: 7, 2: 9}), ("t2", {0: 1, 1: 2, 2: 3}))}
+
+    def committed(self, group: str, topic: str, partitions: Any) -> dict[int, Committed]:
+        return dict(self.by_topic[topic])
+
+    def commit(self, group: str, offsets: list[TopicPartition]) -> None:
+        self.commits.append(offsets)
+        for tp in offsets:
+            self.by_topic[tp.topic][tp.partition] = Committed(tp.offset, tp.metadata)
+
+
+@run
+async def test_a_kafka_source_group_moves_every_partition_of_every_topic_in_one_commit() -> None:
+    obj = reset_obj(time="earliest")
+    obj["status"]["target"] = ro.Target(GROUP_ID, ("t1", "t2"), "KafkaChannel", "ns", "kc").to_status()
+    api, offsets = FakeApi(obj), TwoTopicOffsets()
+    resets, _ = make(api, offsets)
+    await settle(resets)
+    (commit,) = offsets.commits
+    assert [(tp.topic, tp.partition, tp.offset) for tp in commit] == [
+        ("t1", 0, 0), ("t1", 1, 2), ("t1", 2, 0), ("t2", 0, 0), ("t2", 1, 2), ("t2", 2, 0)]
+    assert [(p["topic"], p["old"]) for p in api.objs["r1"]["status"]["partitions"]] == [
+        ("t1", 5), ("t1", 7), ("t1", 9), ("t2", 1), ("t2", 2), ("t2", 3)]
+    # A restart finds the markers on both topics and reports without moving again.
+    api.objs["r1"]["status"].pop("completedGeneration")
+    api.objs["r1"]["status"]["conditions"] = [c for c in api.objs["r1"]["status"]["conditions"]
+                                              if c["type"] == ro.ACCEPTED]
+    again, _ = make(api, offsets, identity="replica-b")
+    await settle(again)
+    assert len(offsets.commits) == 1 and api.objs["r1"]["status"]["completedGeneration"] == 1
