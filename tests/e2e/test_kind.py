@@ -139,7 +139,9 @@ def host_state() -> dict[str, Any]:
             "netns": netns, "modules": engine_mod.MODULES_DIR.exists(), "containerd": engine_mod.SHIM_DIR.exists()}
 
 
-def assert_host_unchanged(before: dict[str, Any]) -> None:
+def assert_host_unchanged(before: dict[str, Any], engine_netns: int | None) -> None:
+    """After the engine is down: the host as ``before``, and no process left in the engine's network namespace
+    (``engine_netns``, the inode its state named while it ran)."""
     after = host_state()
     changed = {k: (before["sysctls"][k], after["sysctls"].get(k)) for k in before["sysctls"]
                if after["sysctls"].get(k) != before["sysctls"][k]}
@@ -147,7 +149,16 @@ def assert_host_unchanged(before: dict[str, Any]) -> None:
     for what in ("links", "netns", "modules", "containerd"):
         assert after[what] == before[what], f"host {what}: {before[what]} -> {after[what]}"
     assert after["mounts"] - before["mounts"] == set(), "new mounts on the host"
-    assert engine_mod.leftovers() == [], "the kind engine left things behind"
+    assert engine_mod.leftovers(netns_inode=engine_netns) == [], "the kind engine left things behind"
+
+
+def hold_netns(state: dict[str, Any]) -> int:
+    """An open handle on the engine's network namespace: while it is held, the namespace (and its inode number,
+    which the kernel would otherwise hand to the next new namespace) stays the engine's, so a process found in it
+    after ``down`` is the engine's leftover. Close it after :func:`assert_host_unchanged`."""
+    fd = os.open(f"/proc/{state['pid']}/ns/net", os.O_RDONLY)
+    assert os.fstat(fd).st_ino == state["netns_inode"], "the engine's supervisor is not the one its state names"
+    return fd
 
 
 @pytest.fixture(scope="module")
@@ -155,15 +166,22 @@ def engine() -> Iterator[dict[str, Any]]:
     # An engine a crashed or manual run left is stopped first: the host is compared with itself without one.
     engine_mod.down()
     before = host_state()
+    state: dict[str, Any] = {}
+    held = None
     try:
         state = engine_mod.up(ttl=3600)
+        held = hold_netns(state)
+        yield state
     except engine_mod.EngineError as exc:
         pytest.fail(f"the kind engine did not start: {exc}")
-    try:
-        yield state
     finally:
+        # After a failing run as after a passing one (and after an engine that failed to start).
         engine_mod.down()
-        assert_host_unchanged(before)
+        try:
+            assert_host_unchanged(before, state.get("netns_inode"))
+        finally:
+            if held is not None:
+                os.close(held)
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
