@@ -22,6 +22,7 @@ interface or network namespace, also after a failure (tests/e2e/test_kind_crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -218,6 +219,14 @@ class Kind:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
 
+@contextlib.contextmanager
+def phase(what: str) -> Iterator[None]:
+    """Print how long a step took (``pytest -s``): where a run's minutes go."""
+    t0 = time.monotonic()
+    yield
+    print(f"[kind] {what}: {time.monotonic() - t0:.0f}s", flush=True)
+
+
 def _script(name: str, engine_state: dict[str, Any]) -> str:
     proc = subprocess.run([str(ROOT / "hack" / "kind" / name)], env={**os.environ,
                           "DOCKER_HOST": engine_state["docker_host"]}, capture_output=True, text=True,
@@ -231,8 +240,10 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
     archives = kc.image_archives()
     assert archives, f"no image archive in {kc.workdir() / 'images'}: run `make cluster-images`"
     images = role_images(kc.archive_refs(archives))
-    node_image = _script("node-image.sh", engine)
-    images["kafka"] = _script("kafka-image.sh", engine)
+    with phase("node image (hash check)"):
+        node_image = _script("node-image.sh", engine)
+    with phase("Kafka image"):
+        images["kafka"] = _script("kafka-image.sh", engine)
     work = tmp_path_factory.mktemp("kind")
     cluster = Kind(f"ke-{uuid.uuid4().hex[:6]}", engine, work / "kubeconfig", images)
     config = {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4",
@@ -247,9 +258,10 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
                      "--kubeconfig", str(cluster.kubeconfig), "--config", str(work / "kind.yaml"), "--wait", "300s"],
                     timeout=900)
         print(f"[kind] cluster {cluster.name} up in {time.monotonic() - t0:.0f}s", flush=True)
-        for archive in archives:
-            cluster.run([str(tool_path("kind")), "load", "image-archive", str(archive), "--name", cluster.name])
-        cluster.run([str(tool_path("kind")), "load", "docker-image", images["kafka"], "--name", cluster.name])
+        with phase("kind load"):
+            for archive in archives:
+                cluster.run([str(tool_path("kind")), "load", "image-archive", str(archive), "--name", cluster.name])
+            cluster.run([str(tool_path("kind")), "load", "docker-image", images["kafka"], "--name", cluster.name])
         yield cluster
     finally:
         if os.environ.get("KE_E2E_KEEP_CLUSTER") != "1":
@@ -355,6 +367,20 @@ def _chart_args(cl: Kind, chart: Path) -> list[str]:
             "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}", "--set", "image.pullPolicy=Never",
             "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true",
             "--set", "receiver.workers=1", "--set", "logFormat=console"]
+
+
+PART_OF = "app.kubernetes.io/part-of=kafka-eventing"
+
+
+def _chart_objects(cl: Kind) -> list[str]:
+    """Every object of every listable kind, in every namespace and cluster-wide, that carries the chart's labels,
+    but the CRDs it keeps on purpose (``crds.keep``, ``helm.sh/resource-policy: keep``): after an uninstall, what
+    the release left behind."""
+    kinds = cl.kubectl("api-resources", "--verbs=list", "-o", "name").stdout.split()
+    items = get(cl, ",".join(k for k in kinds if not k.startswith("events")), "-A", "-l", PART_OF)["items"]
+    return [f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items
+            if not (i["kind"] == "CustomResourceDefinition"
+                    and i["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep")]
 
 
 def _release(cl: Kind) -> dict[str, Any]:
@@ -500,7 +526,8 @@ def _broker_scenario(cl: Kind) -> None:
 
 
 def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
-    connection = _kafka(kind)
+    with phase("Kafka in the cluster"):
+        connection = _kafka(kind)
     kind.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka-connection", "namespace": SYSTEM_NS},
                 "stringData": connection})
@@ -508,27 +535,37 @@ def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
     previous, previous_version = _previous_chart(tmp_path / "previous")
     current_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     assert previous_version != current_version
-    kind.helm("install", RELEASE, str(previous), "-n", SYSTEM_NS, *_chart_args(kind, previous),
-              "--wait", "--timeout=10m")
+    with phase(f"helm install {previous_version}"):
+        kind.helm("install", RELEASE, str(previous), "-n", SYSTEM_NS, *_chart_args(kind, previous),
+                  "--wait", "--timeout=10m")
     assert _release(kind)["chart"] == f"kafka-eventing-{previous_version}"
-    kind.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait", "--timeout=10m")
+    with phase(f"helm upgrade to {current_version}"):
+        kind.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait",
+                  "--timeout=10m")
     release = _release(kind)
     assert (release["chart"], release["revision"], release["status"]) == (
         f"kafka-eventing-{current_version}", "2", "deployed")
     pods_ready(kind, SYSTEM_NS)
 
-    _sinks(kind)
+    with phase("subscriber Deployments"):
+        _sinks(kind)
     try:
-        _channel_scenario(kind)
-        _broker_scenario(kind)
+        with phase("channel scenario (helm test, pods deleted mid-load)"):
+            _channel_scenario(kind)
+        with phase("Broker scenario"):
+            _broker_scenario(kind)
     finally:
-        kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
+        with phase("app namespace deleted"):
+            kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False,
+                         timeout=360)
 
     assert_release_objects(kind, RELEASE)
-    kind.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=5m")
-    # The connection Secret is the user's, not the release's: it goes first, then nothing may be left.
-    kind.kubectl("delete", "secret", "kafka-connection", "-n", SYSTEM_NS)
-    assert_uninstalled(kind, RELEASE, "helm")
+    with phase("helm uninstall"):
+        kind.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=5m")
+        # The connection Secret is the user's, not the release's: it goes first, then nothing may be left.
+        kind.kubectl("delete", "secret", "kafka-connection", "-n", SYSTEM_NS)
+        assert_uninstalled(kind, RELEASE, "helm")
+    assert _chart_objects(kind) == [], "helm uninstall left objects of the chart"
 
 
 # ci values files this cluster can serve: the chart's default PLAINTEXT Kafka address. The others name the real-pod
@@ -546,12 +583,17 @@ def test_ct_install(kind: Kind, tmp_path: Path) -> None:
     for values in (chart / "ci").glob("*-values.yaml"):
         if values.name not in CT_VALUES:
             values.unlink()
-    out = kind.run([str(tool_path("ct")), "install", "--config", "ct.yaml", "--charts", str(chart),
-                    "--helm-extra-set-args", " ".join([
-                        "--set=image.registry=docker.io/library",
-                        f"--set-string=image.tag={kind.images['receiver'].rsplit(':', 1)[1]}",
-                        "--set=image.pullPolicy=Never", f"--set=tests.image={kind.images['curl']}"])],
-                   timeout=2400, check=False)
+    with phase("ct install"):
+        out = kind.run([str(tool_path("ct")), "install", "--config", "ct.yaml", "--charts", str(chart),
+                        "--helm-extra-set-args", " ".join([
+                            "--set=image.registry=docker.io/library",
+                            f"--set-string=image.tag={kind.images['receiver'].rsplit(':', 1)[1]}",
+                            "--set=image.pullPolicy=Never", f"--set=tests.image={kind.images['curl']}"])],
+                       timeout=2400, check=False)
     assert out.returncode == 0, f"ct install failed:\n{out.stdout[-8000:]}\n{out.stderr[-4000:]}"
-    for values in CT_VALUES:
-        assert values in out.stdout, f"ct install did not use {values}:\n{out.stdout[-3000:]}"
+    for used in CT_VALUES:
+        assert used in out.stdout, f"ct install did not use {used}:\n{out.stdout[-3000:]}"
+    # ct uninstalls each release and deletes the namespace it made for it: nothing of the chart may be left.
+    assert _chart_objects(kind) == [], "ct install left objects of the chart"
+    left = [ns for ns in get(kind, "namespaces")["items"] if ns["metadata"]["name"].startswith(CHART.name)]
+    assert left == [], f"ct install left namespaces {[ns['metadata']['name'] for ns in left]}"
