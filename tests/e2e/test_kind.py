@@ -31,6 +31,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,10 +259,12 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
                      "--kubeconfig", str(cluster.kubeconfig), "--config", str(work / "kind.yaml"), "--wait", "300s"],
                     timeout=900)
         print(f"[kind] cluster {cluster.name} up in {time.monotonic() - t0:.0f}s", flush=True)
-        with phase("kind load"):
-            for archive in archives:
-                cluster.run([str(tool_path("kind")), "load", "image-archive", str(archive), "--name", cluster.name])
-            cluster.run([str(tool_path("kind")), "load", "docker-image", images["kafka"], "--name", cluster.name])
+        kind_load = [str(tool_path("kind")), "load"]
+        loads = [[*kind_load, "image-archive", str(archive), "--name", cluster.name] for archive in archives]
+        loads.append([*kind_load, "docker-image", images["kafka"], "--name", cluster.name])
+        # Side by side: each is a copy into the node and a containerd import, mostly waiting on the disk.
+        with phase("kind load"), ThreadPoolExecutor(len(loads)) as pool:
+            list(pool.map(cluster.run, loads))
         yield cluster
     finally:
         if os.environ.get("KE_E2E_KEEP_CLUSTER") != "1":
