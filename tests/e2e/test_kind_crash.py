@@ -55,11 +55,11 @@ def test_engine_is_found_and_stopped_after_a_run_is_killed_mid_cluster(tmp_path:
         assert any("dockerd" in item for item in left), f"dockerd should outlive its supervisor: {left}"
         assert any("cgroup" in item for item in left), f"the node should outlive it too: {left}"
     finally:
-        if creating.poll() is None:
-            creating.kill()
-            creating.wait(timeout=30)
-        engine_mod.down()
-    try:
-        assert_host_unchanged(before, state["netns_inode"])
-    finally:
-        os.close(held)
+        try:
+            if creating.poll() is None:
+                creating.kill()
+                creating.wait(timeout=30)
+            engine_mod.down()
+            assert_host_unchanged(before, state["netns_inode"])
+        finally:
+            os.close(held)

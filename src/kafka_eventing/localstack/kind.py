@@ -264,9 +264,11 @@ def down(timeout: float = 240.0) -> None:
     if state is None:
         return
     pid = int(state.get("pid", 0))
-    if pid and _alive(pid):
-        inode = _netns_inode(pid)
-        os.kill(pid, signal.SIGTERM)
+    # None when the supervisor is gone, or killed and not yet reaped (a zombie has no namespaces left).
+    inode = _netns_of(pid) if pid else None
+    if inode is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.3)
