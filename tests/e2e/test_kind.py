@@ -402,7 +402,10 @@ def _sinks(cl: Kind) -> None:
             {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": APP_NS},
              "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
                  "metadata": {"labels": labels},
+                 # The sink does not handle SIGTERM: without a short grace period each pod would hold the
+                 # namespace's deletion for the default 30 s.
                  "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                          "terminationGracePeriodSeconds": 1,
                           "containers": [sink_container(cl.images["receiver"], "Never")]}}}},
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": APP_NS},
              "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
