@@ -61,7 +61,7 @@ cluster-down: ## Stop what cluster-up started; fails if anything (process, mount
 
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts test-cluster ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks, real pods (kind: `make test-kind`, not yet in CI).
+test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts test-cluster test-kind ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks, real pods, the chart on kind.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.

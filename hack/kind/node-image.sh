@@ -11,9 +11,9 @@
 #
 # Steps, each cached in $KE_CACHE/kind (git-ignored) and redone only when its inputs change:
 #   1. Debian bookworm minbase with the node's packages (debootstrap), beside
-#   2. the Kubernetes binaries from hack/tools/kube (the module `make setup` builds the control plane from) plus
-#      kubeadm and kube-proxy, and CoreDNS from hack/tools/coredns, all with CGO_ENABLED=0 and the version ldflags of
-#      hack/setup/go-tools.sh, which builds them (into $KE_CACHE/kind/static, on the Go build cache `make setup` fills);
+#   2. the static Kubernetes binaries (kubeadm, kubelet, kube-proxy, the control plane, etcd) and CoreDNS that
+#      `make setup` builds (hack/setup/go-tools.sh, CGO_ENABLED=0): the same files the host tiers run; go-tools.sh is
+#      called here only to check their stamps (and to build them when `make setup` has not);
 #   3. kind's own base files from its Go module (the kind version `make setup` builds) and the settings of kind's base
 #      Dockerfile, with three changes this machine needs: containerd's OOMScoreAdjust and oom_score_adj changes need
 #      CAP_SYS_RESOURCE (dropped), the machine-wide sysctls the kubelet (localstack.cluster.KUBELET_SYSCTLS) and
@@ -31,7 +31,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${KE_CACHE:-$ROOT/.cache}"
 WORK="$CACHE/kind"
-STATIC="$WORK/static"            # KE_CACHE of the CGO_ENABLED=0 go-tools.sh build
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
@@ -93,11 +92,10 @@ bootstrap() {
 bootstrap &
 bootstrap_pid=$!
 t0=$SECONDS
-log "Go builds (CGO_ENABLED=0, nice): ${NODE_TOOLS[*]}"
-KE_CACHE="$STATIC" CGO_ENABLED=0 nice -n 10 "$ROOT/hack/setup/go-tools.sh" "${NODE_TOOLS[@]}" >&2
+KE_CACHE="$CACHE" nice -n 10 "$ROOT/hack/setup/go-tools.sh" "${NODE_TOOLS[@]}" >&2
 log "Go builds: $((SECONDS - t0))s"
 wait "$bootstrap_pid" || { log "debootstrap failed"; exit 1; }
-BIN="$STATIC/bin"
+BIN="$CACHE/bin"
 for tool in "${NODE_TOOLS[@]}"; do
   # A static binary, or the scratch images cannot run it.
   if file "$BIN/$tool" | grep -q 'dynamically linked'; then log "$BIN/$tool is not static"; exit 1; fi

@@ -19,8 +19,8 @@ KIND_VERSION=v0.33.0
 # promtool (check metrics / check rules / test rules) from the Prometheus Go module, whose v0.X.Y tags are
 # Prometheus 3.X.Y (v0.316.0 = Prometheus 3.16.0).
 PROMETHEUS_VERSION=v0.316.0
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and etcd come from hack/tools/kube/go.mod;
-# KUBE_VERSION must equal its k8s.io/kubernetes version (checked below). The newest 1.34 patch
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, kubeadm, kube-proxy and etcd come from
+# hack/tools/kube/go.mod; KUBE_VERSION must equal its k8s.io/kubernetes version (checked below). The newest 1.34 patch
 # whose go.mod the checksum database serves here is v1.34.10 (v1.34.11/12 are not verifiable).
 # To bump: set the new version in the replace block (every k8s.io staging module => v0.<minor>.<patch>),
 # then in hack/tools/kube: `go get -tool k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet}@vX
@@ -111,10 +111,13 @@ go_install() {
   GOBIN=$BIN "$GO" install -trimpath -ldflags "$ldflags" "$pkg"
 }
 
-# go build inside hack/tools/kube: the module that pins k8s.io/kubernetes with its staging replaces.
+# go build inside hack/tools/kube: the module that pins k8s.io/kubernetes with its staging replaces. Static
+# (CGO_ENABLED=0), as upstream releases them: the kind node image (hack/kind/node-image.sh) runs these very binaries
+# from scratch images, so Kubernetes is compiled once for the host tiers and the node (CGO_ENABLED changes the build
+# of `net` and of everything above it, so a cgo build shares almost nothing in the Go build cache with a static one).
 kube_build() {
   local out=$1 ldflags=$2 pkg=$3
-  (cd "$KUBE_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg")
+  (cd "$KUBE_MOD" && CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg")
   mv -f "$out.tmp" "$out"
 }
 
@@ -240,8 +243,7 @@ build_kubelet() {
 build_kubectl() {
   kube_build "$BIN/kubectl" "$(kube_ldflags)" ./cmd/kubectl
 }
-# Only for the kind node image (hack/kind/node-image.sh builds them with CGO_ENABLED=0 into a cache of its own):
-# named explicitly, never part of the default list.
+# The rest of the kind node image (hack/kind/node-image.sh): kubeadm, kube-proxy and CoreDNS.
 build_kubeadm() {
   kube_build "$BIN/kubeadm" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubeadm
 }
@@ -249,7 +251,7 @@ build_kube_proxy() {
   kube_build "$BIN/kube-proxy" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kube-proxy
 }
 build_coredns() {
-  (cd "$COREDNS_MOD" && "$GO" build -mod=readonly -trimpath \
+  (cd "$COREDNS_MOD" && CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath \
     -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
     -o "$BIN/coredns.tmp" github.com/coredns/coredns)
   mv -f "$BIN/coredns.tmp" "$BIN/coredns"
@@ -273,16 +275,14 @@ check_pinned() {
 }
 
 ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
-  kubelet knative-eventing-controller otelcol cloudevents)
-# Built only when named (hack/kind/node-image.sh).
-NODE_IMAGE_TOOLS=(kubeadm kube-proxy coredns)
+  kubelet kubeadm kube-proxy coredns knative-eventing-controller otelcol cloudevents)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 check_pinned "$KUBE_MOD" k8s.io/kubernetes "$KUBE_VERSION"
 # etcd is built at the version kube-apiserver's own module requires.
 ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$KUBE_MOD/go.mod")
-KUBE_KEY="$KUBE_VERSION $(kube_inputs_hash)"
+KUBE_KEY="$KUBE_VERSION static $(kube_inputs_hash)"
 check_pinned "$KNATIVE_MOD" knative.dev/eventing "$KNATIVE_EVENTING_VERSION"
 KNATIVE_KEY="$KNATIVE_EVENTING_VERSION $(hash_of "$KNATIVE_MOD/go.mod" "$KNATIVE_MOD/go.sum")"
 check_pinned "$OTELCOL_MOD" go.opentelemetry.io/collector/otelcol "$OTELCOL_VERSION"
@@ -290,7 +290,7 @@ OTELCOL_KEY="$OTELCOL_VERSION $(hash_of "$OTELCOL_MOD/go.mod" "$OTELCOL_MOD/go.s
 check_pinned "$CONFORMANCE_MOD" github.com/cloudevents/conformance "$CE_CONFORMANCE_VERSION"
 CONFORMANCE_KEY="$CE_CONFORMANCE_VERSION $(hash_of "$CONFORMANCE_MOD/go.mod" "$CONFORMANCE_MOD/go.sum")"
 check_pinned "$COREDNS_MOD" github.com/coredns/coredns "$COREDNS_VERSION"
-COREDNS_KEY="$COREDNS_VERSION $(hash_of "$COREDNS_MOD/go.mod" "$COREDNS_MOD/go.sum")"
+COREDNS_KEY="$COREDNS_VERSION static $(hash_of "$COREDNS_MOD/go.mod" "$COREDNS_MOD/go.sum")"
 
 for tool in "${WANT[@]}"; do
   case $tool in
@@ -319,7 +319,7 @@ for tool in "${WANT[@]}"; do
     kube-proxy) install_tool kube-proxy "$KUBE_VERSION" "$KUBE_KEY" "--version" build_kube_proxy ;;
     coredns) install_tool coredns "$COREDNS_VERSION" "$COREDNS_KEY" "-version" build_coredns ;;
     etcd) install_tool etcd "$ETCD_VERSION" "$ETCD_VERSION $KUBE_KEY" "--version" build_etcd ;;
-    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]} ${NODE_IMAGE_TOOLS[*]})" >&2; exit 2 ;;
+    *) echo "[go-tools] unknown tool '$tool' (known: ${ALL[*]})" >&2; exit 2 ;;
   esac
 done
 

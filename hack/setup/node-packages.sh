@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Debian packages `make cluster-up` runs (containerd, runc, the CNI plugins), builds images with (debootstrap,
-# the Docker engine) and compiles its pause binary with (gcc, libc6-dev): installed by name from the Debian archive,
-# only those missing. Prints one line.
+# the Docker engine) and compiles its pause binary with (gcc, libc6-dev), and the kind tier's (jq: the kind engine's
+# runc wrapper edits OCI specs with it; file: hack/kind/node-image.sh checks its binaries are static): installed by
+# name from the Debian archive, only those missing. Prints one line.
 set -euo pipefail
-PACKAGES=(containerd runc containernetworking-plugins iproute2 util-linux debootstrap docker.io gcc libc6-dev)
+PACKAGES=(containerd runc containernetworking-plugins iproute2 util-linux debootstrap docker.io gcc libc6-dev jq file)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -84,11 +84,29 @@ def wait(what: str, check: Callable[[], Any], timeout: float = 300, interval: fl
     raise AssertionError(f"{what}: not reached in {timeout:.0f}s (last: {last!r})")
 
 
-def pods_ready(kube: Kube, namespace: str) -> None:
-    wait(f"pods in {namespace}", lambda: get(kube, "pods", "-n", namespace)["items"], timeout=120)
-    kube.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", namespace, "--timeout=600s", timeout=660)
-    for pod in get(kube, "pods", "-n", namespace)["items"]:
-        assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
+def pods_ready(kube: Kube, namespace: str, timeout: float = 600) -> None:
+    """Every pod in ``namespace`` Running and Ready, and none terminating. Polled, not ``kubectl wait --all``: that
+    waits on the pods it listed first, and a pod a rollout is replacing never becomes Ready again (it goes away),
+    so it would hang to its timeout."""
+
+    def not_ready() -> list[str]:
+        pods = get(kube, "pods", "-n", namespace)["items"]
+        if not pods:
+            return ["(no pods yet)"]
+        return [pod["metadata"]["name"] for pod in pods
+                if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running"
+                or not any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))]
+
+    last: list[str] = []
+
+    def ready() -> bool:
+        last[:] = not_ready()
+        return not last
+
+    try:
+        wait(f"every pod in {namespace} Running and Ready", ready, timeout=timeout, interval=2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; not ready: {last}") from None
 
 
 def sink_container(image: str, pull_policy: str) -> dict[str, Any]:

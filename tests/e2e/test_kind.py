@@ -22,6 +22,7 @@ interface or network namespace, also after a failure (tests/e2e/test_kind_crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,7 +141,9 @@ def host_state() -> dict[str, Any]:
             "netns": netns, "modules": engine_mod.MODULES_DIR.exists(), "containerd": engine_mod.SHIM_DIR.exists()}
 
 
-def assert_host_unchanged(before: dict[str, Any]) -> None:
+def assert_host_unchanged(before: dict[str, Any], engine_netns: int | None) -> None:
+    """After the engine is down: the host as ``before``, and no process left in the engine's network namespace
+    (``engine_netns``, the inode its state named while it ran)."""
     after = host_state()
     changed = {k: (before["sysctls"][k], after["sysctls"].get(k)) for k in before["sysctls"]
                if after["sysctls"].get(k) != before["sysctls"][k]}
@@ -147,7 +151,16 @@ def assert_host_unchanged(before: dict[str, Any]) -> None:
     for what in ("links", "netns", "modules", "containerd"):
         assert after[what] == before[what], f"host {what}: {before[what]} -> {after[what]}"
     assert after["mounts"] - before["mounts"] == set(), "new mounts on the host"
-    assert engine_mod.leftovers() == [], "the kind engine left things behind"
+    assert engine_mod.leftovers(netns_inode=engine_netns) == [], "the kind engine left things behind"
+
+
+def hold_netns(state: dict[str, Any]) -> int:
+    """An open handle on the engine's network namespace: while it is held, the namespace (and its inode number,
+    which the kernel would otherwise hand to the next new namespace) stays the engine's, so a process found in it
+    after ``down`` is the engine's leftover. Close it after :func:`assert_host_unchanged`."""
+    fd = os.open(f"/proc/{state['pid']}/ns/net", os.O_RDONLY)
+    assert os.fstat(fd).st_ino == state["netns_inode"], "the engine's supervisor is not the one its state names"
+    return fd
 
 
 @pytest.fixture(scope="module")
@@ -155,15 +168,22 @@ def engine() -> Iterator[dict[str, Any]]:
     # An engine a crashed or manual run left is stopped first: the host is compared with itself without one.
     engine_mod.down()
     before = host_state()
+    state: dict[str, Any] = {}
+    held = None
     try:
         state = engine_mod.up(ttl=3600)
+        held = hold_netns(state)
+        yield state
     except engine_mod.EngineError as exc:
         pytest.fail(f"the kind engine did not start: {exc}")
-    try:
-        yield state
     finally:
+        # After a failing run as after a passing one (and after an engine that failed to start).
         engine_mod.down()
-        assert_host_unchanged(before)
+        try:
+            assert_host_unchanged(before, state.get("netns_inode"))
+        finally:
+            if held is not None:
+                os.close(held)
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
@@ -200,6 +220,14 @@ class Kind:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
 
+@contextlib.contextmanager
+def phase(what: str) -> Iterator[None]:
+    """Print how long a step took (``pytest -s``): where a run's minutes go."""
+    t0 = time.monotonic()
+    yield
+    print(f"[kind] {what}: {time.monotonic() - t0:.0f}s", flush=True)
+
+
 def _script(name: str, engine_state: dict[str, Any]) -> str:
     proc = subprocess.run([str(ROOT / "hack" / "kind" / name)], env={**os.environ,
                           "DOCKER_HOST": engine_state["docker_host"]}, capture_output=True, text=True,
@@ -213,8 +241,10 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
     archives = kc.image_archives()
     assert archives, f"no image archive in {kc.workdir() / 'images'}: run `make cluster-images`"
     images = role_images(kc.archive_refs(archives))
-    node_image = _script("node-image.sh", engine)
-    images["kafka"] = _script("kafka-image.sh", engine)
+    with phase("node image (hash check)"):
+        node_image = _script("node-image.sh", engine)
+    with phase("Kafka image"):
+        images["kafka"] = _script("kafka-image.sh", engine)
     work = tmp_path_factory.mktemp("kind")
     cluster = Kind(f"ke-{uuid.uuid4().hex[:6]}", engine, work / "kubeconfig", images)
     config = {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4",
@@ -229,9 +259,12 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
                      "--kubeconfig", str(cluster.kubeconfig), "--config", str(work / "kind.yaml"), "--wait", "300s"],
                     timeout=900)
         print(f"[kind] cluster {cluster.name} up in {time.monotonic() - t0:.0f}s", flush=True)
-        for archive in archives:
-            cluster.run([str(tool_path("kind")), "load", "image-archive", str(archive), "--name", cluster.name])
-        cluster.run([str(tool_path("kind")), "load", "docker-image", images["kafka"], "--name", cluster.name])
+        kind_load = [str(tool_path("kind")), "load"]
+        loads = [[*kind_load, "image-archive", str(archive), "--name", cluster.name] for archive in archives]
+        loads.append([*kind_load, "docker-image", images["kafka"], "--name", cluster.name])
+        # Side by side: each is a copy into the node and a containerd import, mostly waiting on the disk.
+        with phase("kind load"), ThreadPoolExecutor(len(loads)) as pool:
+            list(pool.map(cluster.run, loads))
         yield cluster
     finally:
         if os.environ.get("KE_E2E_KEEP_CLUSTER") != "1":
@@ -339,6 +372,20 @@ def _chart_args(cl: Kind, chart: Path) -> list[str]:
             "--set", "receiver.workers=1", "--set", "logFormat=console"]
 
 
+PART_OF = "app.kubernetes.io/part-of=kafka-eventing"
+
+
+def _chart_objects(cl: Kind) -> list[str]:
+    """Every object of every listable kind, in every namespace and cluster-wide, that carries the chart's labels,
+    but the CRDs it keeps on purpose (``crds.keep``, ``helm.sh/resource-policy: keep``): after an uninstall, what
+    the release left behind."""
+    kinds = cl.kubectl("api-resources", "--verbs=list", "-o", "name").stdout.split()
+    items = get(cl, ",".join(k for k in kinds if not k.startswith("events")), "-A", "-l", PART_OF)["items"]
+    return [f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items
+            if not (i["kind"] == "CustomResourceDefinition"
+                    and i["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep")]
+
+
 def _release(cl: Kind) -> dict[str, Any]:
     releases = json.loads(cl.helm("list", "-n", SYSTEM_NS, "-o", "json").stdout)
     return next(r for r in releases if r["name"] == RELEASE)
@@ -355,7 +402,10 @@ def _sinks(cl: Kind) -> None:
             {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": APP_NS},
              "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
                  "metadata": {"labels": labels},
+                 # The sink does not handle SIGTERM: without a short grace period each pod would hold the
+                 # namespace's deletion for the default 30 s.
                  "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                          "terminationGracePeriodSeconds": 1,
                           "containers": [sink_container(cl.images["receiver"], "Never")]}}}},
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": APP_NS},
              "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
@@ -482,7 +532,8 @@ def _broker_scenario(cl: Kind) -> None:
 
 
 def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
-    connection = _kafka(kind)
+    with phase("Kafka in the cluster"):
+        connection = _kafka(kind)
     kind.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka-connection", "namespace": SYSTEM_NS},
                 "stringData": connection})
@@ -490,27 +541,37 @@ def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
     previous, previous_version = _previous_chart(tmp_path / "previous")
     current_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     assert previous_version != current_version
-    kind.helm("install", RELEASE, str(previous), "-n", SYSTEM_NS, *_chart_args(kind, previous),
-              "--wait", "--timeout=10m")
+    with phase(f"helm install {previous_version}"):
+        kind.helm("install", RELEASE, str(previous), "-n", SYSTEM_NS, *_chart_args(kind, previous),
+                  "--wait", "--timeout=10m")
     assert _release(kind)["chart"] == f"kafka-eventing-{previous_version}"
-    kind.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait", "--timeout=10m")
+    with phase(f"helm upgrade to {current_version}"):
+        kind.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait",
+                  "--timeout=10m")
     release = _release(kind)
     assert (release["chart"], release["revision"], release["status"]) == (
         f"kafka-eventing-{current_version}", "2", "deployed")
     pods_ready(kind, SYSTEM_NS)
 
-    _sinks(kind)
+    with phase("subscriber Deployments"):
+        _sinks(kind)
     try:
-        _channel_scenario(kind)
-        _broker_scenario(kind)
+        with phase("channel scenario (helm test, pods deleted mid-load)"):
+            _channel_scenario(kind)
+        with phase("Broker scenario"):
+            _broker_scenario(kind)
     finally:
-        kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
+        with phase("app namespace deleted"):
+            kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False,
+                         timeout=360)
 
     assert_release_objects(kind, RELEASE)
-    kind.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=5m")
-    # The connection Secret is the user's, not the release's: it goes first, then nothing may be left.
-    kind.kubectl("delete", "secret", "kafka-connection", "-n", SYSTEM_NS)
-    assert_uninstalled(kind, RELEASE, "helm")
+    with phase("helm uninstall"):
+        kind.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=5m")
+        # The connection Secret is the user's, not the release's: it goes first, then nothing may be left.
+        kind.kubectl("delete", "secret", "kafka-connection", "-n", SYSTEM_NS)
+        assert_uninstalled(kind, RELEASE, "helm")
+    assert _chart_objects(kind) == [], "helm uninstall left objects of the chart"
 
 
 # ci values files this cluster can serve: the chart's default PLAINTEXT Kafka address. The others name the real-pod
@@ -528,12 +589,18 @@ def test_ct_install(kind: Kind, tmp_path: Path) -> None:
     for values in (chart / "ci").glob("*-values.yaml"):
         if values.name not in CT_VALUES:
             values.unlink()
-    out = kind.run([str(tool_path("ct")), "install", "--config", "ct.yaml", "--charts", str(chart),
-                    "--helm-extra-set-args", " ".join([
-                        "--set=image.registry=docker.io/library",
-                        f"--set-string=image.tag={kind.images['receiver'].rsplit(':', 1)[1]}",
-                        "--set=image.pullPolicy=Never", f"--set=tests.image={kind.images['curl']}"])],
-                   timeout=2400, check=False)
+    before = set(_chart_objects(kind))  # empty after test_chart_on_kind's uninstall; compared, not assumed
+    with phase("ct install"):
+        out = kind.run([str(tool_path("ct")), "install", "--config", "ct.yaml", "--charts", str(chart),
+                        "--helm-extra-set-args", " ".join([
+                            "--set=image.registry=docker.io/library",
+                            f"--set-string=image.tag={kind.images['receiver'].rsplit(':', 1)[1]}",
+                            "--set=image.pullPolicy=Never", f"--set=tests.image={kind.images['curl']}"])],
+                       timeout=2400, check=False)
     assert out.returncode == 0, f"ct install failed:\n{out.stdout[-8000:]}\n{out.stderr[-4000:]}"
-    for values in CT_VALUES:
-        assert values in out.stdout, f"ct install did not use {values}:\n{out.stdout[-3000:]}"
+    for used in CT_VALUES:
+        assert used in out.stdout, f"ct install did not use {used}:\n{out.stdout[-3000:]}"
+    # ct uninstalls each release and deletes the namespace it made for it: nothing of the chart may be left.
+    assert set(_chart_objects(kind)) - before == set(), "ct install left objects of the chart"
+    left = [ns for ns in get(kind, "namespaces")["items"] if ns["metadata"]["name"].startswith(CHART.name)]
+    assert left == [], f"ct install left namespaces {[ns['metadata']['name'] for ns in left]}"

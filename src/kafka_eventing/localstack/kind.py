@@ -264,9 +264,11 @@ def down(timeout: float = 240.0) -> None:
     if state is None:
         return
     pid = int(state.get("pid", 0))
-    if pid and _alive(pid):
-        inode = _netns_inode(pid)
-        os.kill(pid, signal.SIGTERM)
+    # None when the supervisor is gone, or killed and not yet reaped (a zombie has no namespaces left).
+    inode = _netns_of(pid) if pid else None
+    if inode is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -288,9 +290,18 @@ def _engine_processes() -> set[int]:
             if e.name.isdigit() and int(e.name) != os.getpid() and folder in _cmdline(int(e.name))}
 
 
-def leftovers(made: list[str] | None = None) -> list[str]:
-    """What a stopped engine must not leave (empty when clean): its processes, cgroups and mounts, and the paths
-    in ``made`` (those that did not exist before it started)."""
+def _netns_processes(inode: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _netns_of(int(entry.name)) == inode:
+            found.add(int(entry.name))
+    return found
+
+
+def leftovers(made: list[str] | None = None, netns_inode: int | None = None) -> list[str]:
+    """What a stopped engine must not leave (empty when clean): its processes, cgroups and mounts, the paths in
+    ``made`` (those that did not exist before it started) and, given the engine's network namespace
+    (``netns_inode`` of its state), any process still in it: whatever the nodes or pods started, by any path."""
     found = [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}")]
     found += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob(CGROUP_PARENT)]
     mounts = Path("/proc/self/mountinfo").read_text()
@@ -298,6 +309,9 @@ def leftovers(made: list[str] | None = None) -> list[str]:
               if "kafka-eventing-kind" in line or str(workdir()) in line]
     found += [f"process {pid} {_cmdline(pid)}" for pid in sorted(_engine_processes())]
     found += [f"path {p}" for p in made or () if Path(p).exists()]
+    if netns_inode is not None:
+        found += [f"process {pid} in the engine's network namespace: {_cmdline(pid)}"
+                  for pid in sorted(_netns_processes(netns_inode))]
     return found
 
 
@@ -348,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                 return subprocess.run([*prefix, *cmd], env={**os.environ, "DOCKER_HOST": state["docker_host"]},
                                       check=False).returncode
         if args.command == "down":
-            made = (read_state() or {}).get("made", [])
+            state = read_state() or {}
             down()
-            left = leftovers(made)
+            left = leftovers(state.get("made", []), state.get("netns_inode"))
             print("engine stopped" + (f"; LEFT BEHIND: {left}" if left else ", nothing left behind"))
             return 1 if left else 0
     except ClusterError as exc:
