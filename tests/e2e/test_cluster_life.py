@@ -417,15 +417,18 @@ def test_leader_and_dispatcher_kills_every_20s_lose_nothing(cluster: Cluster, tm
         chaos.start()
         accepted: list[str] = []
         started = time.monotonic()
-        index = 0
-        while time.monotonic() - started < CHAOS_PERIOD * CHAOS_ROUNDS:
-            cl.apply(*_churn(index, sink_url))
-            if index:
-                cl.kubectl("delete", "kafkachannel,trigger", f"churn-{index - 1}", "-n", APP_NS, "--wait=false")
+        churned = -1
+        batch = 0
+        while (elapsed := time.monotonic() - started) < CHAOS_PERIOD * CHAOS_ROUNDS:
+            if int(elapsed // CHAOS_PERIOD) > churned:  # one new channel and Trigger per period, the last deleted
+                churned += 1
+                cl.apply(*_churn(churned, sink_url))
+                if churned:
+                    cl.kubectl("delete", "kafkachannel,trigger", f"churn-{churned - 1}", "-n", APP_NS, "--wait=false")
             for name, (host, path) in routes.items():
-                ids = [f"{name}-{index}-{n}" for n in range(40)]
+                ids = [f"{name}-{batch}-{n}" for n in range(40)]
                 accepted += cl.in_netns(clients.send_events, cl.kubectl_cmd, SYSTEM_NS, host, ids, 0.02, 300.0, path)
-            index += 1
+            batch += 1
         stop.set()
         chaos.join(60)
         assert len(killed["leaders"]) >= CHAOS_ROUNDS - 1 and len(set(killed["leaders"])) > 1, killed
@@ -443,7 +446,13 @@ def test_leader_and_dispatcher_kills_every_20s_lose_nothing(cluster: Cluster, tm
         print(f"leader chaos: killed {json.dumps(killed)}, {len(accepted)} accepted, lost 0, "
               f"{len(got) - len(set(got))} duplicates")
 
-        # Every resource converges to Ready, under whichever replica leads now.
+        # The deleted ones finalized (their finalizers ran under some leader); the rest converge to Ready.
+        def names(kind: str) -> set[str]:
+            return {i["metadata"]["name"] for i in get(cl, kind, "-n", APP_NS)["items"]}
+
+        left = {"orders", f"churn-{churned}"}
+        wait("deleted churn resources finalized", lambda: names("kafkachannels") == left
+             and names("triggers") == {"all", f"churn-{churned}"}, timeout=600, interval=3)
         pods_ready(cl, SYSTEM_NS)
         cl.kubectl("wait", "--for=condition=Ready", "kafkachannel", "--all", "-n", APP_NS, "--timeout=600s",
                    timeout=660)
