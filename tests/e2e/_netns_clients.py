@@ -11,6 +11,7 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -97,9 +98,6 @@ def run_service(pid: int, host: str, port: int, kubectl: list[str], namespace: s
     on the node address that sends each new connection to a ready, not terminating receiver pod (the endpoints
     re-read every second). A connection stays with its pod until either side closes it, as with kube-proxy, so a
     client sees a pod's going as a closed connection and reconnects to another."""
-    import asyncio
-    import itertools
-
     enter_netns(pid)
     endpoints: list[str] = []
     stop = threading.Event()
@@ -111,6 +109,19 @@ def run_service(pid: int, host: str, port: int, kubectl: list[str], namespace: s
             except (subprocess.SubprocessError, ValueError, KeyError):
                 pass  # the apiserver answers again in a moment; keep the last endpoints until then
             stop.wait(1)
+
+    threading.Thread(target=refresh, daemon=True).start()
+    try:
+        relay(host, port, lambda: list(endpoints), 8080, stop_after)
+    finally:
+        stop.set()
+
+
+def relay(host: str, port: int, endpoints: Callable[[], list[str]], target_port: int, stop_after: float) -> None:
+    """Serve ``host:port`` for ``stop_after`` seconds, relaying each connection to one of ``endpoints()`` (in turn)
+    on ``target_port``; a connection that finds no endpoint within 10 s is closed."""
+    import asyncio
+    import itertools
 
     turn = itertools.count()
 
@@ -124,13 +135,13 @@ def run_service(pid: int, host: str, port: int, kubectl: list[str], namespace: s
         finally:
             writer.close()
 
-    async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+    async def connect(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         for _ in range(40):
-            ips = list(endpoints)
+            ips = endpoints()
             if ips:
                 try:
                     pod_r, pod_w = await asyncio.wait_for(
-                        asyncio.open_connection(ips[next(turn) % len(ips)], 8080), 2)
+                        asyncio.open_connection(ips[next(turn) % len(ips)], target_port), 2)
                 except (OSError, TimeoutError):
                     pass
                 else:
@@ -140,15 +151,11 @@ def run_service(pid: int, host: str, port: int, kubectl: list[str], namespace: s
         client_w.close()
 
     async def serve() -> None:
-        server = await asyncio.start_server(relay, host, port)
+        server = await asyncio.start_server(connect, host, port)
         async with server:
             await asyncio.sleep(stop_after)
 
-    threading.Thread(target=refresh, daemon=True).start()
-    try:
-        asyncio.run(serve())
-    finally:
-        stop.set()
+    asyncio.run(serve())
 
 
 def get_json(url: str) -> object:
