@@ -15,7 +15,19 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Recorder, Route, Tally, committed, grow_topic, subscription, topic_index, trigger
+from harness import (
+    NS,
+    Ledger,
+    LoadGenerator,
+    Recorder,
+    Route,
+    Tally,
+    committed,
+    grow_topic,
+    subscription,
+    topic_index,
+    trigger,
+)
 from rig import Rig, Watch
 
 from waiting import wait_for
@@ -276,6 +288,25 @@ def test_dispatcher_restart_never_replays_committed(rig: MakeRig) -> None:
     r.verdict("dispatcher restart replays nothing committed", watches, notes=notes)
     for how, ids in replayed.items():
         assert not ids, f"after {how}: {len(ids)} committed events delivered again, e.g. {ids[:5]}"
+
+
+def test_restart_of_a_group_that_never_committed_replays_nothing_old(rig: MakeRig) -> None:
+    """Upstream's complaint: a dispatcher restarted before its new group committed anything read the topic from
+    the beginning. Here the topic holds events from before the subscription; the first dispatcher joins (at the
+    latest offset), is killed before any delivery, and its successor must deliver none of that history."""
+    r = rig()
+    watches = one_subscription(r)
+    receiver = r.start_receiver()
+    history = Ledger()  # sent before the subscription existed: not the verdict's ledger
+    LoadGenerator(f"{receiver.url}/{NS}/{r.name}", history, rate=RATE, duration=5).start().wait()
+    assert history.accepted(), "no history was written"
+    r.add_dispatcher().kill()
+    r.add_dispatcher()
+    r.load(rate=RATE, duration=SECONDS).wait()
+    replayed = history.accepted() & {x.event_id for x in r.subscribers.at("/s")}
+    r.verdict("restart of a group that never committed", watches, notes=[
+        f"{len(history.accepted())} events from before the subscription; {len(replayed)} of them delivered"])
+    assert not replayed, f"{len(replayed)} events from before the subscription replayed, e.g. {sorted(replayed)[:5]}"
 
 
 # -- the soak ---------------------------------------------------------------------------------------------------
