@@ -103,21 +103,27 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _previous_chart(dest: Path) -> tuple[Path, str]:
-    """The chart as of the last commit whose Chart.yaml had another version: what users upgrade from."""
-    current = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    """The newest chart version below this tree's in git history (branches merged in any order), as its last commit
+    had it: what users upgrade from."""
     rel = CHART.relative_to(ROOT)
 
     def git(*args: str) -> bytes:
         return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True).stdout
 
+    def semver(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version.split("-", maxsplit=1)[0].split("."))
+
+    current = semver(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"])
+    newest: dict[str, str] = {}  # version -> its newest commit
     for sha in git("log", "--format=%H", "--", str(rel / "Chart.yaml")).decode().split():
-        version = yaml.safe_load(git("show", f"{sha}:{rel}/Chart.yaml"))["version"]
-        if version != current:
-            dest.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["tar", "-x", "-C", str(dest)], input=git("archive", "--format=tar", sha, str(rel)),
-                           check=True)
-            return dest / rel, version
-    raise AssertionError(f"no earlier chart version than {current} in git history (a shallow clone?)")
+        newest.setdefault(str(yaml.safe_load(git("show", f"{sha}:{rel}/Chart.yaml"))["version"]), sha)
+    older = [v for v in newest if semver(v) < current]
+    assert older, f"no chart version below {current} in git history (a shallow clone?)"
+    version = max(older, key=semver)
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=git("archive", "--format=tar", newest[version], str(rel)),
+                   check=True)
+    return dest / rel, version
 
 
 # ---------------------------------------------------------------------------------------------- the prober
