@@ -309,6 +309,27 @@ def test_restart_of_a_group_that_never_committed_replays_nothing_old(rig: MakeRi
     assert not replayed, f"{len(replayed)} events from before the subscription replayed, e.g. {sorted(replayed)[:5]}"
 
 
+def test_subscription_deleted_while_its_subscriber_hangs(rig: MakeRig) -> None:
+    r = rig()
+    r.subscribers.routes["/good"] = Route()
+    r.subscribers.routes["/hang"] = Route(delay=30.0)
+    good = subscription("good", r.subscribers.url("/good"))
+    r.channel([good, subscription("hang", r.subscribers.url("/hang"), ordered=False)])
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS)
+    load.wait_accepted(150)
+    wait_for(lambda: r.group("hang") in groups(r), 30, "the hanging subscription's group exists")
+    removed = time.monotonic()
+    r.channel([good])  # the hanging subscription is deleted
+    wait_for(lambda: r.group("hang") not in groups(r), 60, "the deleted subscription's group removed")
+    took = time.monotonic() - removed
+    load.wait()
+    r.verdict("a Subscription deleted while its subscriber hangs", {"good": Watch("/good")},
+              notes=[f"its group removed {took:.1f} s after the subscription"])
+    assert r.group("hang") not in groups(r)
+
+
 # -- the soak ---------------------------------------------------------------------------------------------------
 SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "600"))
 
