@@ -347,12 +347,16 @@ def _kill(cl: Cluster, pod: str) -> None:
 
 
 def _leader(cl: Cluster) -> str:
-    """The controller pod holding the lease (its identity is ``<pod name>-<8 hex>``), or "" while none does."""
+    """The controller pod holding the lease (its identity is the pod's name, or that name and a suffix), or ""
+    while none does."""
     out = cl.kubectl("get", "lease", LEASE, "-n", SYSTEM_NS, "-o", "json", check=False)
     if out.returncode != 0:
         return ""
     holder: str = json.loads(out.stdout)["spec"].get("holderIdentity") or ""
-    return holder.rsplit("-", 1)[0] if holder else ""
+    pods = get(cl, "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=controller")["items"]
+    return next((p["metadata"]["name"] for p in pods
+                 if holder and (holder == p["metadata"]["name"] or holder.startswith(p["metadata"]["name"] + "-"))),
+                "")
 
 
 def _chaos(cl: Cluster, stop: threading.Event, killed: dict[str, list[str]]) -> None:
