@@ -298,7 +298,7 @@ def test_restart_of_a_group_that_never_committed_replays_nothing_old(rig: MakeRi
     watches = one_subscription(r)
     receiver = r.start_receiver()
     history = Ledger()  # sent before the subscription existed: not the verdict's ledger
-    LoadGenerator(f"{receiver.url}/{NS}/{r.name}", history, rate=RATE, duration=5).start().wait()
+    LoadGenerator(f"{receiver.url}/{NS}/{r.name}", history, rate=RATE, duration=5, prefix="old").start().wait()
     assert history.accepted(), "no history was written"
     r.add_dispatcher().kill()
     r.add_dispatcher()
@@ -467,7 +467,7 @@ def test_broker_soak_10_partitions_5_triggers_one_slow(rig: MakeRig) -> None:
     dispatcher = r.add_dispatcher(env={"KE_MAX_IN_FLIGHT": SOAK_IN_FLIGHT})
     load = r.load(rate=100, senders=4, duration=SOAK_SECONDS)
     rss: list[tuple[float, int]] = []
-    while load.running():
+    while load.running:
         rss.append((time.monotonic() - r.started, dispatcher.rss_bytes()))
         time.sleep(5)
     load.wait()
