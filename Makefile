@@ -93,8 +93,9 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 	  -v -m reliability $(ARGS)
 
 .PHONY: test-cluster
-test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py); fails if the cluster cannot start.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_crash.py -q -m cluster
+test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py); fails if the cluster cannot start.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_life.py tests/e2e/test_cluster_crash.py \
+	  -q -m cluster
 
 .PHONY: test-kind
 test-kind: cluster-images kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, ct install (tests/e2e/test_kind*.py); fails, never skips.

@@ -31,7 +31,9 @@ KUBE_VERSION=v1.34.10
 # module version (hack/setup/knative-config.sh reads it from that go.mod). The module's v0.X.Y is Knative 1.(X-27):
 # v0.47.0 = Knative Eventing 1.20.0. The proxy refuses this module's version list, so `go install ...@version` fails;
 # building inside a module that pins it needs no list. To bump: `go get -tool knative.dev/eventing/cmd/controller@vX`
-# in hack/tools/knative, `go mod tidy`, commit go.mod + go.sum.
+# in hack/tools/knative, `go mod tidy`, commit go.mod + go.sum. The same module builds Knative's upgrade prober,
+# wathola-sender/-receiver/-fetcher (test/test_images/wathola-*; tests/e2e/test_cluster_life.py runs them as pods),
+# static (CGO_ENABLED=0) so that a one-file image holds each.
 KNATIVE_EVENTING_VERSION=v0.47.0
 # A minimal OpenTelemetry Collector (the OTLP receiver and the file exporter; tests/integration/test_tracing.py) from
 # hack/tools/otelcol (main.go + go.mod), whose go.opentelemetry.io/collector/otelcol version this must equal (checked
@@ -81,21 +83,32 @@ kube_inputs_hash() {
 }
 
 # install_tool NAME VERSION STAMPKEY VERSION_ARGS BUILD_FUNCTION...
-# Prints one line: "[go-tools] NAME VERSION ... ok (cached)" or "... built in Ns".
+# Prints one line: "[go-tools] NAME VERSION ... ok (cached)" or "... built in Ns". VERSION_ARGS "@buildinfo:TEXT"
+# checks the binary's Go build information for TEXT instead of running it (for tools that only serve or send).
+tool_runs() {
+  local bin=$1 vargs=$2
+  if [[ $vargs == @buildinfo:* ]]; then
+    go_bin
+    "$GO" version -m "$bin" | grep -qF -- "${vargs#@buildinfo:}"
+  else
+    "$bin" $vargs
+  fi
+}
+
 install_tool() {
   local name=$1 version=$2 key=$3 vargs=$4
   shift 4
   local bin=$BIN/$name stamp=$STAMPS/$name log=$LOGS/go-tools-$name.log
   printf '[go-tools] %s %s ... ' "$name" "$version"
   if [[ -x $bin && -f $stamp && "$(cat "$stamp")" == "$key" ]] \
-    && "$bin" $vargs >/dev/null 2>&1; then
+    && tool_runs "$bin" "$vargs" >/dev/null 2>&1; then
     echo "ok (cached)"
     return 0
   fi
   go_bin
   local start=$SECONDS
   rm -f "$stamp"
-  if "$@" >"$log" 2>&1 && "$bin" $vargs >>"$log" 2>&1; then
+  if "$@" >"$log" 2>&1 && tool_runs "$bin" "$vargs" >>"$log" 2>&1; then
     echo "$key" >"$stamp"
     echo "built in $((SECONDS - start))s"
   else
@@ -126,6 +139,14 @@ knative_build() {
   local out=$1 pkg=$2
   (cd "$KNATIVE_MOD" && "$GO" build -mod=readonly -trimpath -ldflags "-s -w" -o "$out.tmp" "$pkg")
   mv -f "$out.tmp" "$out"
+}
+
+# The wathola tools: static, for one-file images (tests/e2e/test_cluster_life.py).
+build_wathola() {
+  local name=$1
+  (cd "$KNATIVE_MOD" && CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -ldflags "-s -w" -o "$BIN/$name.tmp" \
+    "knative.dev/eventing/test/test_images/$name")
+  mv -f "$BIN/$name.tmp" "$BIN/$name"
 }
 
 # go build inside hack/tools/otelcol: its own main.go with the components picked, as the collector's builder makes.
@@ -275,7 +296,8 @@ check_pinned() {
 }
 
 ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
-  kubelet kubeadm kube-proxy coredns knative-eventing-controller otelcol cloudevents)
+  kubelet kubeadm kube-proxy coredns knative-eventing-controller wathola-sender wathola-receiver wathola-fetcher otelcol
+  cloudevents)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
@@ -312,6 +334,9 @@ for tool in "${WANT[@]}"; do
     # No version flag: -h parses the flags and exits 0, which shows the binary starts.
     knative-eventing-controller) install_tool knative-eventing-controller "$KNATIVE_EVENTING_VERSION" "$KNATIVE_KEY" "-h" \
       build_knative_eventing_controller ;;
+    # Knative's prober serves or sends until stopped: the build information shows the pinned module, linked static.
+    wathola-sender|wathola-receiver|wathola-fetcher) install_tool "$tool" "$KNATIVE_EVENTING_VERSION" "$KNATIVE_KEY" \
+      "@buildinfo:knative.dev/eventing	$KNATIVE_EVENTING_VERSION" build_wathola "$tool" ;;
     otelcol) install_tool otelcol "$OTELCOL_VERSION" "$OTELCOL_KEY" "--version" build_otelcol ;;
     # No version command: `help` runs cobra's root and exits 0.
     cloudevents) install_tool cloudevents "$CE_CONFORMANCE_VERSION" "$CONFORMANCE_KEY" "help" build_cloudevents ;;

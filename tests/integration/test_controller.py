@@ -345,6 +345,31 @@ def test_deleting_a_channel_stops_its_dispatcher_before_deleting_its_topic(env: 
     eventually(lambda: env.gone("held"), what="the channel deleted")
 
 
+def test_deleting_a_channel_deletes_its_subscribers_consumer_groups(env: Env) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    # The topic stays (delete_topics=False): Kafka itself drops the offsets, and so the empty groups, of a deleted
+    # topic, which would hide a group the controller left behind.
+    env.start_controller(env.settings(delete_topics=False))
+    subscribers = [{"uid": uid, "generation": 1, "subscriberUri": f"http://{uid}.example/"} for uid in ("a", "b")]
+    env.create("grouped", {"subscribers": subscribers})
+    topic = f"{env.namespace}.grouped"
+    eventually(lambda: env.topic(topic), what="topic created")
+    groups = {f"kafka.{env.namespace}.grouped.{uid}" for uid in ("a", "b")}
+    for group in groups:  # what a dispatcher leaves: committed offsets, no members
+        consumer = Consumer({**env.kafka.client_config(), "group.id": group, "enable.auto.commit": False})
+        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        consumer.close()
+
+    def listed() -> set[str]:
+        return {g.group_id for g in env.admin.list_consumer_groups().result(10).valid}
+
+    assert groups <= listed()
+    env.delete("grouped")
+    eventually(lambda: env.gone("grouped"), what="channel deleted")
+    assert not groups & listed(), "a deleted channel's consumer groups were left behind"
+
+
 def test_kafka_outage_is_reported_and_recovered(env: Env) -> None:
     env.start_controller()
     env.kafka.stop()

@@ -81,7 +81,16 @@ def render(rows: list[tuple[str, Row]], outcomes: dict[str, tuple[bool, str]], f
         "accepted, never delivered nor dead-lettered; **w/o 202**: delivered though never accepted; "
         "**dead-lettered**: ids its dead-letter sink took.",
         "- Pass: lost = 0 and w/o 202 = 0 for every subscription, plus the scenario's own checks (notes); the soak "
-        "also needs duplicates ≤ 0.1 % of deliveries.",
+        "also needs duplicates ≤ 0.1 % of deliveries. The Broker soak (10 partitions, 5 Triggers, one subscriber "
+        "answering in 3.5 s) further needs every Trigger's consumer group committed to the end of the topic (lag "
+        "0) and the dispatcher's RSS in the soak's last third at most 1.2 × its peak in the middle third.",
+        "- The life of an install on real pods is proven by `make test-cluster` (tests/e2e/test_cluster_life.py), "
+        "not here: Knative's own upgrade prober (wathola sender, receiver and fetcher pods) through a KafkaChannel "
+        "and a Broker across `helm install` of the previous chart version, `helm upgrade` to this one, a values "
+        "change that rolls every pod and `helm rollback` (pass: state success, no step missing, duplicates "
+        "reported); and the controller's leader plus one dispatcher pod killed every 20 s while channels and "
+        "Triggers are created and deleted (pass: lost = 0 by the ledger, everything Ready afterwards, no "
+        "dispatcher Deployment, topic or consumer group left once the namespace is gone).",
         "",
         "| scenario | subscription | sent | 202 | delivered | duplicates | lost | w/o 202 | dead-lettered | s "
         "| result | notes |",

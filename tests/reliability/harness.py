@@ -463,7 +463,7 @@ class DispatcherProcess:
     """``python -m kafka_eventing.dispatcher`` for the channel (or the Broker), in its own process group."""
 
     def __init__(self, kafka: KafkaNode, name: str, channels: Path, logdir: Path,
-                 kafka_extra: str = "", *, broker: bool = False) -> None:
+                 kafka_extra: str = "", *, broker: bool = False, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.log = logdir / f"dispatcher-{self.port}.log"
         kind = "BROKER" if broker else "CHANNEL"
@@ -471,7 +471,7 @@ class DispatcherProcess:
                          f"KE_{kind}_NAMESPACE": NS, f"KE_{kind}_NAME": name,
                          "KE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
                          "KE_KAFKA_EXTRA": ",".join(filter(None, (GROUP_TIMING, kafka_extra))),
-                         "KE_METRICS_PORT": str(self.port)})
+                         "KE_METRICS_PORT": str(self.port), **(env or {})})
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "kafka_eventing.dispatcher", "--host", LOOPBACK],
                                          env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -497,6 +497,16 @@ class DispatcherProcess:
         except httpx.HTTPError:
             return {}  # not listening yet
         return {uid: {int(p) for p in s["partitions"]} for uid, s in subs.items()}
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the dispatcher and its children, from /proc."""
+        total = 0
+        for pid in {self.proc.pid, *_children(self.proc.pid)}:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

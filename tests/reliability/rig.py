@@ -87,9 +87,10 @@ class Rig:
         self.receiver = ReceiverProcess(self.kafka, self.channels, self.workdir, env=env).start()
         return self.receiver
 
-    def add_dispatcher(self, kafka_extra: str = "", wait: bool = True) -> DispatcherProcess:
+    def add_dispatcher(self, kafka_extra: str = "", wait: bool = True,
+                       env: dict[str, str] | None = None) -> DispatcherProcess:
         proc = DispatcherProcess(self.kafka, self.name, self.channels, self.workdir, kafka_extra,
-                                 broker=self.is_broker)
+                                 broker=self.is_broker, env=env)
         self.dispatchers.append(proc)
         if wait:
             wait_for(proc.ready, 90, "dispatcher joined its consumer groups", interval=0.2)

@@ -15,7 +15,19 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Recorder, Route, Tally, committed, grow_topic, subscription, topic_index, trigger
+from harness import (
+    NS,
+    Ledger,
+    LoadGenerator,
+    Recorder,
+    Route,
+    Tally,
+    committed,
+    grow_topic,
+    subscription,
+    topic_index,
+    trigger,
+)
 from rig import Rig, Watch
 
 from waiting import wait_for
@@ -278,6 +290,46 @@ def test_dispatcher_restart_never_replays_committed(rig: MakeRig) -> None:
         assert not ids, f"after {how}: {len(ids)} committed events delivered again, e.g. {ids[:5]}"
 
 
+def test_restart_of_a_group_that_never_committed_replays_nothing_old(rig: MakeRig) -> None:
+    """Upstream's complaint: a dispatcher restarted before its new group committed anything read the topic from
+    the beginning. Here the topic holds events from before the subscription; the first dispatcher joins (at the
+    latest offset), is killed before any delivery, and its successor must deliver none of that history."""
+    r = rig()
+    watches = one_subscription(r)
+    receiver = r.start_receiver()
+    history = Ledger()  # sent before the subscription existed: not the verdict's ledger
+    LoadGenerator(f"{receiver.url}/{NS}/{r.name}", history, rate=RATE, duration=5, prefix="old").start().wait()
+    assert history.accepted(), "no history was written"
+    r.add_dispatcher().kill()
+    r.add_dispatcher()
+    r.load(rate=RATE, duration=SECONDS).wait()
+    replayed = history.accepted() & {x.event_id for x in r.subscribers.at("/s")}
+    r.verdict("restart of a group that never committed", watches, notes=[
+        f"{len(history.accepted())} events from before the subscription; {len(replayed)} of them delivered"])
+    assert not replayed, f"{len(replayed)} events from before the subscription replayed, e.g. {sorted(replayed)[:5]}"
+
+
+def test_subscription_deleted_while_its_subscriber_hangs(rig: MakeRig) -> None:
+    r = rig()
+    r.subscribers.routes["/good"] = Route()
+    r.subscribers.routes["/hang"] = Route(delay=30.0)
+    good = subscription("good", r.subscribers.url("/good"))
+    r.channel([good, subscription("hang", r.subscribers.url("/hang"), ordered=False)])
+    r.start_receiver()
+    r.add_dispatcher()
+    load = r.load(rate=RATE, duration=SECONDS)
+    load.wait_accepted(150)
+    wait_for(lambda: r.group("hang") in groups(r), 30, "the hanging subscription's group exists")
+    removed = time.monotonic()
+    r.channel([good])  # the hanging subscription is deleted
+    wait_for(lambda: r.group("hang") not in groups(r), 60, "the deleted subscription's group removed")
+    took = time.monotonic() - removed
+    load.wait()
+    r.verdict("a Subscription deleted while its subscriber hangs", {"good": Watch("/good")},
+              notes=[f"its group removed {took:.1f} s after the subscription"])
+    assert r.group("hang") not in groups(r)
+
+
 # -- the soak ---------------------------------------------------------------------------------------------------
 SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "600"))
 
@@ -381,3 +433,56 @@ def test_broker_trigger_deleted_while_its_subscriber_hangs(rig: MakeRig) -> None
     r.verdict("Broker: a Trigger deleted while its subscriber hangs", {"good": watches["good"]},
               notes=["the deleted Trigger's group removed after its last commit"])
     assert r.group("hang") not in groups(r)
+
+
+# -- the Broker soak --------------------------------------------------------------------------------------------
+#: The slow Trigger's subscriber answers in this many seconds; at 100 events/s it needs ~350 deliveries at once, so
+#: the dispatcher runs with KE_MAX_IN_FLIGHT above that (its default, 64, would cap it near 18 events/s).
+SLOW_ANSWER = 3.5
+SOAK_IN_FLIGHT = "512"
+SOAK_ANSWER_TEXT = f"{SLOW_ANSWER:g} s"
+
+
+def lag(r: Rig, group: str) -> int:
+    """Records of the rig's topic that ``group`` has not committed past."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**r.kafka.client_config(), "group.id": f"lag-{group}", "enable.auto.commit": False})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(r.topic, p), timeout=10)[1]
+                for p in range(r.partitions)}
+    finally:
+        consumer.close()
+    done = committed(r.kafka, r.topic, group, r.partitions)
+    return sum(end - max(done.get(p, 0), 0) for p, end in ends.items())
+
+
+@slow
+@pytest.mark.timeout(SOAK_SECONDS + 1200)
+def test_broker_soak_10_partitions_5_triggers_one_slow(rig: MakeRig) -> None:
+    r = rig(partitions=10)
+    routes = {f"t{n}": Route() for n in range(4)} | {"slow": Route(delay=SLOW_ANSWER)}
+    watches = broker_triggers(r, routes, slow={"ordered": False}, t1={"ordered": False})
+    r.start_receiver()
+    dispatcher = r.add_dispatcher(env={"KE_MAX_IN_FLIGHT": SOAK_IN_FLIGHT})
+    load = r.load(rate=100, senders=4, duration=SOAK_SECONDS)
+    rss: list[tuple[float, int]] = []
+    while load.running:
+        rss.append((time.monotonic() - r.started, dispatcher.rss_bytes()))
+        time.sleep(5)
+    load.wait()
+    sent = len(r.ledger.sent())
+    # RSS flat: the last third of the soak against the second (the first is warm-up: caches, queues filling).
+    third = len(rss) // 3
+    middle = max(b for _, b in rss[third:2 * third]) if third else 0
+    last = max(b for _, b in rss[2 * third:]) if third else 0
+    notes = [f"offered {sent / SOAK_SECONDS:.1f} events/s on average; 10 partitions, 5 Triggers, 'slow' answers in "
+             f"{SOAK_ANSWER_TEXT}, KE_MAX_IN_FLIGHT={SOAK_IN_FLIGHT}",
+             f"dispatcher RSS max {middle / 2**20:.0f} MiB in the middle third, {last / 2**20:.0f} MiB in the last"]
+    tallies = r.verdict(f"Broker soak {SOAK_SECONDS / 60:.0f} min at 100/s, 5 Triggers (one slow)", watches,
+                        max_duplicate_ratio=0.001, notes=notes, settle_timeout=300)
+    wait_for(lambda: all(lag(r, r.group(name)) == 0 for name in routes), 120,
+             "every Trigger's group committed to the end of the topic", interval=1)
+    assert sent >= 0.9 * 100 * SOAK_SECONDS, f"the senders managed only {sent} events"
+    assert third and last <= 1.2 * middle, f"dispatcher RSS grew: {[b // 2**20 for _, b in rss]} MiB"
+    assert {name for name, t in tallies.items() if t.accepted} == set(routes), tallies

@@ -413,6 +413,19 @@ class Reconciler:
             log.info("KafkaChannel finalizing: waiting for its dispatcher to stop",
                      extra={"namespace": namespace, "channel": name, "deployment": f"{system}/{dispatcher}"})
             return Result(requeue_after=STOP_RECHECK_SECONDS)
+        # Each subscriber's consumer group (its committed offsets) goes with the channel, whoever manages the topic:
+        # left behind, it would be an orphan that lag alerts and `offsets show` keep reporting. The dispatcher is
+        # gone by now, so the groups have no members.
+        uids = {s.get("uid") for part in ("spec", "status") for s in (obj.get(part) or {}).get("subscribers") or ()}
+        groups = sorted(self.settings.consumer_group_for(namespace, name, uid) for uid in uids if uid)
+        if groups:
+            try:
+                connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.config_map)
+                for group in groups:
+                    self.writer.check()
+                    self.admins.get(connection).delete_group(group)  # an unknown group counts as deleted
+            except (TopicError, KafkaConfigError) as exc:
+                return Result(error=f"deleting the consumer groups of {namespace}/{name}: {exc}")
         external = (meta.get("annotations") or {}).get(ANNOTATION_EXTERNAL_TOPIC)
         if self.settings.topic_management is TopicManagement.ADMIN and not external and self.settings.delete_topics:
             topic = self.settings.topic_for(namespace, name)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from confluent_kafka import KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kafka_eventing.core import brokers as kb
@@ -26,6 +27,7 @@ from kafka_eventing.core.kafka_config import KafkaConnection
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.core.tokens import TokenSource
 from kafka_eventing.dispatcher.delivery import Deliverer
+from kafka_eventing.dispatcher.group_offsets import AdminGroupOffsets, GroupOffsets
 from kafka_eventing.dispatcher.http_client import PooledSender
 from kafka_eventing.dispatcher.metrics import metrics_for
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
@@ -150,6 +152,7 @@ class Dispatcher:
         self._resets = resets
         self._subs: dict[str, _Running] = {}
         self._stopping_subs: dict[str, asyncio.Task[None]] = {}
+        self._group_offsets: GroupOffsets | None = None  # made on first use (a Broker's dispatcher passes its own)
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliverer: Deliverer | None = None
@@ -269,9 +272,14 @@ class Dispatcher:
 
     def _apply(self, channel: Channel | None, wanted: dict[str, Subscriber]) -> None:
         """Consume for exactly the ``wanted`` subscribers: one consumer group each."""
+        # A subscriber gone from the channel (its Subscription deleted) takes its group along; a KafkaSource's topics
+        # share one group, and a deleted channel's groups are the controller's to delete.
+        listed = {s.uid for s in channel.subscribers} if channel is not None else set()
         for uid, current in list(self._subs.items()):
             if uid not in wanted or channel is None or current.consumer.topic != (wanted[uid].topic or channel.topic):
-                self._retire(uid)
+                gone = channel is not None and uid not in listed and not self.kafka_source
+                self._retire(uid, forget=self.group_of(channel, current.consumer.subscriber)
+                             if channel is not None and gone else None)
         if channel is None:
             return
         for uid, sub in wanted.items():
@@ -281,6 +289,22 @@ class Dispatcher:
             elif running.consumer.subscriber != sub:
                 log.info("subscriber changed, applying", extra={"subscriber": uid})
                 running.consumer.update(sub)
+
+    async def _delete_group(self, group: str, attempts: int = 8) -> None:
+        """Delete a group this replica has left. The other replicas' members leave it at their own pace (each
+        deletes too; the first to find it empty wins), so a non-empty group is retried for about a minute."""
+        if self._group_offsets is None:
+            self._group_offsets = AdminGroupOffsets(self.connection.admin_config())
+        for attempt in range(attempts):
+            try:
+                await asyncio.to_thread(self._group_offsets.delete, group)
+                log.info("consumer group deleted", extra={"group": group})
+                return
+            except KafkaException as exc:
+                if attempt == attempts - 1:
+                    log.warning("consumer group not deleted", extra={"group": group, "error": str(exc)})
+                    return
+            await asyncio.sleep(min(15.0, 0.5 * 2**attempt))
 
     def group_of(self, channel: Channel, sub: Subscriber) -> str:
         """The consumer group of one subscriber (a KafkaSource's own, a Trigger's, or a channel subscription's)."""
@@ -350,13 +374,16 @@ class Dispatcher:
                                REASON_FAILED)
                 await asyncio.sleep(min(30.0, 0.5 * 2**failures))
 
-    def _retire(self, uid: str) -> None:
+    def _retire(self, uid: str, forget: str | None = None) -> None:
+        """Stop the subscriber's consumer; then, with ``forget``, delete that consumer group."""
         running = self._subs.pop(uid)
         running.consumer.stop()
-        log.info("subscriber removed", extra={"subscriber": uid})
+        log.info("subscriber removed", extra={"subscriber": uid, "delete_group": bool(forget)})
 
         async def wait() -> None:
             await asyncio.gather(running.task, return_exceptions=True)
+            if forget:
+                await self._delete_group(forget)
             if self._stopping_subs.get(uid) is task:
                 del self._stopping_subs[uid]
 

@@ -64,6 +64,9 @@ class FakeAdmin:
     def delete(self, name: str) -> None:
         self.topics.pop(name, None)
 
+    def delete_group(self, group: str) -> None:
+        self.calls.append(f"delete_group={group}")
+
 
 def _deployment(partitions: int, secret: str | None = "kafka", checksum: str = "c1") -> dict[str, Any]:
     config = res.DispatcherConfig(replicas=3, checksum=checksum, secret_name=secret, bootstrap_servers="k:9092")
