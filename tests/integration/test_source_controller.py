@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +44,7 @@ from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
 from kafka_eventing.dispatcher.sources import KubeSourceSource
+from kafka_eventing.localstack._proc import free_port, terminate
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
@@ -515,3 +520,43 @@ def test_keda_scales_an_annotated_source(keda_sources: Sources, keda_crds: Any) 
     s.delete("auto")
     eventually(lambda: gone(lambda: s.get("auto")), 30, "the source gone")
     assert _keda(s, keda.SCALED_OBJECTS, name) is None and _keda(s, keda.TRIGGER_AUTHENTICATIONS, name) is None
+
+
+def test_the_dispatcher_process_runs_as_the_deployment_says(sources: Sources, http: Subscriber,  # noqa: F811
+                                                            kube_control_plane: KubeControlPlane,
+                                                            tmp_path: Path) -> None:
+    """``python -m kafka_eventing.dispatcher`` with exactly the environment of the source's Deployment (plus the
+    kubeconfig a pod gets from its ServiceAccount, and a free metrics port): it answers its liveness probe and
+    delivers. (Its start once asked the API about ResetOffsets through a client it never made, so the pod
+    crash-looped; only the real-pod tier ran it this way.)"""
+    s = sources
+    topic = s.topic(1)
+    s.create("proc", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic],
+                      "initialOffset": "earliest", "sink": {"uri": http.url("/proc")}})
+    s.ready("proc")
+    container = s.deployment("proc").spec.template.spec.containers[0]
+    port = free_port()
+    variables = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+                 **{e.name: e.value for e in container.env}, "KE_METRICS_PORT": str(port),
+                 "KE_KUBECONFIG": str(kube_control_plane.kubeconfig),
+                 "KE_KAFKA_EXTRA": "session.timeout.ms=6000,heartbeat.interval.ms=500"}
+    assert variables["KE_CHANNEL_SOURCE"] == "kube" and variables["KE_SOURCE_NAME"] == "proc"
+    s.produce(topic, [b"from the process"])
+    with (tmp_path / "dispatcher.log").open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                                env=variables, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def alive() -> bool:
+            assert proc.poll() is None, (tmp_path / "dispatcher.log").read_text()[-3000:]
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
+                                                                      timeout=2) as r:
+                return r.status == 200
+            return False
+
+        wait_for(alive, 60, "the liveness probe's answer")
+        wait_for(lambda: len(http.at("/proc")) >= 1, 60, "the event through the dispatcher process")
+        assert http.at("/proc")[0].body == b"from the process"
+        assert http.at("/proc")[0].headers["ce-type"] == ks.EVENT_TYPE
+        assert proc.poll() is None
+    finally:
+        terminate(proc, timeout=30)  # type: ignore[arg-type]

@@ -75,8 +75,8 @@ async def _run(settings: Settings) -> None:
 
         writer = MemoryStatusWriter()
         if settings.channel_source == "kube":
-            source = KubeSourceSource(kube_api_client(settings.kubeconfig), settings.source_namespace,
-                                      settings.source_name)
+            api_client = kube_api_client(settings.kubeconfig)
+            source = KubeSourceSource(api_client, settings.source_namespace, settings.source_name)
         elif settings.channels_file is not None:
             source = FileSourceSource(settings.channels_file, settings, settings.source_namespace,
                                       settings.source_name)
@@ -90,7 +90,8 @@ async def _run(settings: Settings) -> None:
         source = channel_source_from_settings(settings)
         writer = MemoryStatusWriter()
     resets = None
-    if settings.channel_source == "kube" and serves_resetoffsets(api_client):
+    # ResetOffsets name KafkaChannels and Brokers, not KafkaSources.
+    if settings.channel_source == "kube" and not settings.source_name and serves_resetoffsets(api_client):
         # ResetOffsets naming this dispatcher's groups (dispatcher/resets.py); the CRD is optional.
         kind = "Broker" if settings.broker_name else ro.KAFKA_CHANNEL_KIND
         namespace, name = ((settings.broker_namespace, settings.broker_name) if settings.broker_name
