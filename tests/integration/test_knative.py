@@ -414,10 +414,10 @@ def test_kafka_source_into_a_kafka_broker_on_knatives_crds(knative: Knative, htt
         assert plain.headers["ce-subject"] == "partition:0#0"
         assert (plain.headers["ce-key"], plain.headers["ce-partitionkey"]) == ("order-7", "order-7")
         assert plain.headers["ce-kafkaheaderxtraceid"] == "t-1"
-        assert plain.headers["content-type"] == "application/json"
+        assert plain.headers["Content-Type"] == "application/json"
         event = got["ce-1"]  # a CloudEvent record passes through unchanged
         assert (event.body, event.headers["ce-type"], event.headers["ce-source"], event.headers["ce-team"],
-                event.headers["content-type"]) == (b"ce-body", "com.example.ce", "/orders", "pay", "text/plain")
+                event.headers["Content-Type"]) == (b"ce-body", "com.example.ce", "/orders", "pay", "text/plain")
     finally:
         dispatcher.stop()
         thread.join(30)
