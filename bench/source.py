@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from typing import Any
 import dispatcher as bd
 import peer
 import yaml
-from _common import cpu_seconds, machine_facts, median, new_figure, process_tree, rss_bytes, save_png, write_json
+from _common import ROOT, cpu_seconds, machine_facts, median, new_figure, process_tree, rss_bytes, save_png, write_json
 
 from kafka_eventing.localstack._proc import free_port, terminate
 from kafka_eventing.localstack.kafka import KAFKA_VERSION, KafkaNode
@@ -169,7 +170,11 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024, help="record value bytes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--plot-only", action="store_true", help="redraw source.png from source.json")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((ROOT / "docs" / "benchmarks" / "source.json").read_text()))
+        return 0
     why_not = peer.peer_available()
     planes = PLANES if why_not is None else ("ours",)
     facts = machine_facts(["confluent-kafka", "aiohttp", "uvloop"], kafka=KAFKA_VERSION,
@@ -211,8 +216,8 @@ def main() -> int:
 def plot(result: dict[str, Any]) -> None:
     summary = result["summary"]
     planes = [p for p in PLANES if f"{p}_plain" in summary]
-    fig, axes = new_figure(ncols=3, width=12.0, height=4.0)
-    for ax, (key, label) in zip(axes, (("rate", "events/s (steady state)"),
+    fig, axes = new_figure(ncols=3, width=4.5, height=4.0)
+    for ax, (key, label) in zip(axes[0], (("rate", "events/s (steady state)"),
                                        ("events_per_cpu_second", "events per CPU-second"),
                                        ("rss_mib", "RSS MiB")), strict=True):
         for n, plane in enumerate(planes):
@@ -220,10 +225,14 @@ def plot(result: dict[str, Any]) -> None:
             ax.bar([x + n * 0.4 for x in range(len(KINDS))], values, width=0.4, label=plane)
         ax.set_xticks([x + 0.2 for x in range(len(KINDS))], KINDS)
         ax.set_title(label)
-    axes[0].legend()
+    axes[0][0].legend()
     m = result["machine"]
-    fig.suptitle(f"KafkaSource drain, {m['count']} × {m['size']} B, median of {m['repeats']} "
-                 f"(load {m['load_average_at_start'][0]:.1f} at start; {m['cores']} cores)", fontsize=9)
+    peer_ref = m["peer"].get("ref", "") if isinstance(m["peer"], dict) else "not measured"
+    fig.suptitle(f"KafkaSource drain, {m['count']} × {m['size']} B on {PARTITIONS} partitions, unordered, median of "
+                 f"{m['repeats']}; peer: Knative {peer_ref} Java dispatcher\n{m['cpu_model']}, {m['cores']} cores, "
+                 f"load {m['load_average_at_start'][0]:.1f} at start, "
+                 f"{m.get('load_average_at_end', [0])[0]:.1f} at end", fontsize=9)
+    fig.tight_layout()
     print(save_png(fig, "source"))
 
 
