@@ -537,7 +537,7 @@ def test_the_dispatcher_process_runs_as_the_deployment_says(sources: Sources, ht
     container = s.deployment("proc").spec.template.spec.containers[0]
     port = free_port()
     variables = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
-                 **{e.name: e.value for e in container.env}, "KE_METRICS_PORT": str(port),
+                 **{e.name: e.value or "" for e in container.env}, "KE_METRICS_PORT": str(port),
                  "KE_KUBECONFIG": str(kube_control_plane.kubeconfig),
                  "KE_KAFKA_EXTRA": "session.timeout.ms=6000,heartbeat.interval.ms=500"}
     assert variables["KE_CHANNEL_SOURCE"] == "kube" and variables["KE_SOURCE_NAME"] == "proc"
