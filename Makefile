@@ -149,7 +149,11 @@ bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .ca
 	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
 
 .PHONY: bench
-bench: bench-receiver bench-dispatcher bench-e2e bench-controller bench-tracing bench-spark bench-cesql bench-broker ## All benchmarks.
+bench: bench-receiver bench-dispatcher bench-e2e bench-controller bench-tracing bench-spark bench-cesql bench-broker bench-source ## All benchmarks.
+
+.PHONY: bench-source
+bench-source: setup ## KafkaSource: drain 1 KB plain and CloudEvent records to one subscriber, ours and the peer side by side.
+	$(PY) bench/source.py
 
 .PHONY: bench-receiver
 bench-receiver: setup bench-tools ## Receiver vs bare falcon vs raw producer, side by side.

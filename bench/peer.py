@@ -93,6 +93,26 @@ def egress(subscriber_url: str, *, group: str, ordered: bool, namespace: str = "
     }
 
 
+def source_contract(bootstrap: str, topics: list[str], subscriber_url: str, *, group: str, ordered: bool,
+                    namespace: str = "bench", name: str = "source") -> dict[str, object]:
+    """The contract Knative's control plane writes for one KafkaSource: no ingress, the source as the resource's and
+    the egress's reference (the dispatcher names plain records' ``source`` after it), its consumer group."""
+    uid = _uid(namespace, "kafkasource", name)
+    reference = {"uuid": uid, "namespace": namespace, "name": name, "kind": "KafkaSource",
+                 "groupVersion": "sources.knative.dev/v1"}
+    return {"generation": "1", "resources": [{
+        "uid": uid, "topics": topics, "bootstrapServers": bootstrap, "absentAuth": {}, "reference": reference,
+        "egresses": [{"consumerGroup": group, "destination": subscriber_url, "uid": uid,
+                      "deliveryOrder": "ORDERED" if ordered else "UNORDERED", "reference": reference}],
+    }]}
+
+
+#: What config-kafka-source-data-plane's consumer properties add to the Broker's: records that are not CloudEvents
+#: are converted (InvalidCloudEventInterceptor), named after KafkaSources.
+SOURCE_CONSUMER = {"cloudevent.invalid.transformer.enabled": "true", "cloudevent.invalid.kind.plural": "kafkasources",
+                   "isolation.level": "read_committed"}
+
+
 def broker_contract(bootstrap: str, topic: str, *, namespace: str = "bench", name: str = "events",
                     egresses: list[dict[str, object]] | None = None, generation: int = 1) -> dict[str, object]:
     """The contract for one Broker: ingress path ``/namespace/name`` -> ``topic``, plus ``egresses``."""
@@ -262,7 +282,8 @@ def start_peer_dispatcher(bootstrap: str, topic: str, subscriber_url: str, workd
                           name: str = "events", initial_offset: Literal["earliest", "latest"] = "earliest",
                           heap: str = DEFAULT_HEAP, timeout: float = 90.0,
                           extra_env: Mapping[str, str] | None = None,
-                          egresses: list[dict[str, object]] | None = None) -> subprocess.Popen[bytes]:
+                          egresses: list[dict[str, object]] | None = None,
+                          source: bool = False) -> subprocess.Popen[bytes]:
     """Start the peer's dispatcher: one Trigger (no filter) of the Broker on ``topic`` delivering to ``subscriber_url``
     (or the given ``egresses``, each a Trigger with its own consumer group; ``group`` is then the first one's).
 
@@ -277,13 +298,15 @@ def start_peer_dispatcher(bootstrap: str, topic: str, subscriber_url: str, workd
     contract = d / "contract.json"
     egs = egresses or [egress(subscriber_url, group=group, ordered=ordered, namespace=namespace)]
     contract.write_text(json.dumps(
-        broker_contract(bootstrap, topic, namespace=namespace, name=name, egresses=egs), indent=2))
+        source_contract(bootstrap, [topic], subscriber_url, group=group, ordered=ordered, namespace=namespace)
+        if source else broker_contract(bootstrap, topic, namespace=namespace, name=name, egresses=egs), indent=2))
     cfg = _write_config(d, {
         "httpserver": {"host": "127.0.0.1"},
-        "consumer": {"max.poll.records": str(max_poll_records), "auto.offset.reset": initial_offset},
+        "consumer": {**(SOURCE_CONSUMER if source else {}), "max.poll.records": str(max_poll_records),
+                     "auto.offset.reset": initial_offset},
     })
     env = {
-        "SERVICE_NAME": "kafka-broker-dispatcher",
+        "SERVICE_NAME": "kafka-source-dispatcher" if source else "kafka-broker-dispatcher",
         "SERVICE_NAMESPACE": namespace,
         "INSTANCE_ID": f"peer-dispatcher-{group}",
         "PRODUCER_CONFIG_FILE_PATH": str(cfg["producer"]),

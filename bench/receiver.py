@@ -2,7 +2,8 @@
 
 (a) the raw confluent-kafka producer in one process (acks=all),
 (b) a bare falcon ASGI endpoint answering 202 without Kafka, under the same gunicorn workers (uvicorn, 2),
-(c) the receiver,
+(c) the receiver, writing to a KafkaChannel and (``receiver-sink``) to a KafkaSink on the same topic (its own
+    ingress Service's Host, ``/<namespace>/<name>``: the same targets as a channel's ingress),
 (d) at 1 KB, the peer: Knative's Java receiver (``bench/peer.py``, built by ``make peer``; left out, and said so,
     when it is not built),
 
@@ -11,7 +12,8 @@ that rate by ``oha`` (open loop: requests are sent on a fixed schedule whatever 
 is counted from each request's scheduled time, so a stall is not hidden by the client waiting).
 At 1 KB each server is also loaded by ``oha`` at fixed rates (``FIXED_RATES``: 1,000 and 3,000 events/s), where
 latency and CPU per event are compared with the peer's.
-Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported.
+Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported;
+``BENCH_KINDS`` (comma-separated) measures only some servers.
 Results: docs/benchmarks/receiver.json and receiver.png. Not a test.
 """
 
@@ -81,6 +83,8 @@ MODELS = {
     "uvicorn": {"args": ["-k", RECEIVER_WORKER], "receiver": "kafka_eventing.receiver.app:get_app()",
                 "bare": "receiver:bare_asgi()"},
 }
+#: A KafkaSink's requests name the sink ingress Service (chart value receiver.sinkService.name) by Host.
+SINK_HEADERS = {"Host": "kafka-sink-ingress.knative-eventing.svc.cluster.local"}
 CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",
               "content-type": "application/octet-stream"}
 
@@ -111,8 +115,8 @@ def oha_version() -> str:
     return out.split()[-1]
 
 
-def lua_script(path: Path, size: int) -> Path:
-    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in CE_HEADERS.items())
+def lua_script(path: Path, size: int, extra: dict[str, str] | None = None) -> Path:
+    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in {**CE_HEADERS, **(extra or {})}.items())
     path.write_text(f'wrk.method = "POST"\nwrk.body = string.rep("x", {size})\n{headers}\n')
     return path
 
@@ -127,12 +131,13 @@ def _ms(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int, server_pid: int) -> dict[str, Any]:
+def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int, server_pid: int,
+            extra: dict[str, str] | None = None) -> dict[str, Any]:
     """``rate`` requests/s on a fixed schedule (open loop) with latency from the scheduled send time."""
     pids = process_tree(server_pid)
     cpu_before = cpu_seconds(pids)
     machine_before = machine_cpu_ticks()
-    headers = [arg for k, v in CE_HEADERS.items() for arg in ("-H", f"{k}: {v}")]
+    headers = [arg for k, v in {**CE_HEADERS, **(extra or {})}.items() for arg in ("-H", f"{k}: {v}")]
     out = subprocess.run(
         ["oha", "-z", f"{seconds}s", "-q", f"{rate:.0f}", "--latency-correction", "-c", str(connections),
          "-m", "POST", *headers, "-D", str(body), "--no-tui", "--output-format", "json", url],
@@ -251,12 +256,16 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
     elif kind == "receiver-batching":  # the receiver as it was: every record waits out linger.ms
         proc, url = start_server(model, "receiver", {**env, "KE_BATCH_ABOVE_RATE": "0"}, workdir)
         stop = stop_server
+    elif kind == "receiver-sink":  # the same receiver; the KafkaSink of the channels file, by its ingress Host
+        proc, url = start_server(model, "receiver", env, workdir)
+        stop = stop_server
     else:
         proc, url = start_server(model, kind, env, workdir)
         stop = stop_server
+    extra = SINK_HEADERS if kind == "receiver-sink" else None
     try:
         target = url + "/bench/events"
-        full = lua_script(workdir / f"full-{size}.lua", size)
+        full = lua_script(workdir / f"full-{kind}-{size}.lua", size, extra)
         # warm-up: connections, caches, metadata, the peer's JIT
         run_wrk(target, full, SATURATION_CONNECTIONS, WARMUP_SECONDS, proc.pid, broker_pid=broker_pid)
         saturated = run_wrk(target, full, SATURATION_CONNECTIONS, DURATION, proc.pid, broker_pid=broker_pid)
@@ -265,13 +274,13 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
         body.write_bytes(b"x" * size)
         try:
             half = run_oha(target, body, half_rate, connections=HALF_CONNECTIONS, seconds=DURATION,
-                           server_pid=proc.pid)
+                           server_pid=proc.pid, extra=extra)
         except RuntimeError as exc:  # kept in the results as a failed run rather than losing the whole benchmark
             print(f"half-rate run failed: {exc}", flush=True)
             half = {"failed": str(exc), "p99_ms": None}
         half["target_events_per_s"] = round(half_rate, 1)
         fixed = {str(rate): run_oha(target, body, rate, connections=HALF_CONNECTIONS, seconds=DURATION,
-                                    server_pid=proc.pid) for rate in (FIXED_RATES if size == 1024 else ())}
+                                    server_pid=proc.pid, extra=extra) for rate in (FIXED_RATES if size == 1024 else ())}
         return {"saturated": saturated, "half_saturation": half, "fixed_rate": fixed}
     finally:
         stop(proc)
@@ -401,7 +410,9 @@ def main() -> None:
             fresh_topic(admin)
             channels = workdir / "channels.yaml"
             channels.write_text("apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
-                                "metadata: {name: events, namespace: bench}\n")
+                                "metadata: {name: events, namespace: bench}\n---\n"
+                                "apiVersion: eventing.knative.dev/v1alpha1\nkind: KafkaSink\n"
+                                "metadata: {name: events, namespace: bench}\nspec: {topic: bench.events}\n")
             env = {k: v for k, v in os.environ.items() if not k.startswith("KE_") or k == "KE_CACHE"}
             env.update({"KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_CHANNELS_FILE": str(channels),
                         "KE_LOG_LEVEL": "WARNING", "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prom")})
@@ -493,14 +504,19 @@ def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
 
 #: at 1 KB also the peer, the bare endpoint under granian (``make bench-tools`` installs it), and the receiver with
 #: one batching producer only (``KE_BATCH_ABOVE_RATE=0``: what the immediate producer changes)
-KINDS_1KB = ["bare", "granian", "receiver", "receiver-batching", "peer"]
+KINDS_1KB = ["bare", "granian", "receiver", "receiver-sink", "receiver-batching", "peer"]
+
+
+#: ``BENCH_KINDS=bare,receiver,receiver-sink``: only those servers (bare and receiver are always kept: the summary
+#: is set against them).
+ONLY = {k for k in os.environ.get("BENCH_KINDS", "").split(",") if k} | {"bare", "receiver"}
 
 
 def kinds_for(size: int, rep: int = 0) -> list[str]:
     """The servers of one round, in reversed order on odd rounds: none always runs first (or on a JIT-warm
     Kafka broker, or on a machine whose neighbours have just gone quiet)."""
-    only = os.environ.get("BENCH_KINDS")
-    kinds = [k for k in (KINDS_1KB if size == 1024 else ["bare", "receiver"]) if not only or k in only.split(",")]
+    kinds = KINDS_1KB if size == 1024 else ["bare", "receiver", "receiver-sink"]
+    kinds = [k for k in kinds if k in ONLY] if len(ONLY) > 2 else kinds
     return kinds if rep % 2 == 0 else kinds[::-1]
 
 
@@ -582,6 +598,15 @@ def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
                 "receiver_machine_busy_percent_at_half": rec["half_saturation"].get("machine_busy_percent"),
                 "bare_machine_busy_percent_at_half": bare["half_saturation"].get("machine_busy_percent"),
             }
+            sink = runs.get(f"{model}/receiver-sink/{label}")
+            if sink:  # a KafkaSink's ingress is held to a channel's: its rate and CPU per event beside them
+                out[f"{model}/{label}"].update({
+                    "sink_vs_channel_rate": round(sink["saturated"]["events_per_s"] / rec["saturated"]["events_per_s"],
+                                                  3),
+                    "sink_vs_bare_rate": round(sink["saturated"]["events_per_s"] / bare["saturated"]["events_per_s"],
+                                               3),
+                    "sink_events_per_cpu_second": round(1000 / sink["saturated"]["cpu_s_per_1000"], 1),
+                    "sink_p99_ms_at_half_saturation": sink["half_saturation_p99_ms_median"]})
     return out
 
 
@@ -599,7 +624,8 @@ def print_table(results: dict[str, Any]) -> None:
 def plot(results: dict[str, Any]) -> None:
     runs = results["runs"]
     fig, axes = new_figure(ncols=3, width=5.2, height=4.2)
-    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver")), "granian/bare", "java-peer"]
+    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver", "receiver-sink")),
+             "granian/bare", "java-peer"]
     p99_title = "p99 at half saturation, open loop (ms, median);\nraw producer: at the receiver's half rate"
     for col, (metric, title) in enumerate([("events_per_s", "events/s at saturation"),
                                            ("cpu_s_per_1000", "server CPU s per 1,000 events"),

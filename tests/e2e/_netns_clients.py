@@ -168,3 +168,13 @@ def consumer_groups(bootstrap_servers: str) -> list[str]:
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     return sorted(g.group_id for g in admin.list_consumer_groups().result(15).valid)
+
+
+def produce_plain(bootstrap_servers: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    """(key, value) records that are not CloudEvents, written to partition 0 of ``topic``."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0, "records not acknowledged"

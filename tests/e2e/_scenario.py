@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ksrc
 
 SYSTEM_NS = "knative-eventing"
 APP_NS = "e2e"
@@ -193,6 +194,36 @@ def broker_ready(kube: Kube) -> None:
 def broker_dispatcher(kube: Kube) -> list[dict[str, Any]]:
     return [d for d in dispatchers(kube)
             if (d["metadata"].get("annotations") or {}).get(BROKER_OWNER) == f"{APP_NS}/{BROKER}"]
+
+
+# ---------------------------------------------------------------------------------------------- KafkaSink, KafkaSource
+
+KAFKA_SINK, KAFKA_SOURCE = "orders-sink", "orders-source"
+SINK_TOPIC = "e2e-orders-sink"
+#: The sink ingress Service's name (chart value receiver.sinkService.name): a request to it names only KafkaSinks.
+SINK_HOST = f"kafka-sink-ingress.{SYSTEM_NS}.svc.cluster.local"
+SOURCE_OWNER = "kafka.eventing.knative.dev/kafkasource"
+
+
+def kafka_sink(bootstrap_servers: str) -> dict[str, Any]:
+    """A KafkaSink that creates its topic (2 partitions)."""
+    return {"apiVersion": "eventing.knative.dev/v1alpha1", "kind": "KafkaSink",
+            "metadata": {"name": KAFKA_SINK, "namespace": APP_NS},
+            "spec": {"topic": SINK_TOPIC, "numPartitions": 2, "replicationFactor": 1,
+                     "bootstrapServers": [bootstrap_servers]}}
+
+
+def kafka_source(bootstrap_servers: str, subscriber: str) -> dict[str, Any]:
+    """A KafkaSource reading the sink's topic from the start into ``subscriber``, on two dispatcher pods."""
+    return {"apiVersion": f"{ksrc.GROUP}/{ksrc.VERSION}", "kind": ksrc.KIND,
+            "metadata": {"name": KAFKA_SOURCE, "namespace": APP_NS},
+            "spec": {"bootstrapServers": [bootstrap_servers], "topics": [SINK_TOPIC], "initialOffset": "earliest",
+                     "consumers": 2, "sink": {"uri": subscriber}}}
+
+
+def source_dispatcher(kube: Kube) -> list[dict[str, Any]]:
+    return [d for d in dispatchers(kube)
+            if (d["metadata"].get("annotations") or {}).get(SOURCE_OWNER) == f"{APP_NS}/{KAFKA_SOURCE}"]
 
 
 # ---------------------------------------------------------------------------------------------- uninstall

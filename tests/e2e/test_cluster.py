@@ -14,9 +14,12 @@ count and back → a receiver pod and a dispatcher pod deleted mid-load, and eve
 subscribers (ledger) → channel deleted: dispatcher Deployment and topic gone → (helm, with the chart's Broker and
 Trigger CRDs) a Kafka Broker with two Triggers of different filters, one per subscriber: Broker Ready, the
 controller-made Broker dispatcher Ready, events POSTed to /<namespace>/<broker> fanned out by filter, Broker deleted:
-its dispatcher and topic gone → uninstall leaves none of the release's objects, namespaced (pods, Deployments,
-Services, ConfigMaps, Secrets, ServiceAccounts, RBAC, PodDisruptionBudgets, NetworkPolicies) or cluster-scoped
-(ClusterRoles, ClusterRoleBindings, selected by the release's instance label).
+its dispatcher and topic gone → (helm, with the KafkaSink and KafkaSource CRDs) a KafkaSink written through the
+receiver pods' sink ingress and a KafkaSource (2 dispatcher pods) reading its topic into the pod subscriber: every
+accepted event arrives as sent, plain records arrive converted, a source dispatcher pod deleted mid-load loses
+nothing (ledger), deleting the source removes its Deployment → uninstall leaves none of the release's objects,
+namespaced (pods, Deployments, Services, ConfigMaps, Secrets, ServiceAccounts, RBAC, PodDisruptionBudgets,
+NetworkPolicies) or cluster-scoped (ClusterRoles, ClusterRoleBindings, selected by the release's instance label).
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ from e2e._scenario import (
     AUDIT,
     BROKER,
     CREATED,
+    KAFKA_SINK,
+    KAFKA_SOURCE,
     RESTRICTED_POD,
     SHIPPED,
+    SINK_HOST,
+    SINK_TOPIC,
     SYSTEM_NS,
     assert_release_objects,
     assert_uninstalled,
@@ -52,13 +59,18 @@ from e2e._scenario import (
     dispatcher_ready,
     dispatchers,
     kafka_channel,
+    kafka_sink,
+    kafka_source,
     pods_ready,
     role_images,
     sink_container,
+    sink_events,
     sink_ids,
+    source_dispatcher,
     wait,
 )
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ksrc
 from kafka_eventing.localstack import cluster as kc
 from kafka_eventing.localstack._proc import free_port
 from kafka_eventing.localstack.tools import tool_path
@@ -150,6 +162,7 @@ class Install:
     set_dispatcher_replicas: Callable[[Cluster, int], None]
     helm_test: Callable[[Cluster, str], None] | None = None
     brokers: bool = False  # installs the Broker and Trigger CRDs: the Broker scenario runs too
+    sources: bool = False  # installs the KafkaSink and KafkaSource CRDs: their scenario runs too
 
 
 def _sink_pod(cl: Cluster) -> str:
@@ -234,6 +247,68 @@ def run_broker_scenario(cl: Cluster, pod_sink: str, ns_sink: str, ledger: Path) 
         clients.topics, cl.state["bootstrap_servers"]))
 
 
+# ---------------------------------------------------------------------------------------------- sink and source
+
+
+def _send_to_sink(cl: Cluster, ids: list[str], pace: float = 0.0) -> list[str]:
+    accepted: list[str] = cl.in_netns(clients.send_events, cl.kubectl_cmd, SYSTEM_NS, SINK_HOST, ids, pace, 600.0,
+                                      f"/{APP_NS}/{KAFKA_SINK}", "com.example.sink")
+    return accepted
+
+
+def run_source_scenario(cl: Cluster, pod_sink: str) -> None:
+    """KafkaSink → its topic → KafkaSource dispatcher pods → the pod subscriber, with the ledger check."""
+    cl.apply(kafka_sink(cl.state["bootstrap_servers"]))
+    cl.kubectl("wait", "--for=condition=Ready", f"kafkasink/{KAFKA_SINK}", "-n", APP_NS, "--timeout=600s",
+               timeout=660)
+    cl.apply(kafka_source(cl.state["bootstrap_servers"], pod_sink))  # its topic exists now
+    cl.kubectl("wait", "--for=condition=Ready", f"kafkasource/{KAFKA_SOURCE}", "-n", APP_NS, "--timeout=600s",
+               timeout=660)
+    sink = cl.get("kafkasink", KAFKA_SINK, "-n", APP_NS)
+    assert sink["status"]["address"]["url"] == f"http://{SINK_HOST}/{APP_NS}/{KAFKA_SINK}", sink["status"]
+    source = cl.get("kafkasource", KAFKA_SOURCE, "-n", APP_NS)
+    assert source["status"]["sinkUri"] == pod_sink and source["status"]["consumers"] == 2, source["status"]
+    wait("source dispatcher pods ready", lambda: [d for d in source_dispatcher(cl)
+                                                  if d["status"].get("readyReplicas") == 2], timeout=600, interval=2)
+
+    # Written through the receiver pods (the sink ingress Host), read by the source's pods: every id, as sent.
+    first = [f"sink-{uuid.uuid4()}" for _ in range(20)]
+    assert _send_to_sink(cl, first) == first
+    wait("events written through the KafkaSink at the pod", lambda: set(first) <= sink_ids(cl, "sink"),
+         timeout=300, interval=2)
+    got = {e["id"]: e for e in sink_events(cl, "sink")}
+    assert {got[i]["type"] for i in first} == {"com.example.sink"}
+    assert [json.loads(got[i]["data"]) for i in first] == [{"n": n} for n in range(len(first))]
+
+    # Records that are not CloudEvents arrive converted, as upstream converts them.
+    plain = [(f"k{n}".encode(), f"plain-{n}-{uuid.uuid4()}".encode()) for n in range(5)]
+    cl.in_netns(clients.produce_plain, cl.state["bootstrap_servers"], SINK_TOPIC, plain)
+    values = {v.decode() for _, v in plain}
+    wait("plain records at the pod", lambda: values <= {e["data"] for e in sink_events(cl, "sink")},
+         timeout=300, interval=2)
+    converted = [e for e in sink_events(cl, "sink") if e["data"] in values]
+    assert {e["type"] for e in converted} == {ksrc.EVENT_TYPE}
+    assert all(e["id"].startswith("partition:0/offset:") for e in converted), converted
+
+    # A source dispatcher pod deleted mid-load: whatever the sink accepted still reaches the subscriber.
+    load = [f"srcload-{uuid.uuid4()}" for _ in range(200)]
+    pending = cl.pool.apply_async(clients.send_events, (cl.kubectl_cmd, SYSTEM_NS, SINK_HOST, load, 0.02, 600,
+                                                        f"/{APP_NS}/{KAFKA_SINK}", "com.example.sink"))
+    time.sleep(2)
+    pod = cl.get("pods", "-n", SYSTEM_NS, "-l",
+                 f"kafka.eventing.knative.dev/dispatcher={source_dispatcher(cl)[0]['metadata']['name']}")
+    cl.kubectl("delete", "pod", "-n", SYSTEM_NS, pod["items"][0]["metadata"]["name"], "--wait=false")
+    accepted = pending.get(900)
+    assert len(accepted) == len(load), f"only {len(accepted)} of {len(load)} events accepted by the KafkaSink"
+    wait("every accepted event through the source", lambda: set(accepted) <= sink_ids(cl, "sink"),
+         timeout=600, interval=2)
+
+    # Deleting the source removes its dispatcher Deployment (then its consumer group).
+    cl.kubectl("delete", "kafkasource", KAFKA_SOURCE, "-n", APP_NS, "--timeout=300s", timeout=360)
+    wait("source dispatcher gone", lambda: not source_dispatcher(cl))
+    cl.kubectl("delete", "kafkasink", KAFKA_SINK, "-n", APP_NS, "--timeout=300s", timeout=360)
+
+
 def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
     variant.install(cl)
     pods_ready(cl, SYSTEM_NS)
@@ -301,6 +376,8 @@ def run_scenario(cl: Cluster, variant: Install, tmp_path: Path) -> None:
 
         if variant.brokers:
             run_broker_scenario(cl, f"http://{pod_ip}:8080/", f"http://{kc.NODE_IP}:{port}/", ledger)
+        if variant.sources:
+            run_source_scenario(cl, f"http://{pod_ip}:8080/")
     finally:
         sink.terminate()
         sink.join(10)
@@ -320,7 +397,8 @@ def _helm_install(cl: Cluster) -> None:
             "-f", str(CHART / "ci" / "cluster-values.yaml"),
             "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
             "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}",
-            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true", "--wait", "--timeout=10m")
+            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true",
+            "--set", "crds.sinks=true", "--set", "crds.sources=true", "--wait", "--timeout=10m")
 
 
 def _helm_set(cl: Cluster, *values: str) -> None:
@@ -340,7 +418,8 @@ def _helm_uninstall(cl: Cluster) -> None:
 
 
 HELM = Install("helm", "ke", _helm_install, _helm_uninstall,
-               lambda cl, n: _helm_set(cl, f"dispatcher.replicas={n}"), _helm_test, brokers=True)
+               lambda cl, n: _helm_set(cl, f"dispatcher.replicas={n}"), _helm_test, brokers=True,
+               sources=True)
 
 
 def test_chart_on_real_pods(cluster: Cluster, tmp_path: Path) -> None:

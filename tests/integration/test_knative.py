@@ -1,5 +1,6 @@
 """Inside a Knative Eventing install: Knative's own controller (built from its Go module, `make setup`) drives
-KafkaChannels through the duck-typed contract, with the chart's aggregated ClusterRoles as its only access to them.
+KafkaChannels through the duck-typed contract, with the chart's aggregated ClusterRoles as its only access to them;
+Kafka Brokers and Triggers on Knative's CRDs, and a KafkaSource whose sink is such a Broker.
 
 Real parts: kube-apiserver + controller-manager, Knative's released CRDs, roles and ConfigMaps, Knative's
 eventing controller (as its ServiceAccount), this project's controller (in process), receiver (gunicorn, channels
@@ -11,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
@@ -30,14 +35,17 @@ from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401
 from fixtures.knative import KnativeEventing
 from fixtures.kube import gone
 from kafka_eventing.controller import resources as res
-from kafka_eventing.controller.crd import install_crd
+from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
+from kafka_eventing.controller.kafkasources import source_dispatcher_name
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.channel_source import KubeChannelSource
 from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
+from kafka_eventing.dispatcher.sources import KubeSourceSource
 from kafka_eventing.dispatcher.status import KubeStatusWriter, KubeTriggerStatusWriter
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
@@ -53,9 +61,11 @@ PONG = {"ce-specversion": "1.0", "ce-id": "pong-1", "ce-source": "/replier", "ce
 
 @pytest.fixture(scope="module")
 def api(kube_control_plane: KubeControlPlane, knative_eventing: KnativeEventing) -> Iterator[client.ApiClient]:
-    """Admin client; the KafkaChannel CRD is this project's, Broker and Trigger are Knative's."""
+    """Admin client; the KafkaChannel and KafkaSource CRDs are this project's (Knative's eventing core has neither),
+    Broker and Trigger are Knative's."""
     c = api_client(kube_control_plane.kubeconfig)
     install_crd(c)
+    install_crd(c, file=SOURCE_CRD)
     yield c
     c.close()
 
@@ -74,7 +84,7 @@ def knative(env: Env, knative_eventing: KnativeEventing) -> Iterator[Knative]:  
         # Without the controllers nobody removes finalizers (Knative's on Subscriptions, ours on channels and
         # Brokers): strip them so that the namespace can go.
         for group, version, plural in ((MESSAGING, "v1", "subscriptions"), (kb.GROUP, kb.VERSION, kb.BROKERS),
-                                       (kb.GROUP, kb.VERSION, kb.TRIGGERS)):
+                                       (kb.GROUP, kb.VERSION, kb.TRIGGERS), (ks.GROUP, ks.VERSION, ks.PLURAL)):
             for item in env.custom.list_namespaced_custom_object(group, version, env.namespace, plural)["items"]:
                 with contextlib.suppress(ApiException):
                     env.custom.patch_namespaced_custom_object(group, version, env.namespace, plural,
@@ -322,6 +332,95 @@ def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subsc
         managers = {m["manager"] for m in obj["metadata"].get("managedFields") or ()}
         assert managers and theirs not in managers, (obj["metadata"]["name"], managers)
     assert "status" not in brokers.get(kb.BROKERS, "mt")
+
+
+class ClusterDnsSource(KubeSourceSource):
+    """A KafkaSource as its dispatcher pod sees it, with the pod's cluster DNS played here: the sink URI the
+    controller resolved (a Service's cluster name) is sent to ``address`` on loopback; the path stays."""
+
+    def __init__(self, *args: Any, service_url: str, address: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.service_url, self.address = service_url, address
+
+    def _publish(self, channels: Any) -> None:
+        def local(uri: str) -> str:
+            return self.address + uri.removeprefix(self.service_url) if uri.startswith(self.service_url) else uri
+
+        super()._publish({key: dataclasses.replace(channel, subscribers=tuple(
+            dataclasses.replace(s, subscriber_uri=local(s.subscriber_uri)) for s in channel.subscribers))
+            for key, channel in channels.items()})
+
+
+def test_kafka_source_into_a_kafka_broker_on_knatives_crds(knative: Knative, http: Subscriber,
+                                                          start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                          kube_control_plane: KubeControlPlane) -> None:
+    e = knative.env
+    brokers = Brokers(e)
+    e.start_controller(brokers=True, sources=True)
+    brokers.ready_broker("default")
+    brokers.trigger("from-source", {"broker": "default", "subscriber": {"uri": http.url("/src")}})
+    receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+        "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+    knative.serve("default", broker=True, reply_uri=f"{receiver.url}/{e.namespace}/default")
+    brokers.wait(kb.TRIGGERS, "from-source", "Ready", "True", timeout=60)
+
+    # Records written before the source exists (initialOffset earliest): a plain one and a binary CloudEvent.
+    topic = f"kn.src.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(e.kafka.client_config())
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
+        fut.result(timeout=30)
+    producer = Producer(e.kafka.client_config())
+    producer.produce(topic, key=b"order-7", value=b'{"plain":true}',
+                     headers=[("content-type", b"application/json"), ("X-Trace_ID", b"t-1")])
+    producer.produce(topic, value=b"ce-body", headers=[
+        ("ce_specversion", b"1.0"), ("ce_id", b"ce-1"), ("ce_source", b"/orders"), ("ce_type", b"com.example.ce"),
+        ("ce_team", b"pay"), ("content-type", b"text/plain")])
+    assert producer.flush(30) == 0
+
+    body = {"apiVersion": f"{ks.GROUP}/{ks.VERSION}", "kind": ks.KIND,
+            "metadata": {"name": "orders", "namespace": e.namespace},
+            "spec": {"bootstrapServers": [e.kafka.bootstrap_servers], "topics": [topic], "initialOffset": "earliest",
+                     "sink": {"ref": {"apiVersion": f"{kb.GROUP}/{kb.VERSION}", "kind": "Broker",
+                                      "name": "default"}}}}
+    e.custom.create_namespaced_custom_object(ks.GROUP, ks.VERSION, e.namespace, ks.PLURAL, body)
+    address = brokers.get(kb.BROKERS, "default")["status"]["address"]["url"]
+
+    def source() -> dict[str, Any]:
+        return dict(e.custom.get_namespaced_custom_object(ks.GROUP, ks.VERSION, e.namespace, ks.PLURAL, "orders"))
+
+    # The sink ref to Knative's Broker kind resolves to the Kafka Broker's address, as a Trigger's subscriber would.
+    eventually(lambda: source().get("status", {}).get("sinkUri") == address, 60, f"sinkUri {address}")
+    e.make_available(source_dispatcher_name(e.namespace, "orders"))
+    eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                           for c in source().get("status", {}).get("conditions") or ()), 60, "source Ready")
+
+    # Its dispatcher, as the pod runs it: records → the Broker's ingress → the Broker's topic → the Trigger.
+    service_url = address.removesuffix(f"/{e.namespace}/default")
+    settings = Settings(source_namespace=e.namespace, source_name="orders", bootstrap_servers=e.kafka.bootstrap_servers,
+                        kafka_extra=KAFKA_EXTRA, log_level="WARNING")
+    dispatcher = create_dispatcher(settings, connection_from_settings(settings), ClusterDnsSource(
+        e.api, e.namespace, "orders", watch_timeout_seconds=30, service_url=service_url, address=receiver.url),
+        registry=CollectorRegistry(), host="127.0.0.1", port=0)
+    thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(http.at("/src")) >= 2, 60, "both records through the Broker at the Trigger")
+        got = {r.headers["ce-id"]: r for r in http.at("/src")}
+        assert set(got) == {"partition:0/offset:0", "ce-1"}, list(got)
+        plain = got["partition:0/offset:0"]
+        assert plain.body == b'{"plain":true}'
+        assert plain.headers["ce-type"] == ks.EVENT_TYPE
+        assert plain.headers["ce-source"] == f"/apis/v1/namespaces/{e.namespace}/kafkasources/orders#{topic}"
+        assert plain.headers["ce-subject"] == "partition:0#0"
+        assert (plain.headers["ce-key"], plain.headers["ce-partitionkey"]) == ("order-7", "order-7")
+        assert plain.headers["ce-kafkaheaderxtraceid"] == "t-1"
+        assert plain.headers["Content-Type"] == "application/json"
+        event = got["ce-1"]  # a CloudEvent record passes through unchanged
+        assert (event.body, event.headers["ce-type"], event.headers["ce-source"], event.headers["ce-team"],
+                event.headers["Content-Type"]) == (b"ce-body", "com.example.ce", "/orders", "pay", "text/plain")
+    finally:
+        dispatcher.stop()
+        thread.join(30)
 
 
 # -- rate limits: an annotation, since Knative's Subscription has no field for one and a Trigger none at all -------

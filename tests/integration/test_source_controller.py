@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +34,8 @@ from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env i
 from test_dispatcher import Subscriber, http  # noqa: F401 - http is a fixture used by name
 
 from fixtures.kube import gone
+from kafka_eventing.controller import keda
+from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
 from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SOURCE_FINALIZER, selector, source_dispatcher_name
 from kafka_eventing.controller.main import api_client
@@ -38,6 +44,7 @@ from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
 from kafka_eventing.dispatcher.sources import KubeSourceSource
+from kafka_eventing.localstack._proc import free_port, terminate
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
@@ -63,9 +70,10 @@ class Sources:
         self.dispatchers: list[tuple[Any, threading.Thread]] = []
 
     def create(self, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None,
-               version: str = ks.VERSION) -> None:
+               version: str = ks.VERSION, annotations: dict[str, str] | None = None) -> None:
         body = {"apiVersion": f"{ks.GROUP}/{version}", "kind": ks.KIND,
-                "metadata": {"name": name, "namespace": self.ns, "labels": labels or {}}, "spec": spec}
+                "metadata": {"name": name, "namespace": self.ns, "labels": labels or {},
+                             "annotations": annotations or {}}, "spec": spec}
         self.custom.create_namespaced_custom_object(ks.GROUP, version, self.ns, ks.PLURAL, body)
 
     def get(self, name: str) -> dict[str, Any]:
@@ -175,20 +183,31 @@ class Sources:
         self.dispatchers.clear()
 
 
-@pytest.fixture
-def sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F811 - the fixture imported above
-    s = Sources(env, kafka_running)
-    env.start_controller(env.settings(), sources=True, brokers=False)
+def _sources(environment: Env, kafka: KafkaNode, **options: Any) -> Iterator[Sources]:
+    s = Sources(environment, kafka)
+    environment.start_controller(environment.settings(), sources=True, brokers=False, **options)
     try:
         yield s
     finally:
         s.stop_dispatchers()
-        for ctl in env.controllers:
+        for ctl in environment.controllers:
             ctl.stop()
-        env.controllers.clear()
-        for item in env.custom.list_namespaced_custom_object(ks.GROUP, ks.VERSION, s.ns, ks.PLURAL)["items"]:
+        environment.controllers.clear()
+        for item in environment.custom.list_namespaced_custom_object(ks.GROUP, ks.VERSION, s.ns, ks.PLURAL)["items"]:
             with contextlib.suppress(ApiException):
                 s.patch(item["metadata"]["name"], {"metadata": {"finalizers": []}})
+
+
+@pytest.fixture
+def sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F811 - the fixture imported above
+    yield from _sources(env, kafka_running)
+
+
+@pytest.fixture
+def keda_sources(env: Env, kafka_running: KafkaNode, keda_crds: Any) -> Iterator[Sources]:  # noqa: F811
+    """KEDA's real CRDs, removed at the start (the test installs them): discovery re-asked every half second."""
+    keda_crds.uninstall()
+    yield from _sources(env, kafka_running, keda_discovery_seconds=0.5)
 
 
 def sink_service(s: Sources, name: str = "sink") -> None:
@@ -390,3 +409,154 @@ def test_delete_removes_the_deployment_then_the_group_while_the_sink_hangs(
     assert not s.group_exists("bye-grp")
     assert gone(lambda: s.env.apps.read_namespaced_deployment(name, s.env.system))
     wait_for(lambda: http.active == 0, 20, "the sink's late answer (so that the test server can stop)")
+
+
+def _keda(s: Sources, plural: str, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(s.custom.get_namespaced_custom_object(keda.GROUP, keda.VERSION, s.env.system, plural, name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_keda_scales_an_annotated_source(keda_sources: Sources, keda_crds: Any) -> None:
+    """KEDA does not run here (no metrics pipeline): the API server checks what the controller writes against
+    KEDA's own CRD schemas, and the test plays KEDA's part on the Deployment's scale."""
+    s = keda_sources
+    topic, other = s.topic(3), s.topic(2)
+    name = source_dispatcher_name(s.ns, "auto")
+    annotations = {"autoscaling.knative.dev/class": "keda.autoscaling.knative.dev",
+                   "autoscaling.knative.dev/minScale": "0", "autoscaling.knative.dev/maxScale": "8",
+                   "keda.autoscaling.knative.dev/pollingInterval": "5",
+                   "keda.autoscaling.knative.dev/cooldownPeriod": "60",
+                   "keda.autoscaling.knative.dev/kafkaLagThreshold": "7",
+                   "keda.autoscaling.knative.dev/kafkaActivationLagThreshold": "2"}
+    s.create("auto", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic, other], "consumers": 2,
+                      "consumerGroup": "auto-grp", "initialOffset": "earliest", "sink": {"uri": "http://127.0.0.1:9/x"}},
+             annotations=annotations)
+
+    # KEDA's CRDs absent: refused with a reason, and the controller sets spec.consumers meanwhile.
+    c = s.wait("auto", "DispatcherAutoscalerReady", "False", "KEDANotInstalled")
+    assert "install KEDA" in c["message"]
+    eventually(lambda: s.deployment("auto").spec.replicas == 2, what="controller-set replicas")
+    s.env.make_available(name, replicas=2)
+    s.wait("auto", "Ready", "True")
+    assert s.deployment("auto").metadata.annotations[res.ANNOTATION_SCALER] == res.SCALER_CONTROLLER
+
+    # KEDA installed later: picked up without a restart, accepted by the API server against KEDA's schema.
+    keda_crds.install()
+    c = s.wait("auto", "DispatcherAutoscalerReady", "True", "KEDAScaledObjectReady")
+    assert "0-3 replicas" in c["message"], c  # max-scale 8 capped at the largest topic's 3 partitions
+    so = eventually(lambda: _keda(s, keda.SCALED_OBJECTS, name), what="ScaledObject")
+    spec = so["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["pollingInterval"],
+            spec["cooldownPeriod"]) == (0, 3, 5, 60)
+    assert [(t["type"], t["metadata"]) for t in spec["triggers"]] == [
+        ("kafka", {"bootstrapServers": s.kafka.bootstrap_servers, "consumerGroup": "auto-grp", "topic": t,
+                   "lagThreshold": "7", "activationLagThreshold": "2", "offsetResetPolicy": "earliest",
+                   "tls": "disable"}) for t in (topic, other)]
+    assert so["metadata"]["annotations"][ANNOTATION_SOURCE] == f"{s.ns}/auto"
+    assert _keda(s, keda.TRIGGER_AUTHENTICATIONS, name) is None  # PLAINTEXT: no credentials to hand over
+    eventually(lambda: s.deployment("auto").metadata.annotations[res.ANNOTATION_SCALER] == res.SCALER_KEDA,
+               what="Deployment marked as KEDA-scaled")
+    bad = {**so, "metadata": {"name": "bad"}, "spec": {**spec, "maxReplicaCount": "three"}}
+    with pytest.raises(ApiException) as info:  # the schema is really enforced
+        s.custom.create_namespaced_custom_object(keda.GROUP, keda.VERSION, s.env.system, keda.SCALED_OBJECTS, bad)
+    assert info.value.status == 422
+
+    # KEDA scales to zero (min-scale 0) and back up: the controller leaves its count alone and reports it.
+    s.env.apps.patch_namespaced_deployment_scale(name, s.env.system, {"spec": {"replicas": 0}})
+    s.wait("auto", ks.DEPLOYED, "True", "ScaledToZero")
+    eventually(lambda: s.get("auto")["status"]["consumers"] == 0, what="status.consumers 0")
+    s.env.apps.patch_namespaced_deployment_scale(name, s.env.system, {"spec": {"replicas": 3}})
+    s.env.make_available(name, replicas=3)
+    eventually(lambda: s.get("auto")["status"]["consumers"] == 3, what="status.consumers follows KEDA")
+    s.patch("auto", {"spec": {"consumers": 1}})  # a spec change reconciles, and still does not fight KEDA
+    eventually(lambda: s.get("auto")["status"]["observedGeneration"] == s.get("auto")["metadata"]["generation"],
+               what="spec change observed")
+    assert s.deployment("auto").spec.replicas == 3
+    s.wait("auto", "Ready", "True")
+
+    # SASL_SSL through net Secrets: a TriggerAuthentication naming exactly those keys, the mode in the metadata.
+    user = s.kafka.scram_user
+    s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "keda-creds"}, "stringData": {
+        "u": user.name, "p": user.password, "m": "SCRAM-SHA-512", "ca": s.kafka.ca_path.read_text()}})
+    ref = lambda key: {"secretKeyRef": {"name": "keda-creds", "key": key}}  # noqa: E731
+    s.patch("auto", {"spec": {"bootstrapServers": [s.kafka.sasl_ssl_bootstrap_servers], "net": {
+        "sasl": {"enable": True, "user": ref("u"), "password": ref("p"), "type": ref("m")},
+        "tls": {"enable": True, "caCert": ref("ca")}}}})
+    ta = eventually(lambda: _keda(s, keda.TRIGGER_AUTHENTICATIONS, name), what="TriggerAuthentication")
+    assert ta["spec"]["secretTargetRef"] == [{"parameter": "username", "name": "keda-creds", "key": "u"},
+                                             {"parameter": "password", "name": "keda-creds", "key": "p"},
+                                             {"parameter": "ca", "name": "keda-creds", "key": "ca"}]
+    so = eventually(lambda: (o := _keda(s, keda.SCALED_OBJECTS, name)) and o["spec"]["triggers"][0][
+        "metadata"].get("sasl") and o, what="SASL triggers")
+    for t in so["spec"]["triggers"]:
+        assert t["authenticationRef"] == {"name": name}
+        assert (t["metadata"]["sasl"], t["metadata"]["tls"]) == ("scram_sha512", "enable")
+        assert t["metadata"]["bootstrapServers"] == s.kafka.sasl_ssl_bootstrap_servers
+    s.wait("auto", ks.CONNECTION_ESTABLISHED, "True")  # the same Secret keys really reach Kafka
+    assert user.password not in str(ta) + str(so)  # referenced by key, never copied
+
+    # A value that cannot be honoured: a condition naming it, Ready False; KEDA's objects stay as they were.
+    s.patch("auto", {"metadata": {"annotations": {"autoscaling.knative.dev/maxScale": "many"}}})
+    c = s.wait("auto", "DispatcherAutoscalerReady", "False", "InvalidAutoscaling")
+    assert "autoscaling.knative.dev/maxScale" in c["message"]
+    assert s.condition("auto", "Ready")["reason"] == "InvalidAutoscaling"
+
+    # The annotations removed: both objects go and the controller owns replicas again (spec.consumers 1).
+    s.patch("auto", {"metadata": {"annotations": {k: None for k in annotations}}})
+    eventually(lambda: _keda(s, keda.SCALED_OBJECTS, name) is None
+               and _keda(s, keda.TRIGGER_AUTHENTICATIONS, name) is None, what="KEDA objects gone")
+    eventually(lambda: s.deployment("auto").spec.replicas == 1, what="replicas back to spec.consumers")
+    eventually(lambda: s.condition("auto", "DispatcherAutoscalerReady") is None, what="condition dropped")
+    assert s.deployment("auto").metadata.annotations[res.ANNOTATION_SCALER] == res.SCALER_CONTROLLER
+
+    # Annotated again, then deleted: what KEDA got goes with the source.
+    s.patch("auto", {"metadata": {"annotations": annotations}})
+    eventually(lambda: _keda(s, keda.SCALED_OBJECTS, name), what="ScaledObject back")
+    s.delete("auto")
+    eventually(lambda: gone(lambda: s.get("auto")), 30, "the source gone")
+    assert _keda(s, keda.SCALED_OBJECTS, name) is None and _keda(s, keda.TRIGGER_AUTHENTICATIONS, name) is None
+
+
+def test_the_dispatcher_process_runs_as_the_deployment_says(sources: Sources, http: Subscriber,  # noqa: F811
+                                                            kube_control_plane: KubeControlPlane,
+                                                            tmp_path: Path) -> None:
+    """``python -m kafka_eventing.dispatcher`` with exactly the environment of the source's Deployment (plus the
+    kubeconfig a pod gets from its ServiceAccount, and a free metrics port): it answers its liveness probe and
+    delivers. (Its start once asked the API about ResetOffsets through a client it never made, so the pod
+    crash-looped; only the real-pod tier ran it this way.)"""
+    s = sources
+    topic = s.topic(1)
+    s.create("proc", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic],
+                      "initialOffset": "earliest", "sink": {"uri": http.url("/proc")}})
+    s.ready("proc")
+    container = s.deployment("proc").spec.template.spec.containers[0]
+    port = free_port()
+    variables = {**{k: v for k, v in os.environ.items() if not k.startswith("KE_")},
+                 **{e.name: e.value or "" for e in container.env}, "KE_METRICS_PORT": str(port),
+                 "KE_KUBECONFIG": str(kube_control_plane.kubeconfig),
+                 "KE_KAFKA_EXTRA": "session.timeout.ms=6000,heartbeat.interval.ms=500"}
+    assert variables["KE_CHANNEL_SOURCE"] == "kube" and variables["KE_SOURCE_NAME"] == "proc"
+    s.produce(topic, [b"from the process"])
+    with (tmp_path / "dispatcher.log").open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
+                                env=variables, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def alive() -> bool:
+            assert proc.poll() is None, (tmp_path / "dispatcher.log").read_text()[-3000:]
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
+                                                                      timeout=2) as r:
+                return r.status == 200
+            return False
+
+        wait_for(alive, 60, "the liveness probe's answer")
+        wait_for(lambda: len(http.at("/proc")) >= 1, 60, "the event through the dispatcher process")
+        assert http.at("/proc")[0].body == b"from the process"
+        assert http.at("/proc")[0].headers["ce-type"] == ks.EVENT_TYPE
+        assert proc.poll() is None
+    finally:
+        terminate(proc, timeout=30)  # type: ignore[arg-type]

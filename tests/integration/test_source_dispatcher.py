@@ -239,3 +239,30 @@ def test_initial_offset_of_a_new_group(kafka_running: KafkaNode, topics: Callabl
     time.sleep(0.5)
     bodies = [r.body for r in http.at("/i")]
     assert bodies == ([b"before", b"after"] if initial_offset == "earliest" else [b"after"])
+
+
+def test_a_record_whose_headers_cannot_be_sent_is_skipped_and_the_rest_flow(
+        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,  # noqa: F811
+        source_dispatch: Any) -> None:
+    """A ``content-type`` header carrying CR/LF would inject a header into the request, and the HTTP client refuses
+    it on every attempt and every dead letter: the record is skipped (counted as ``invalid_header``, logged), and
+    the records behind it still flow, in order, and are committed. Bytes that are not UTF-8 in another header
+    arrive as upstream renders them."""
+    topic = topics(1)
+    path = tmp_path / "source.yaml"
+    write_source(path, "hdr", [topic], http.url("/ok"),
+                 delivery={"retry": 1, "backoffDelay": "PT0.02S", "deadLetterSink": {"uri": http.url("/dls")}})
+    source_dispatch("hdr", path)
+    produce_plain(kafka_running, topic, [
+        {"value": b"before"},
+        {"value": b"evil", "headers": [("content-type", b"text/plain\r\nX-Evil: 1")]},
+        {"value": b"odd", "headers": [("odd", b"\xff\x00z")]},
+        {"value": b"after"},
+    ])
+    wait_for(lambda: any(r.body == b"after" for r in http.at("/ok")), 30, "the records behind the bad one")
+    wait_for(lambda: committed(kafka_running, topic, "knative-kafka-source-uid-hdr", 1) == [4], 15, "all committed")
+    assert [r.body for r in http.at("/ok")] == [b"before", b"odd", b"after"]
+    assert not [r for r in [*http.at("/ok"), *http.at("/dls")] if "x-evil" in {h.lower() for h in r.headers}]
+    assert http.at("/dls") == []  # a dead letter would carry the same header
+    odd = next(r for r in http.at("/ok") if r.body == b"odd")
+    assert odd.headers["ce-kafkaheaderodd"] == "%EF%BF%BD%00z"  # Java's new String(bytes, UTF_8), percent-encoded

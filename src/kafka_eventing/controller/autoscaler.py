@@ -65,23 +65,39 @@ class KedaAutoscaler:
             auth = keda.keda_auth(connection)
         except keda.KedaAuthError as exc:
             return Condition.false(kind, "KEDAAuthUnsupported", str(exc)), was_keda
+        missing = self.missing(errors)
+        if missing is not None:
+            return missing, False
+        so = keda.scaled_object(ref, self.settings, connection, auth, topic=self.topic_name(obj["metadata"]),
+                                subscribers=subscribers, num_partitions=partitions)
+        ta = keda.trigger_authentication(ref, self.settings, auth) if auth.needs_trigger_authentication else None
+        return self.apply(so, ta, was_keda=was_keda, errors=errors)
+
+    def missing(self, errors: list[str]) -> Condition | None:
+        """None when the API server serves KEDA's CRDs; else the False condition saying why (the caller then
+        sets replicas itself)."""
+        kind = cond.DISPATCHER_AUTOSCALER_READY
         try:
             served = self._is_served()
         except ApiException as exc:
             errors.append(f"KEDA discovery: {api_error(exc)}")
-            return Condition.false(kind, "KEDADiscoveryFailed", api_error(exc)), was_keda
+            return Condition.false(kind, "KEDADiscoveryFailed", api_error(exc))
         if not served:
             return Condition.false(kind, "KEDANotInstalled",
                                    f"the API server does not serve {keda.GROUP}/{keda.VERSION} ScaledObjects: "
-                                   "install KEDA; the controller sets replicas meanwhile"), False
-        so = keda.scaled_object(ref, self.settings, connection, auth, topic=self.topic_name(obj["metadata"]),
-                                subscribers=subscribers, num_partitions=partitions)
+                                   "install KEDA; the controller sets replicas meanwhile")
+        return None
+
+    def apply(self, so: dict[str, Any], ta: dict[str, Any] | None, *, was_keda: bool,
+              errors: list[str]) -> tuple[Condition, bool]:
+        """Create or patch the ScaledObject (and its TriggerAuthentication, removed when no longer needed):
+        (condition, whether KEDA owns replicas)."""
+        kind = cond.DISPATCHER_AUTOSCALER_READY
         try:
-            if auth.needs_trigger_authentication:
-                ta = keda.trigger_authentication(ref, self.settings, auth)
+            if ta is not None:
                 self.writer.apply(self.trigger_auths, self.trigger_auths.create, self.trigger_auths.patch, ta)
             self.writer.apply(self.scaled_objects, self.scaled_objects.create, self.scaled_objects.patch, so)
-            if not auth.needs_trigger_authentication and was_keda:
+            if ta is None and was_keda:
                 self.writer.delete_quietly(self.trigger_auths, so["metadata"]["name"], self.settings.system_namespace)
         except ApiException as exc:
             if exc.status == HTTP_NOT_FOUND:
@@ -92,7 +108,7 @@ class KedaAutoscaler:
         return Condition.true(kind, "KEDAScaledObjectReady",
                               f"ScaledObject {so['metadata']['namespace']}/{so['metadata']['name']}: "
                               f"{spec['minReplicaCount']}-{spec['maxReplicaCount']} replicas on the lag of "
-                              f"{len(spec['triggers'])} consumer group(s)"), True
+                              f"{len(spec['triggers'])} kafka trigger(s)"), True
 
     def _is_served(self) -> bool:
         now = time.monotonic()
@@ -111,7 +127,10 @@ class KedaAutoscaler:
 
     def delete(self, ref: res.ChannelRef) -> None:
         """Remove the dispatcher's KEDA objects."""
-        name = res.dispatcher_name(ref.namespace, ref.name)
+        self.delete_named(res.dispatcher_name(ref.namespace, ref.name))
+
+    def delete_named(self, name: str) -> None:
+        """Remove the KEDA objects of the dispatcher Deployment ``name``."""
         # The ScaledObject first: KEDA then stops scaling before its credentials go.
         for api in (self.scaled_objects, self.trigger_auths):
             self.writer.delete_quietly(api, name, self.settings.system_namespace)

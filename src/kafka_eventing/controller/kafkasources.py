@@ -10,6 +10,12 @@ never replays from the beginning (InitialOffsetsCommitted) → one dispatcher De
 has partitions (Deployed) →
 Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
 
+Annotated for KEDA (``autoscaling.knative.dev/class: keda.autoscaling.knative.dev``, see
+``core.kafkasources.AUTOSCALING_FIELDS``), the dispatcher gets a ScaledObject on the group's lag per topic (and a
+TriggerAuthentication naming the ``net`` Secret keys) and KEDA owns its replicas between min- and max-scale (max
+capped at the partitions; scale to zero with min-scale 0); ``DispatcherAutoscalerReady`` says so, or why not (KEDA
+not installed: the controller keeps setting ``spec.consumers``).
+
 The Secrets named by ``net`` are read in the system namespace, as a Broker's ``auth.secret.ref.name`` is: the
 dispatcher runs there and mounts the named keys (a projected volume, the protocol beside them from a pod
 annotation), and neither the controller nor the dispatcher reads or writes Secrets anywhere else.
@@ -33,8 +39,10 @@ from confluent_kafka.admin import AdminClient
 from kubernetes.client.rest import ApiException
 
 from kafka_eventing.controller import conditions as cond
+from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
+from kafka_eventing.controller.autoscaler import keda_scaled
 from kafka_eventing.controller.destinations import Unresolved, resolve_destination
 from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
@@ -53,7 +61,8 @@ ANNOTATION_SOURCE = "kafka.eventing.knative.dev/kafkasource"
 SOURCE_DISPATCHER_SUFFIX = "-ks-dispatcher"
 #: Which condition a refused field makes False (the rest are Unknown until it is fixed).
 _SPEC_CONDITION = {"InvalidKeyType": ks.KEY_TYPE_CORRECT, "InvalidBootstrapServers": ks.CONNECTION_ESTABLISHED,
-                   "InvalidTopics": ks.CONNECTION_ESTABLISHED, "InvalidSecretReference": ks.CONNECTION_ESTABLISHED}
+                   "InvalidTopics": ks.CONNECTION_ESTABLISHED, "InvalidSecretReference": ks.CONNECTION_ESTABLISHED,
+                   "InvalidAutoscaling": cond.DISPATCHER_AUTOSCALER_READY}
 
 
 #: (file name in the dispatcher's secret directory, the Secret key it comes from)
@@ -116,7 +125,8 @@ class SourceReconciler:
             conditions.append(Condition.false(failed, exc.reason, str(exc)))
             conditions += [Condition.unknown(kind, "SpecInvalid", f"waiting for a valid spec: {exc}")
                            for kind in ks.DEPENDENTS if kind != failed]
-            conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
+            # Ready carries the refusal even when the refused condition is not one Ready depends on.
+            conditions.append(cond.ready_condition(conditions, list(dict.fromkeys([*ks.DEPENDENTS, failed]))))
             self.base.patch_status(obj, status, conditions, SOURCE_API)
             return Result()  # a spec change is a watch event
         result = Result()
@@ -157,7 +167,9 @@ class SourceReconciler:
         except ConnectionProblem as exc:
             conditions.append(Condition.false(ks.INITIAL_OFFSETS_COMMITTED, exc.reason, str(exc)))
             result = Result(error=str(exc))
-        deployed, consumers, errors = self._data_plane(spec, data, files, partitions)
+        deployed, consumers, errors, scaler = self._data_plane(spec, data, files, partitions)
+        if scaler is not None:
+            conditions.append(scaler)
         conditions.append(deployed)
         status["consumers"] = consumers
         conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
@@ -275,8 +287,8 @@ class SourceReconciler:
 
     # -- data plane -------------------------------------------------------------------------------------
     def _data_plane(self, spec: ks.SourceSpec, data: Mapping[str, str], files: list[Mounted],
-                    partitions: int) -> tuple[Condition, int, str]:
-        """(Deployed, the replicas wanted, an API error or "")."""
+                    partitions: int) -> tuple[Condition, int, str, Condition | None]:
+        """(Deployed, the replicas wanted or KEDA's, API errors or "", DispatcherAutoscalerReady or None)."""
         namespace, name = spec.namespace, spec.name
         dispatcher = source_dispatcher_name(namespace, name)
         system = self.settings.system_namespace
@@ -286,35 +298,79 @@ class SourceReconciler:
         if files:
             env.append(("KE_KAFKA_SECRET_DIR", res.SECRET_MOUNT))
         owner = res.Owner(dispatcher, ANNOTATION_SOURCE, tuple(env))
+        errors: list[str] = []
+        scaler, keda_owned = self._autoscale(spec, data, partitions, errors)
         # Consumers beyond the largest topic's partition count would sit idle in the group.
         replicas = max(0, min(spec.consumers, partitions))
         # The pods roll when a referenced Secret's value changes.
         checksum = hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()[:16]
         config = res.DispatcherConfig(replicas=replicas, checksum=checksum,
                                       bootstrap_servers=data["bootstrap.servers"])
-        deployment = res.dispatcher_deployment(ref, self.settings, config, max(1, partitions), owner=owner)
+        deployment = res.dispatcher_deployment(ref, self.settings, config, max(1, partitions), owner=owner,
+                                               keda_scaled=keda_owned)
         spec_part = deployment["spec"]
-        spec_part["replicas"] = replicas
+        if not keda_owned:
+            spec_part["replicas"] = replicas  # with KEDA no replicas: a merge patch leaves KEDA's count alone
         if files:
             _mount_connection(spec_part["template"], spec.protocol, files)
         res.stamp(deployment, spec_part)
         try:
             live = self.base._apply_deployment(deployment)
         except ApiException as exc:
-            return Condition.false(ks.DEPLOYED, "DispatcherFailed", api_error(exc)), replicas, api_error(exc)
-        if replicas == 0:
-            return Condition.true(ks.DEPLOYED, "ScaledToZero", "spec.consumers is 0"), 0, ""
+            errors.append(api_error(exc))
+            return (Condition.false(ks.DEPLOYED, "DispatcherFailed", api_error(exc)), replicas, "; ".join(errors),
+                    scaler)
+        if keda_owned:
+            replicas = int(((live or {}).get("spec") or {}).get("replicas", 1) or 0)
+            if replicas == 0:
+                return (Condition.true(ks.DEPLOYED, "ScaledToZero", "KEDA scaled the idle dispatcher to zero"), 0,
+                        "; ".join(errors), scaler)
+        elif replicas == 0:
+            return Condition.true(ks.DEPLOYED, "ScaledToZero", "spec.consumers is 0"), 0, "; ".join(errors), scaler
         ok, why = res.deployment_available(live)
         if not ok:
-            return Condition.false(ks.DEPLOYED, "DeploymentUnavailable",
-                                   f"dispatcher Deployment {system}/{dispatcher}: {why}"), replicas, ""
-        return Condition.true(ks.DEPLOYED), replicas, ""
+            return (Condition.false(ks.DEPLOYED, "DeploymentUnavailable",
+                                    f"dispatcher Deployment {system}/{dispatcher}: {why}"), replicas,
+                    "; ".join(errors), scaler)
+        return Condition.true(ks.DEPLOYED), replicas, "; ".join(errors), scaler
+
+    def _autoscale(self, spec: ks.SourceSpec, data: Mapping[str, str], partitions: int,
+                   errors: list[str]) -> tuple[Condition | None, bool]:
+        """Stamp or remove the dispatcher's KEDA objects: (DispatcherAutoscalerReady or None, whether KEDA owns
+        the replicas). Without the annotation only a Deployment marked as KEDA-scaled costs API calls."""
+        autoscaler = self.base.autoscaler
+        dispatcher = source_dispatcher_name(spec.namespace, spec.name)
+        was_keda = keda_scaled(self.stores.deployments.get(self.settings.system_namespace, dispatcher))
+        if spec.autoscaling is None:
+            if was_keda:
+                try:
+                    autoscaler.delete_named(dispatcher)
+                except ApiException as exc:
+                    errors.append(f"KEDA ScaledObject removal: {api_error(exc)}")
+                    # Until it is gone KEDA still scales: setting replicas now would fight it.
+                    return Condition.false(cond.DISPATCHER_AUTOSCALER_READY, "KEDAScaledObjectFailed",
+                                           api_error(exc)), True
+            return None, False
+        missing = autoscaler.missing(errors)
+        if missing is not None:
+            return missing, False
+        auth = keda.source_auth(spec, data.get("sasl.mechanism"))
+        owner = (ANNOTATION_SOURCE, f"{spec.namespace}/{spec.name}")
+        so = keda.source_scaled_object(spec, spec.autoscaling, self.settings, auth, name=dispatcher, owner=owner,
+                                       num_partitions=max(1, partitions))
+        ta = (keda.source_trigger_authentication(dispatcher, self.settings, owner, auth)
+              if auth.needs_trigger_authentication else None)
+        return autoscaler.apply(so, ta, was_keda=was_keda, errors=errors)
 
     # -- deletion ---------------------------------------------------------------------------------------
     def _finalize(self, obj: Mapping[str, Any]) -> Result:
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         dispatcher = source_dispatcher_name(namespace, name)
+        if keda_scaled(self.stores.deployments.get(self.settings.system_namespace, dispatcher)):
+            # KEDA first: it would otherwise keep scaling what is being deleted.
+            self.base.writer.check()
+            self.base.autoscaler.delete_named(dispatcher)
         if self.base.stop_deployment(dispatcher):
             # Its pods are still stopping (a slow subscriber's deliveries drain for the shutdown grace): the group
             # keeps members until they are gone. The Deployment's deletion event brings this back.

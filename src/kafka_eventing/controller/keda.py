@@ -1,5 +1,7 @@
 """KEDA objects for one dispatcher: a ScaledObject scaling it on its consumer groups' lag, and the
-TriggerAuthentication that hands KEDA's kafka scaler the dispatcher's own connection Secret.
+TriggerAuthentication that hands KEDA's kafka scaler the dispatcher's own connection Secret — for a
+KafkaChannel's dispatcher (``dispatcher.keda.*`` of config-kafka) and a KafkaSource's (its autoscaling
+annotations, the Secret keys its ``net`` names).
 
 Pure functions, like ``resources``. KEDA reads Secret keys verbatim, so only keys whose *values* already have
 KEDA's format are referenced from the Secret (credentials and PEMs); the settings whose values differ in format
@@ -15,6 +17,7 @@ from typing import Any
 
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import KedaConfig, ResolvedConnection
+from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.settings import Settings
 
 GROUP = "keda.sh"
@@ -97,17 +100,47 @@ def subscriber_uids(spec: Mapping[str, Any]) -> list[str]:
     return sorted({str(s["uid"]) for s in spec.get("subscribers") or () if isinstance(s, Mapping) and s.get("uid")})
 
 
-def trigger_authentication(ref: res.ChannelRef, settings: Settings, auth: KedaAuth) -> dict[str, Any]:
-    name = res.dispatcher_name(ref.namespace, ref.name)
+def _keda_object(kind: str, name: str, settings: Settings, owner: tuple[str, str],
+                 spec: dict[str, Any]) -> dict[str, Any]:
+    """``owner``: (annotation, "<namespace>/<name>") naming the resource the dispatcher serves."""
+    metadata = {"name": name, "namespace": settings.system_namespace, "labels": res.labels("dispatcher", name),
+                "annotations": {owner[0]: owner[1]}}
+    return res.stamp({"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": metadata, "spec": spec}, spec)
+
+
+def _trigger_authentication(name: str, settings: Settings, owner: tuple[str, str], auth: KedaAuth) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if auth.secret_refs:
         spec["secretTargetRef"] = [dict(r) for r in auth.secret_refs]
     if auth.pod_identity is not None:
         spec["podIdentity"] = dict(auth.pod_identity)
-    metadata = {"name": name, "namespace": settings.system_namespace, "labels": res.labels("dispatcher", name),
-                "annotations": {res.ANNOTATION_CHANNEL: ref.key}}
-    return res.stamp({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TriggerAuthentication",
-                       "metadata": metadata, "spec": spec}, spec)
+    return _keda_object("TriggerAuthentication", name, settings, owner, spec)
+
+
+def _scaled_object(name: str, settings: Settings, owner: tuple[str, str], auth: KedaAuth, *,
+                   triggers: Sequence[Mapping[str, str]], bounds: tuple[int, int], polling_interval: int,
+                   cooldown_period: int) -> dict[str, Any]:
+    """One ``kafka`` trigger per metadata given: the HPA scales on the most-lagging one."""
+    out = []
+    for metadata in triggers:
+        trigger: dict[str, Any] = {"type": "kafka", "metadata": {**metadata, **auth.metadata}}
+        if auth.needs_trigger_authentication:
+            trigger["authenticationRef"] = {"name": name}
+        out.append(trigger)
+    spec = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "minReplicaCount": bounds[0],
+        "maxReplicaCount": bounds[1],
+        "pollingInterval": polling_interval,
+        "cooldownPeriod": cooldown_period,
+        "triggers": out,
+    }
+    return _keda_object("ScaledObject", name, settings, owner, spec)
+
+
+def trigger_authentication(ref: res.ChannelRef, settings: Settings, auth: KedaAuth) -> dict[str, Any]:
+    name = res.dispatcher_name(ref.namespace, ref.name)
+    return _trigger_authentication(name, settings, (res.ANNOTATION_CHANNEL, ref.key), auth)
 
 
 def scaled_object(ref: res.ChannelRef, settings: Settings, connection: ResolvedConnection, auth: KedaAuth, *,
@@ -115,28 +148,49 @@ def scaled_object(ref: res.ChannelRef, settings: Settings, connection: ResolvedC
     """One ``kafka`` trigger per subscription: the HPA scales on the most-lagging consumer group."""
     name = res.dispatcher_name(ref.namespace, ref.name)
     config = connection.keda
-    low, high = replica_bounds(config, num_partitions)
-    triggers = []
-    for uid in subscribers:
-        trigger: dict[str, Any] = {"type": "kafka", "metadata": {
-            "bootstrapServers": str(connection.connection.config["bootstrap.servers"]),
-            "consumerGroup": settings.consumer_group_for(ref.namespace, ref.name, uid),
-            "topic": topic,
-            "lagThreshold": str(config.lag_threshold),
-            **auth.metadata,
-        }}
-        if auth.needs_trigger_authentication:
-            trigger["authenticationRef"] = {"name": name}
-        triggers.append(trigger)
-    spec = {
-        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-        "minReplicaCount": low,
-        "maxReplicaCount": high,
-        "pollingInterval": config.polling_interval,
-        "cooldownPeriod": config.cooldown_period,
-        "triggers": triggers,
-    }
-    metadata = {"name": name, "namespace": settings.system_namespace, "labels": res.labels("dispatcher", name),
-                "annotations": {res.ANNOTATION_CHANNEL: ref.key}}
-    return res.stamp({"apiVersion": f"{GROUP}/{VERSION}", "kind": "ScaledObject",
-                       "metadata": metadata, "spec": spec}, spec)
+    triggers = [{"bootstrapServers": str(connection.connection.config["bootstrap.servers"]),
+                 "consumerGroup": settings.consumer_group_for(ref.namespace, ref.name, uid),
+                 "topic": topic, "lagThreshold": str(config.lag_threshold)} for uid in subscribers]
+    return _scaled_object(name, settings, (res.ANNOTATION_CHANNEL, ref.key), auth, triggers=triggers,
+                          bounds=replica_bounds(config, num_partitions), polling_interval=config.polling_interval,
+                          cooldown_period=config.cooldown_period)
+
+
+# -- KafkaSources ---------------------------------------------------------------------------------------------
+def source_auth(spec: ks.SourceSpec, mechanism: str | None) -> KedaAuth:
+    """KEDA's view of the source's ``net``: ``mechanism`` is the value of ``net.sasl.type`` (PLAIN when unset);
+    every credential is the very Secret key the source names (they live beside the ScaledObject, in the system
+    namespace)."""
+    metadata = {"tls": "enable" if spec.tls is not None else "disable"}
+    refs: list[tuple[str, ks.SecretKeyRef | None]] = []
+    if spec.sasl is not None:
+        metadata["sasl"] = SASL_MODES[(mechanism or "PLAIN").strip().upper()]
+        refs += [("username", spec.sasl.user), ("password", spec.sasl.password)]
+    if spec.tls is not None:
+        refs += [("ca", spec.tls.ca_cert), ("cert", spec.tls.cert), ("key", spec.tls.key)]
+    return KedaAuth(metadata=metadata, secret_refs=[{"parameter": p, "name": r.name, "key": r.key}
+                                                    for p, r in refs if r is not None])
+
+
+def source_bounds(scaling: ks.Autoscaling, num_partitions: int) -> tuple[int, int]:
+    return replica_bounds(KedaConfig(enabled=True, min_replicas=scaling.min_replicas,
+                                     max_replicas=scaling.max_replicas), num_partitions)
+
+
+def source_scaled_object(spec: ks.SourceSpec, scaling: ks.Autoscaling, settings: Settings, auth: KedaAuth, *,
+                         name: str, owner: tuple[str, str], num_partitions: int) -> dict[str, Any]:
+    """One ``kafka`` trigger per topic (KEDA's scaler reads one topic each) on the source's consumer group.
+    ``offsetResetPolicy`` is the source's ``initialOffset``, so KEDA counts the lag of a partition without a
+    commit as the dispatcher will read it."""
+    triggers = [{"bootstrapServers": ",".join(spec.bootstrap_servers), "consumerGroup": spec.consumer_group,
+                 "topic": topic, "lagThreshold": str(scaling.lag_threshold),
+                 "activationLagThreshold": str(scaling.activation_lag_threshold),
+                 "offsetResetPolicy": spec.initial_offset} for topic in spec.topics]
+    return _scaled_object(name, settings, owner, auth, triggers=triggers,
+                          bounds=source_bounds(scaling, num_partitions), polling_interval=scaling.polling_interval,
+                          cooldown_period=scaling.cooldown_period)
+
+
+def source_trigger_authentication(name: str, settings: Settings, owner: tuple[str, str],
+                                  auth: KedaAuth) -> dict[str, Any]:
+    return _trigger_authentication(name, settings, owner, auth)

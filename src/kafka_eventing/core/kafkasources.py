@@ -49,6 +49,29 @@ EVENT_TYPE = "dev.knative.kafka.event"
 _EXTENSION_BAD_CHARS = re.compile(r"[^a-z0-9]")
 _EXTENSION_NAME = re.compile(r"^[a-z0-9]+$")
 # The CloudEvents SDK's HTTP header-value rule: printable ASCII but space, '"' and '%' as is, the rest encoded.
+#: KEDA autoscaling, asked for by annotations in either dialect users' manifests carry: Knative's
+#: eventing-autoscaler-keda (``autoscaling.knative.dev/*`` with ``keda.autoscaling.knative.dev/*``) and
+#: eventing-kafka-broker's own (``autoscaling.eventing.knative.dev/*``).
+ANNOTATIONS_AUTOSCALING_CLASS = ("autoscaling.knative.dev/class", "autoscaling.eventing.knative.dev/class")
+AUTOSCALING_CLASS_KEDA = "keda.autoscaling.knative.dev"
+AUTOSCALING_CLASS_DISABLED = "disabled"
+#: field → (its annotations, least value, default). min 1, not upstream's 0: scale to zero is opted into by
+#: writing min-scale "0" (a source at zero delivers a record only after KEDA's next poll sees the lag).
+AUTOSCALING_FIELDS: dict[str, tuple[tuple[str, ...], int, int]] = {
+    "min_replicas": (("autoscaling.knative.dev/minScale", "autoscaling.knative.dev/min-scale",
+                      "autoscaling.eventing.knative.dev/min-scale"), 0, 1),
+    "max_replicas": (("autoscaling.knative.dev/maxScale", "autoscaling.knative.dev/max-scale",
+                      "autoscaling.eventing.knative.dev/max-scale"), 1, 50),
+    "polling_interval": (("keda.autoscaling.knative.dev/pollingInterval",
+                          "autoscaling.eventing.knative.dev/polling-interval"), 1, 10),
+    "cooldown_period": (("keda.autoscaling.knative.dev/cooldownPeriod",
+                         "autoscaling.eventing.knative.dev/cooldown-period"), 0, 30),
+    "lag_threshold": (("keda.autoscaling.knative.dev/kafkaLagThreshold",
+                       "autoscaling.eventing.knative.dev/lag-threshold"), 1, 100),
+    "activation_lag_threshold": (("keda.autoscaling.knative.dev/kafkaActivationLagThreshold",
+                                  "autoscaling.eventing.knative.dev/activation-lag-threshold"), 0, 0),
+}
+
 _HTTP_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ('"', "%"))
 
 
@@ -81,6 +104,18 @@ class Tls:
 
 
 @dataclass(frozen=True)
+class Autoscaling:
+    """KEDA's bounds and thresholds for the source's dispatcher (see ``AUTOSCALING_FIELDS``)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 50
+    polling_interval: int = 10
+    cooldown_period: int = 30
+    lag_threshold: int = 100
+    activation_lag_threshold: int = 0
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     namespace: str
     name: str
@@ -101,6 +136,8 @@ class SourceSpec:
     extensions: tuple[tuple[str, str], ...]
     #: Events per second to the sink for each of its topics (``ANNOTATION_RATE_LIMIT``); None: unlimited.
     rate_limit: float | None = None
+    #: KEDA scales the dispatcher (``spec.consumers`` is then not used); None: the controller sets replicas.
+    autoscaling: Autoscaling | None = None
 
     @property
     def protocol(self) -> str:
@@ -137,6 +174,51 @@ def secret_names(obj: Mapping[str, Any]) -> set[str]:
             if isinstance(ref, Mapping) and ref.get("name"):
                 names.add(str(ref["name"]))
     return names
+
+
+def parse_autoscaling(annotations: Mapping[str, Any] | None) -> Autoscaling | None:
+    """The KEDA annotations; None when no KEDA class is asked for. ``SourceSpecError`` for a value that cannot
+    be honoured, and for scaling annotations without the KEDA class (they would be stored and ignored)."""
+    annotations = annotations or {}
+    classes = {str(annotations[k]).strip() for k in ANNOTATIONS_AUTOSCALING_CLASS if k in annotations}
+    given = {attr: [(k, str(annotations[k]).strip()) for k in keys if k in annotations]
+             for attr, (keys, _, _) in AUTOSCALING_FIELDS.items()}
+    named = [k for pairs in given.values() for k, _ in pairs]
+    if len(classes) > 1:
+        raise SourceSpecError("InvalidAutoscaling", "the annotations "
+                              f"{' and '.join(ANNOTATIONS_AUTOSCALING_CLASS)} disagree: {', '.join(sorted(classes))}")
+    klass = next(iter(classes), None)
+    if klass == AUTOSCALING_CLASS_DISABLED:
+        return None
+    if klass is None:
+        if named:
+            raise SourceSpecError("InvalidAutoscaling",
+                                  f"{', '.join(named)} need the annotation {ANNOTATIONS_AUTOSCALING_CLASS[0]}: "
+                                  f"{AUTOSCALING_CLASS_KEDA} (KEDA scales the source only when asked)")
+        return None
+    if klass != AUTOSCALING_CLASS_KEDA:
+        raise SourceSpecError("InvalidAutoscaling", f"autoscaling class {klass!r} is not served for KafkaSources: "
+                              f"{AUTOSCALING_CLASS_KEDA} or {AUTOSCALING_CLASS_DISABLED}")
+    values: dict[str, int] = {}
+    for attr, pairs in given.items():
+        _, least, default = AUTOSCALING_FIELDS[attr]
+        if len({v for _, v in pairs}) > 1:
+            raise SourceSpecError("InvalidAutoscaling", f"the annotations {' and '.join(k for k, _ in pairs)} "
+                                                        "disagree")
+        if not pairs:
+            values[attr] = default
+            continue
+        key, text = pairs[0]
+        try:
+            values[attr] = int(text)
+        except ValueError:
+            raise SourceSpecError("InvalidAutoscaling", f"annotation {key} is not a whole number: {text!r}") from None
+        if values[attr] < least:
+            raise SourceSpecError("InvalidAutoscaling", f"annotation {key} must be at least {least}, not {text}")
+    if values["min_replicas"] > values["max_replicas"]:
+        raise SourceSpecError("InvalidAutoscaling", f"min-scale {values['min_replicas']} is above max-scale "
+                                                    f"{values['max_replicas']}")
+    return Autoscaling(**values)
 
 
 def parse_source(obj: Mapping[str, Any]) -> SourceSpec:
@@ -197,12 +279,14 @@ def parse_source(obj: Mapping[str, Any]) -> SourceSpec:
         rate_limit = rate_limit_annotation(meta.get("annotations"))
     except DeliverySpecError as exc:
         raise SourceSpecError("InvalidRateLimit", str(exc)) from None
+    autoscaling = parse_autoscaling(meta.get("annotations"))
     return SourceSpec(
         namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 0),
         bootstrap_servers=servers, topics=topics, consumer_group=str(spec.get("consumerGroup") or default_group(uid)),
         initial_offset=offset, consumers=raw_consumers, sasl=sasl, tls=tls, ordered=ordering == "ordered",
         key_type=key_type, sink=spec.get("sink") or {}, delivery=delivery,
-        extensions=tuple(sorted((str(k), str(v)) for k, v in extensions.items())), rate_limit=rate_limit)
+        extensions=tuple(sorted((str(k), str(v)) for k, v in extensions.items())), rate_limit=rate_limit,
+        autoscaling=autoscaling)
 
 
 # -- a record that is not a CloudEvent, as a CloudEvent -------------------------------------------------------

@@ -40,6 +40,7 @@ from kafka_eventing.core.http_delivery import (
 from kafka_eventing.core.kafkasources import PlainEvent, http_value
 from kafka_eventing.core.tokens import TokenError, TokenSource
 from kafka_eventing.core.transcode import kafka_to_http
+from kafka_eventing.dispatcher.http_client import FORBIDDEN_IN_HEADERS
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,17 @@ class Deliverer:
             # A KafkaSource's record: made a CloudEvent as upstream does (core/kafkasources.py).
             plain = subscriber.convert(record)
             out_headers, body = plain.http()
+        if subscriber.convert is not None and (FORBIDDEN_IN_HEADERS.search("\t".join(out_headers))
+                                               or FORBIDDEN_IN_HEADERS.search("\t".join(out_headers.values()))):
+            # A KafkaSource reads topics anyone writes: a header (a plain record's content-type, a CloudEvent
+            # record's attribute) that would inject a header is refused on every attempt and every dead letter,
+            # so retrying would hold the partition forever. Skipped, counted, logged.
+            where = {} if record is None else {"topic": record.topic(), "partition": record.partition(),
+                                               "offset": record.offset()}
+            log.error("record's headers cannot be sent over HTTP (control characters), skipped",
+                      extra={**labels.as_dict(), **where})
+            self.metrics.dropped.labels(*labels, "invalid_header").inc()
+            return Outcome.DROPPED
         if subscriber.extensions:
             out_headers.update((f"ce-{k}", http_value(v)) for k, v in subscriber.extensions)
         ttl: int | None = None

@@ -57,7 +57,9 @@ from kafka_eventing.core.tls import TlsVersion
 KEEPALIVE_SECONDS = 15.0
 #: Parsed destinations kept (subscriber, reply and dead-letter URIs: a handful per subscription).
 MAX_TARGETS = 1024
-_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # aiohttp's header-injection check
+#: aiohttp's header-injection check: a header name or value with one of these is never sent.
+FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_FORBIDDEN = FORBIDDEN_IN_HEADERS
 _USER_AGENT = "kafka-eventing-dispatcher"
 
 

@@ -94,9 +94,13 @@ class KubeResetApi:
 
 
 def serves_resetoffsets(api_client: Any) -> bool:
-    """Whether the API server serves the ResetOffset CRD (it is optional)."""
+    """Whether the API server serves the ResetOffset CRD (it is optional).
+
+    An API server not reachable yet counts as serving it: the dispatcher must start (and pass its liveness probe)
+    before the API answers, and the ResetOffsets watch retries with backoff until it does."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     try:
         found = client.CustomObjectsApi(api_client).get_api_resources(ro.GROUP, ro.VERSION, _request_timeout=(5, 15))
@@ -104,6 +108,9 @@ def serves_resetoffsets(api_client: Any) -> bool:
         if exc.status == 404:
             return False
         raise
+    except (HTTPError, OSError) as exc:
+        log.warning("API server not reachable; ResetOffsets watched once it is", extra={"error": str(exc)})
+        return True
     return ro.PLURAL in {r.name for r in found.resources or ()}
 
 

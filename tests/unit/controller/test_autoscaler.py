@@ -74,7 +74,7 @@ def test_scaled_object_and_trigger_authentication_written_once_then_left_alone()
     condition, keda_owned, errors = _reconcile(scaler, connection, _channel("s1", "s2"))
     assert condition == Condition.true(
         "DispatcherAutoscalerReady", "KEDAScaledObjectReady",
-        f"ScaledObject {NS}/{NAME}: 2-3 replicas on the lag of 2 consumer group(s)")
+        f"ScaledObject {NS}/{NAME}: 2-3 replicas on the lag of 2 kafka trigger(s)")
     assert keda_owned and errors == []
     # The credentials before the object that refers to them.
     assert fake.writes == [("create", keda.TRIGGER_AUTHENTICATIONS, NAME), ("create", keda.SCALED_OBJECTS, NAME)]

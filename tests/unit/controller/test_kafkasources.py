@@ -101,11 +101,16 @@ class StatusPatches:
     ({"ordering": "random"}, {}, ks.DEPLOYED, "InvalidOrdering"),
     ({"topics": []}, {}, ks.CONNECTION_ESTABLISHED, "InvalidTopics"),
     ({}, {ks.LABEL_KEY_TYPE: "uuid"}, ks.KEY_TYPE_CORRECT, "InvalidKeyType"),
+    ({"annotations": {"autoscaling.knative.dev/maxScale": "3"}}, {}, "DispatcherAutoscalerReady",
+     "InvalidAutoscaling"),
 ])
 def test_a_refused_field_is_a_condition_and_ready_says_so(field: dict[str, Any], labels: dict[str, str],
                                                            condition: str, reason: str) -> None:
+    field = dict(field)
+    annotations = field.pop("annotations", {})  # metadata, not spec
     obj = {"metadata": {"namespace": "team", "name": "s", "uid": "u", "generation": 2, "resourceVersion": "1",
-                        "finalizers": ["kafka.eventing.knative.dev/kafkasource"], "labels": labels},
+                        "finalizers": ["kafka.eventing.knative.dev/kafkasource"], "labels": labels,
+                        "annotations": annotations},
            "spec": {"bootstrapServers": ["k:9092"], "topics": ["t"], "sink": {"uri": "http://x"}, **field}}
     r = reconciler(sources=DictStore(obj))
     patches = StatusPatches()

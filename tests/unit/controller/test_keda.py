@@ -130,3 +130,48 @@ def test_keda_scaled_deployment_has_no_replicas_so_patches_leave_kedas() -> None
     assert plain["metadata"]["annotations"][res.ANNOTATION_SCALER] == res.SCALER_CONTROLLER
     # Switching either way is a change the reconciler writes (and switching back restores replicas).
     assert res.needs_update(plain, scaled) and res.needs_update(scaled, plain)
+
+
+def _source(annotations: dict[str, str], net: dict[str, Any] | None = None) -> Any:
+    from kafka_eventing.core import kafkasources as ks
+    return ks.parse_source({"metadata": {"namespace": "team", "name": "s", "uid": "u", "annotations": annotations},
+                            "spec": {"bootstrapServers": ["a:9092", "b:9092"], "topics": ["t1", "t2"],
+                                     "initialOffset": "earliest", "sink": {"uri": "http://x"}, "net": net or {}}})
+
+
+def test_source_scaled_object_one_trigger_per_topic_on_the_sources_group() -> None:
+    spec = _source({"autoscaling.knative.dev/class": "keda.autoscaling.knative.dev",
+                    "autoscaling.knative.dev/minScale": "0", "autoscaling.knative.dev/maxScale": "8",
+                    "keda.autoscaling.knative.dev/kafkaLagThreshold": "7",
+                    "keda.autoscaling.knative.dev/pollingInterval": "5",
+                    "keda.autoscaling.knative.dev/cooldownPeriod": "60"})
+    assert spec.autoscaling is not None
+    auth = keda.source_auth(spec, None)
+    assert not auth.needs_trigger_authentication
+    owner = ("kafka.eventing.knative.dev/kafkasource", "team/s")
+    so = keda.source_scaled_object(spec, spec.autoscaling, SETTINGS, auth, name="s-team-ks-dispatcher", owner=owner,
+                                   num_partitions=3)
+    assert so["metadata"]["annotations"][owner[0]] == owner[1]
+    assert so["metadata"]["namespace"] == SETTINGS.system_namespace
+    s = so["spec"]
+    assert s["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "s-team-ks-dispatcher"}
+    assert (s["minReplicaCount"], s["maxReplicaCount"], s["pollingInterval"], s["cooldownPeriod"]) == (0, 3, 5, 60)
+    assert [t["metadata"] for t in s["triggers"]] == [
+        {"bootstrapServers": "a:9092,b:9092", "consumerGroup": "knative-kafka-source-u", "topic": topic,
+         "lagThreshold": "7", "activationLagThreshold": "0", "offsetResetPolicy": "earliest", "tls": "disable"}
+        for topic in ("t1", "t2")]
+
+
+def test_source_auth_names_the_net_secret_keys() -> None:
+    ref = lambda key: {"secretKeyRef": {"name": "creds", "key": key}}  # noqa: E731
+    spec = _source({}, {"sasl": {"enable": True, "user": ref("u"), "password": ref("p"), "type": ref("m")},
+                        "tls": {"enable": True, "caCert": ref("ca")}})
+    auth = keda.source_auth(spec, "scram-sha-512")
+    assert auth.metadata == {"tls": "enable", "sasl": "scram_sha512"}
+    assert list(auth.secret_refs) == [{"parameter": "username", "name": "creds", "key": "u"},
+                                      {"parameter": "password", "name": "creds", "key": "p"},
+                                      {"parameter": "ca", "name": "creds", "key": "ca"}]
+    ta = keda.source_trigger_authentication("d", SETTINGS, ("k", "team/s"), auth)
+    assert ta["kind"] == "TriggerAuthentication" and ta["spec"] == {"secretTargetRef": list(auth.secret_refs)}
+    assert keda.source_auth(_source({}, {"sasl": {"enable": True, "user": ref("u"), "password": ref("p")}}),
+                            None).metadata == {"tls": "disable", "sasl": "plaintext"}

@@ -212,3 +212,63 @@ def test_secret_names() -> None:
                           "tls": {"enable": False, "caCert": ref("c")}}})
     assert ks.secret_names(obj) == {"a", "b", "c"}
     assert ks.secret_names(source({})) == set()
+
+
+KEDA = "keda.autoscaling.knative.dev"
+
+
+def annotated(annotations: dict[str, str]) -> dict[str, Any]:
+    obj = source({})
+    obj["metadata"]["annotations"] = annotations
+    return obj
+
+
+def test_autoscaling_absent_or_disabled_is_none() -> None:
+    assert ks.parse_source(source({})).autoscaling is None
+    assert ks.parse_source(annotated({"autoscaling.eventing.knative.dev/class": "disabled",
+                                      "autoscaling.eventing.knative.dev/max-scale": "4"})).autoscaling is None
+
+
+def test_autoscaling_defaults_and_both_dialects() -> None:
+    assert ks.parse_source(annotated({"autoscaling.knative.dev/class": KEDA})).autoscaling == ks.Autoscaling(
+        min_replicas=1, max_replicas=50, polling_interval=10, cooldown_period=30, lag_threshold=100,
+        activation_lag_threshold=0)
+    # eventing-autoscaler-keda's annotations (what most KafkaSource manifests carry)
+    old = ks.parse_source(annotated({
+        "autoscaling.knative.dev/class": KEDA, "autoscaling.knative.dev/minScale": "0",
+        "autoscaling.knative.dev/maxScale": "5", "keda.autoscaling.knative.dev/pollingInterval": "3",
+        "keda.autoscaling.knative.dev/cooldownPeriod": "10", "keda.autoscaling.knative.dev/kafkaLagThreshold": "2",
+        "keda.autoscaling.knative.dev/kafkaActivationLagThreshold": "1"})).autoscaling
+    # eventing-kafka-broker's
+    new = ks.parse_source(annotated({
+        "autoscaling.eventing.knative.dev/class": KEDA, "autoscaling.eventing.knative.dev/min-scale": "0",
+        "autoscaling.eventing.knative.dev/max-scale": "5", "autoscaling.eventing.knative.dev/polling-interval": "3",
+        "autoscaling.eventing.knative.dev/cooldown-period": "10",
+        "autoscaling.eventing.knative.dev/lag-threshold": "2",
+        "autoscaling.eventing.knative.dev/activation-lag-threshold": "1"})).autoscaling
+    assert old == new == ks.Autoscaling(min_replicas=0, max_replicas=5, polling_interval=3, cooldown_period=10,
+                                        lag_threshold=2, activation_lag_threshold=1)
+    # the same value in both dialects is no conflict
+    both = {"autoscaling.knative.dev/class": KEDA, "autoscaling.eventing.knative.dev/class": KEDA,
+            "autoscaling.knative.dev/maxScale": "3", "autoscaling.eventing.knative.dev/max-scale": "3"}
+    got = ks.parse_source(annotated(both)).autoscaling
+    assert got is not None and got.max_replicas == 3
+
+
+@pytest.mark.parametrize(("annotations", "match"), [
+    ({"autoscaling.knative.dev/maxScale": "4"}, "need the annotation autoscaling.knative.dev/class"),
+    ({"autoscaling.knative.dev/class": "kpa.autoscaling.knative.dev"}, "not served for KafkaSources"),
+    ({"autoscaling.knative.dev/class": KEDA, "autoscaling.eventing.knative.dev/class": "disabled"}, "disagree"),
+    ({"autoscaling.knative.dev/class": KEDA, "autoscaling.knative.dev/maxScale": "4",
+      "autoscaling.eventing.knative.dev/max-scale": "5"}, "disagree"),
+    ({"autoscaling.knative.dev/class": KEDA, "autoscaling.knative.dev/maxScale": "lots"}, "not a whole number"),
+    ({"autoscaling.knative.dev/class": KEDA, "autoscaling.knative.dev/maxScale": "0"}, "at least 1"),
+    ({"autoscaling.knative.dev/class": KEDA, "keda.autoscaling.knative.dev/kafkaLagThreshold": "0"}, "at least 1"),
+    ({"autoscaling.knative.dev/class": KEDA, "autoscaling.knative.dev/minScale": "-1"}, "at least 0"),
+    ({"autoscaling.knative.dev/class": KEDA, "autoscaling.knative.dev/minScale": "6",
+      "autoscaling.knative.dev/maxScale": "5"}, "above max-scale"),
+])
+def test_autoscaling_refused_with_reason(annotations: dict[str, str], match: str) -> None:
+    with pytest.raises(ks.SourceSpecError, match=match) as caught:
+        ks.parse_source(annotated(annotations))
+    assert caught.value.reason == "InvalidAutoscaling"

@@ -112,6 +112,47 @@ def test_record_that_is_not_a_cloudevent_is_dropped() -> None:
     assert outcome is Outcome.DROPPED and sender.calls == []
 
 
+@pytest.mark.parametrize("headers", [
+    [("content-type", b"text/plain\r\nX-Evil: 1")],  # a plain record: its content-type is sent as it is
+    [("ce_specversion", b"1.0"), ("ce_id", b"1"), ("ce_source", b"/s"), ("ce_type", b"t"),
+     ("content-type", b"a\nb")],  # a CloudEvent record's content type
+])
+def test_a_source_record_whose_headers_cannot_be_sent_is_dropped_and_counted(
+        headers: list[tuple[str, bytes]]) -> None:
+    from kafka_eventing.dispatcher.sources import RecordConverter
+
+    class Record:
+        def topic(self) -> str:
+            return "t"
+
+        def partition(self) -> int:
+            return 0
+
+        def offset(self) -> int:
+            return 7
+
+        def timestamp(self) -> tuple[int, int]:
+            return (1, 1700000000000)
+
+        def key(self) -> None:
+            return None
+
+        def value(self) -> bytes:
+            return b"v"
+
+        def headers(self) -> list[tuple[str, bytes]]:
+            return headers
+
+    sender = FakeSender({"http://s": [Attempt(200)], "http://dls": [Attempt(200)]})
+    registry = CollectorRegistry()
+    deliverer = Deliverer(sender, Metrics(registry), 600)  # type: ignore[arg-type]
+    sub = Subscriber("u", "http://s", delivery=spec(sink="http://dls"), convert=RecordConverter("ns", "src", "string"))
+    outcome = asyncio.run(deliverer.handle(headers, b"v", sub, LABELS, record=Record()))  # type: ignore[arg-type]
+    assert outcome is Outcome.DROPPED and sender.calls == []  # neither the sink nor the dead-letter sink
+    labels = {**LABELS.as_dict(), "reason": "invalid_header"}
+    assert registry.get_sample_value("eventing_kafka_dropped_total", labels) == 1
+
+
 
 
 def _resumed(made: int, retry: int) -> tuple[Outcome, FakeSender, AttemptCount]:
