@@ -64,7 +64,7 @@ def test_https_ingress_with_rotation(kafka_running: KafkaNode, topic: str, tmp_p
     try:
         try:
             wait_for(lambda: httpx.get(url + "/readyz", verify=trusted, timeout=5).status_code == 200, 60,
-                     "HTTPS readiness")
+                     "HTTPS readiness", tolerate=(httpx.TransportError,))
             wait_for(lambda: len(worker_pids(proc.pid)) == 2, 30, "both workers")
         except AssertionError:
             raise AssertionError(log.read_text()[-4000:]) from None

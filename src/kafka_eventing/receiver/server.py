@@ -160,6 +160,7 @@ class ReceiverWorker(UvicornWorker):
     async def _serve(self) -> None:
         settings, reload = self.settings, None
         if self.cfg.is_ssl:
+            self.config.app = self.wsgi  # what super()._serve() sets; load() wraps the app it finds
             self.config.load()  # makes the SSL context the server will use
             context = self.config.ssl
             assert context is not None
