@@ -14,7 +14,9 @@ its connection Secret made here) → ``helm upgrade`` to this chart → every po
 subscriber Deployments reached by Service name → events POSTed by an in-cluster sender reach both → ``helm test`` →
 a receiver pod and the dispatcher pod deleted mid-load, every 202-accepted event still delivered to both (ledger) →
 channel deleted: dispatcher and topic gone → a Kafka Broker with two Triggers of different filters, fan-out by
-filter → ``helm uninstall`` leaves none of the release's objects. Then ``ct install`` (install, ``helm test``,
+filter → a KafkaSink written through the receiver pods' sink ingress Service and a KafkaSource (2 dispatcher pods)
+reading its topic into a subscriber Deployment, a source pod deleted mid-load (ledger) → ``helm uninstall`` leaves
+none of the release's objects. Then ``ct install`` (install, ``helm test``,
 uninstall) of the chart with every ci values file this cluster can serve. ``kind delete cluster``; the engine
 stopped; the test itself checks that the host keeps its sysctls and has no new mount, process, cgroup, network
 interface or network namespace, also after a failure (tests/e2e/test_kind_crash.py: after a crashed engine too).
@@ -44,6 +46,8 @@ from e2e._scenario import (
     AUDIT,
     BROKER,
     CREATED,
+    KAFKA_SINK,
+    KAFKA_SOURCE,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     SHIPPED,
@@ -57,10 +61,13 @@ from e2e._scenario import (
     dispatchers,
     get,
     kafka_channel,
+    kafka_sink,
+    kafka_source,
     pods_ready,
     role_images,
     sink_container,
     sink_ids,
+    source_dispatcher,
     wait,
 )
 from kafka_eventing.core import brokers as kb
@@ -368,8 +375,8 @@ def _chart_args(cl: Kind, chart: Path) -> list[str]:
     """The Strimzi preset of ``chart`` with the loaded images; Kafka at the preset's own address."""
     return ["-f", str(chart / "values-strimzi.yaml"), "--set", "image.registry=docker.io/library",
             "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}", "--set", "image.pullPolicy=Never",
-            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true",
-            "--set", "receiver.workers=1", "--set", "logFormat=console"]
+            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true", "--set", "crds.sinks=true",
+            "--set", "crds.sources=true", "--set", "receiver.workers=1", "--set", "logFormat=console"]
 
 
 PART_OF = "app.kubernetes.io/part-of=kafka-eventing"
@@ -531,6 +538,39 @@ def _broker_scenario(cl: Kind) -> None:
     wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in _topics(cl), interval=2)
 
 
+SINK_URL = f"http://kafka-sink-ingress.{SYSTEM_NS}.svc.cluster.local/{APP_NS}/{KAFKA_SINK}"
+
+
+def _source_scenario(cl: Kind) -> None:
+    """A KafkaSink written through the receiver pods' sink ingress Service, and a KafkaSource (2 dispatcher pods)
+    reading its topic into sink-a; a source pod deleted mid-load loses nothing (ledger); deleting the source removes
+    its dispatcher."""
+    bootstrap = f"kafka.{KAFKA_NS}.svc:9092"
+    cl.apply(kafka_sink(bootstrap))
+    cl.kubectl("wait", "--for=condition=Ready", f"kafkasink/{KAFKA_SINK}", "-n", APP_NS, "--timeout=600s",
+               timeout=660)
+    cl.apply(kafka_source(bootstrap, _sink_uri("sink-a")))  # its topic exists now
+    cl.kubectl("wait", "--for=condition=Ready", f"kafkasource/{KAFKA_SOURCE}", "-n", APP_NS, "--timeout=600s",
+               timeout=660)
+    wait("source dispatcher pods ready", lambda: [d for d in source_dispatcher(cl)
+                                                  if d["status"].get("readyReplicas") == 2], timeout=600, interval=2)
+    _delivered(cl, _send(cl, SINK_URL, 20), sinks=("sink-a",))
+
+    job, _ = _start_sender(cl, SINK_URL, 200, pace=0.02)
+    wait("sink sender started", lambda: cl.kubectl("logs", f"job/{job}", "-n", APP_NS, check=False).stdout.count(
+        "accepted") >= 20, timeout=300, interval=1)
+    name = source_dispatcher(cl)[0]["metadata"]["name"]
+    pod = get(cl, "pods", "-n", SYSTEM_NS, "-l", f"kafka.eventing.knative.dev/dispatcher={name}")["items"][0]
+    cl.kubectl("delete", "pod", "-n", SYSTEM_NS, pod["metadata"]["name"], "--wait=false")
+    accepted = _accepted(cl, job)
+    assert len(accepted) == 200, f"only {len(accepted)} of 200 events were accepted by the KafkaSink"
+    _delivered(cl, accepted, sinks=("sink-a",), timeout=600)
+
+    cl.kubectl("delete", "kafkasource", KAFKA_SOURCE, "-n", APP_NS, "--timeout=300s", timeout=360)
+    wait("source dispatcher gone", lambda: not source_dispatcher(cl))
+    cl.kubectl("delete", "kafkasink", KAFKA_SINK, "-n", APP_NS, "--timeout=300s", timeout=360)
+
+
 def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
     with phase("Kafka in the cluster"):
         connection = _kafka(kind)
@@ -560,6 +600,8 @@ def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
             _channel_scenario(kind)
         with phase("Broker scenario"):
             _broker_scenario(kind)
+        with phase("KafkaSink and KafkaSource scenario (a source pod deleted mid-load)"):
+            _source_scenario(kind)
     finally:
         with phase("app namespace deleted"):
             kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False,
