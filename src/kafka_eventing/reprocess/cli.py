@@ -282,17 +282,14 @@ def main(argv: list[str]) -> int:
         filters = _filters(args) if args.job in ("replay", "redrive") else None
         conf = _spark_conf(args.conf)
     except (SettingsError, KafkaConfigError, DeliverySpecError, CesqlParseError, ValueError) as exc:
-        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args.job, exc, EXIT_USAGE)
     try:
         if topic is not None:
             _check_topic(connection, topic)
     except NoInputError as exc:
-        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
-        return EXIT_NO_INPUT
+        return _fail(args.job, exc, EXIT_NO_INPUT)
     except KafkaConnectionError as exc:
-        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args.job, exc, EXIT_USAGE)
 
     from kafka_eventing.reprocess.kafka_options import spark_kafka_options
     from kafka_eventing.reprocess.session import build_session
@@ -306,13 +303,17 @@ def main(argv: list[str]) -> int:
         _await_executor(spark, args.master, args.executor_timeout, started)
         return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)
     except NoInputError as exc:
-        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
-        return EXIT_NO_INPUT
+        return _fail(args.job, exc, EXIT_NO_INPUT)
     except NoExecutorError as exc:
-        print(f"kafka-eventing reprocess {args.job}: {exc}", file=sys.stderr)
-        return EXIT_NO_EXECUTOR
+        return _fail(args.job, exc, EXIT_NO_EXECUTOR)
     finally:
         spark.stop()
+
+
+def _fail(job: str, exc: Exception, code: int) -> int:
+    """One line on stderr naming the job, and its exit code."""
+    print(f"kafka-eventing reprocess {job}: {exc}", file=sys.stderr)
+    return code
 
 
 def _source(
