@@ -294,12 +294,18 @@ def test_channel_with_a_kafkachannel_template(knative: Knative, http: Subscriber
     sub = knative.subscription("events-sub", ref, subscriber={"uri": http.url("/events")})
     eventually(lambda: [s["uid"] for s in e.get("events")["spec"].get("subscribers") or []] == [
         sub["metadata"]["uid"]], 60, "the Subscription in the KafkaChannel's spec.subscribers")
-    knative.serve("events")
+    served = knative.serve("events")
     knative.wait_ready("subscriptions", "events-sub")
     assert [s["uid"] for s in knative.get("channels", "events")["status"]["subscribers"]] == [sub["metadata"]["uid"]]
 
-    # Deleting the Channel: the garbage collector deletes its KafkaChannel, whose finalizer deletes the topic.
+    # Deleting the Channel: the garbage collector deletes its KafkaChannel, whose finalizer stops the dispatcher
+    # and then deletes the subscribers' consumer groups and the topic. The dispatcher here is a process, not the
+    # Deployment's pods: it stops as they would.
     e.custom.delete_namespaced_custom_object(MESSAGING, "v1", e.namespace, "channels", "events")
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(res.dispatcher_name(e.namespace, "events"),
+                                                                      e.system)), 60, "the dispatcher Deployment gone")
+    served.stop()
+    knative.dispatchers.remove(served)
     eventually(lambda: e.gone("events"), 60, "the KafkaChannel deleted with its Channel")
     assert e.topic(f"{e.namespace}.events") is None
 
