@@ -145,14 +145,17 @@ class Knative:
 
     def condition(self, plural: str, name: str, kind: str = "Ready") -> dict[str, Any]:
         status = self.get(plural, name).get("status") or {}
-        return next(c for c in status.get("conditions") or () if c["type"] == kind)
+        for c in status.get("conditions") or ():
+            if c["type"] == kind:
+                return dict(c)
+        raise KeyError(f"{plural} {name} has no {kind} condition yet")  # "not yet" to eventually()
 
     def wait_ready(self, plural: str, name: str, timeout: float = 60) -> dict[str, Any]:
         return eventually(lambda: self.condition(plural, name)["status"] == "True" and self.get(plural, name),
                           timeout, f"{plural} {name} Ready (last: {self._last(plural, name)})")
 
     def _last(self, plural: str, name: str) -> str:
-        with contextlib.suppress(ApiException, StopIteration):
+        with contextlib.suppress(ApiException, KeyError):
             return str(self.condition(plural, name))
         return "no Ready condition"
 

@@ -31,15 +31,30 @@ def install_crd(api_client: Any, timeout: float = 60.0, file: str = CHANNEL_CRD)
     api = client.ApiextensionsV1Api(api_client)
     body = crd_manifest(file)
     name = str(body["metadata"]["name"])
-    try:
-        api.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:  # already installed: replace it with this version
-            raise
-        live = api.read_custom_resource_definition(name)
-        body["metadata"]["resourceVersion"] = live.metadata.resource_version
-        api.replace_custom_resource_definition(name, body)
     deadline = time.monotonic() + timeout
+    while True:
+        try:
+            api.create_custom_resource_definition(body)
+            break
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        # Already there: replace it with this version, unless it is being deleted (a CRD with objects left goes
+        # only once they are gone); one deleted between the two calls is created on the next pass.
+        try:
+            live = api.read_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        else:
+            if live.metadata.deletion_timestamp is None:
+                body["metadata"]["resourceVersion"] = live.metadata.resource_version
+                api.replace_custom_resource_definition(name, body)
+                break
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"CRD {name} exists but could not be read and replaced within {timeout:.0f}s "
+                               "(being deleted?)")
+        time.sleep(0.2)
     while time.monotonic() < deadline:
         crd = api.read_custom_resource_definition(name)
         if any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or ())):
