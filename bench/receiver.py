@@ -14,7 +14,8 @@ At 1 KB each server is also loaded by ``oha`` at fixed rates (``FIXED_RATES``: 1
 latency and CPU per event are compared with the peer's.
 Every server run is repeated (``BENCH_REPEATS``, default 3, interleaved) and the median run is reported;
 ``BENCH_KINDS`` (comma-separated) measures only some servers.
-Results: docs/benchmarks/receiver.json and receiver.png. Not a test.
+Results: docs/benchmarks/receiver.json and receiver.png (``BENCH_NAME`` names them otherwise, so that a narrowed
+run does not replace the whole one). Not a test.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from kafka_eventing.receiver.__main__ import WORKER as RECEIVER_WORKER
 #: ``BENCH_SIZES`` (bytes, comma list) and ``BENCH_KINDS`` (of KINDS_1KB) narrow a run, e.g. to the receiver against
 #: the bare endpoint at 1 KB.
 SIZES = tuple(int(x) for x in os.environ.get("BENCH_SIZES", f"1024,{20 * 1024}").split(","))
+NAME = os.environ.get("BENCH_NAME", "receiver")
 #: open-loop rates (events/s) at which every 1 KB server's latency and CPU per event are measured
 FIXED_RATES = (1000, 3000)
 #: warm-up at saturation before the measured runs: long enough for the peer's JIT compiler (and our caches)
@@ -465,7 +467,7 @@ def main() -> None:
         for rate, floor in results["raw_producer_linger0_at_fixed_rate"].items()}
     stack_floor(results)
     results["elapsed_s"] = round(time.monotonic() - began)
-    path = write_json("receiver", results)
+    path = write_json(NAME, results)
     plot(results)
     print_table(results)
     print(f"wrote {path} and receiver.png in {results['elapsed_s']} s")
@@ -653,7 +655,7 @@ def plot(results: dict[str, Any]) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"receiver benchmark — {results['machine']['cpu_model']}, {results['machine']['cores']} cores",
                  fontsize=10)
-    save_png(fig, "receiver")
+    save_png(fig, NAME)
 
 
 if __name__ == "__main__":

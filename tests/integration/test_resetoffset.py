@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 from test_dispatcher import Subscriber, committed, produce
 
+from fixtures.kube import delete_crds
 from kafka_eventing.controller.crd import install_crd
 from kafka_eventing.controller.resetoffsets import ResetOffsetReconciler
 from kafka_eventing.core import resetoffsets as ro
@@ -66,29 +67,11 @@ def _install_subscription_crd(api_client: Any) -> None:
     name = SUBSCRIPTION_CRD["metadata"]["name"]  # type: ignore[index]
 
     objects = client.CustomObjectsApi(api_client)
-
-    def not_terminating() -> bool:
-        # Knative's own CRDs (tests/fixtures/knative.py) are deleted when their tests end, and a Subscription its
-        # stopped controller left a finalizer on keeps that CRD terminating, refusing new objects: release those
-        # leftovers and wait until the CRD is gone before installing the stand-in.
-        try:
-            crd = api.read_custom_resource_definition(name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        if crd.metadata.deletion_timestamp is None:
-            return True
-        for version in crd.spec.versions:
-            for item in objects.list_cluster_custom_object("messaging.knative.dev", version.name,
-                                                           "subscriptions")["items"]:
-                if item["metadata"].get("finalizers"):
-                    objects.patch_namespaced_custom_object(
-                        "messaging.knative.dev", version.name, item["metadata"]["namespace"], "subscriptions",
-                        item["metadata"]["name"], {"metadata": {"finalizers": None}})
-        return False
-
-    wait_for(not_terminating, 120, "no Subscription CRD being deleted")
+    # Knative's own CRDs (tests/fixtures/knative.py) are deleted when their tests end; one still terminating
+    # refuses new objects, so it is seen gone before the stand-in is installed.
+    with contextlib.suppress(ApiException):
+        if api.read_custom_resource_definition(name).metadata.deletion_timestamp is not None:
+            delete_crds(api_client, [name])
     try:
         api.create_custom_resource_definition(SUBSCRIPTION_CRD)
     except ApiException as exc:

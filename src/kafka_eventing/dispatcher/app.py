@@ -150,6 +150,9 @@ class Dispatcher:
         self._factory = consumer_factory
         #: ResetOffsets of this dispatcher's groups (dispatcher/resets.py); None: not served (file mode, no CRD).
         self._resets = resets
+        #: No member joins before the ResetOffsets are listed (run() sets it): a change of the channel seen while
+        #: the list is still loading must not start a group whose reset is pending.
+        self._resets_listed = resets is None
         self._subs: dict[str, _Running] = {}
         self._stopping_subs: dict[str, asyncio.Task[None]] = {}
         self._group_offsets: GroupOffsets | None = None  # made on first use (a Broker's dispatcher passes its own)
@@ -208,6 +211,7 @@ class Dispatcher:
                 # Listed before any member joins: a group whose reset is pending (a restart mid-reset) stays out.
                 self._resets.bind(loop)
                 await loop.run_in_executor(None, self._resets.start, self)
+                self._resets_listed = True
             self._reconcile()
             if self._resets is not None:
                 self._resets.kick()
@@ -235,7 +239,7 @@ class Dispatcher:
         return self.source.get(self.key)
 
     def _reconcile(self) -> None:
-        if self._stop.is_set():
+        if self._stop.is_set() or not self._resets_listed:
             return
         channel = self._channel()
         wanted: dict[str, Subscriber] = {}
