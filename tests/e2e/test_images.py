@@ -11,18 +11,16 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 import tomllib
 import uuid
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 
-import grimp
 import pytest
 
 from e2e._engine import ROLES, ROOT, Engine, base_image, build_role_images, docker_engine, git_sha
+from role_imports import imports_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 
@@ -30,10 +28,6 @@ UID = "65532"
 RUN_FLAGS = ("--network", "none", "--read-only", "--tmpfs", "/tmp", "--user", UID)
 # What the role images must not carry: the [spark] extra and the dev tools that requirements.lock also pins.
 NOT_IN_ROLE_IMAGES = ("pyspark", "pyarrow", "pandas", "matplotlib", "pytest", "mypy", "ruff", "hypothesis", "pip")
-# What a role loads by name rather than by an import of ours: gunicorn (`python -m gunicorn`), uvloop (uvicorn's
-# loop="auto"), httptools (uvicorn's protocol, under receiver/server.py), cryptography (PyJWT's RSA/EC algorithms
-# exist only when it imports).
-LOADED_BY_NAME = {"receiver": ("gunicorn", "uvloop", "httptools", "cryptography")}
 # Another role's import that a role's own dependencies bring along: the Kubernetes client requires aiohttp (v35+).
 BROUGHT_ALONG = {"aiohttp"}
 # Issue #20's budget: what a role's image adds to the Python base it runs on.
@@ -113,29 +107,12 @@ def test_role_images_share_every_layer_of_their_base(engine: Engine, images: dic
     assert len({layers(image)[0] for image in images.values()}) == 1
 
 
-@cache
-def _imports_of(role: str) -> frozenset[str]:
-    """The third-party top-level modules a role imports: the static import graph from kafka_eventing.<role>'s
-    modules through every kafka_eventing module they import, function-level imports included."""
-    graph = grimp.build_graph("kafka_eventing", include_external_packages=True)
-    seen = {m for m in graph.modules if m == f"kafka_eventing.{role}" or m.startswith(f"kafka_eventing.{role}.")}
-    todo = list(seen)
-    while todo:
-        for imported in graph.find_modules_directly_imported_by(todo.pop()):
-            if imported not in seen:
-                seen.add(imported)
-                if imported.startswith("kafka_eventing."):
-                    todo.append(imported)
-    third_party = {m for m in seen if not m.startswith("kafka_eventing") and m not in sys.stdlib_module_names}
-    return frozenset(third_party | set(LOADED_BY_NAME.get(role, ())))
-
-
 @pytest.mark.parametrize("role", ROLES)
 def test_image_carries_what_its_role_imports_and_nothing_another_role_does(
         engine: Engine, images: dict[str, str], role: str) -> None:
     """Each role's image imports every module its code imports, and lacks what only the other roles import."""
-    needs = sorted(_imports_of(role))
-    others = set().union(*(_imports_of(r) for r in ROLES if r != role)) - _imports_of(role) - BROUGHT_ALONG
+    needs = sorted(imports_of(role))
+    others = set().union(*(imports_of(r) for r in ROLES if r != role)) - imports_of(role) - BROUGHT_ALONG
     assert {"kubernetes", "confluent_kafka"} <= set(needs)  # the graph really was read
     proc = engine.docker(
         "run", "--rm", *RUN_FLAGS, "--entrypoint", "python", images[role], "-c",
