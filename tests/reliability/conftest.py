@@ -101,10 +101,11 @@ def render(rows: list[tuple[str, Row]], outcomes: dict[str, tuple[bool, str]], f
         "KafkaSource is stored at `v1beta1`. Every other CRD has one version. What the upgrade prober does cross is "
         "a CRD schema change. Chart 0.8.0 → 0.9.0 adds `status.policies` to the KafkaChannel schema; the CRDs are "
         "Helm templates (keep policy), so `helm upgrade` applies the change and `helm rollback` reverts it while "
-        "wathola's events flow through a KafkaChannel. A read-and-write of every stored object (what "
-        "kube-storage-version-migrator does) is not run: with no version move and no field removed it would "
-        "change nothing in etcd (the API server skips an update whose stored bytes are unchanged), so it would "
-        "prove nothing.",
+        "wathola's events flow through a KafkaChannel (tests/integration/test_chart_install.py checks that the API "
+        "server's KafkaChannel schema is the previous chart's before the upgrade and this chart's after). A "
+        "read-and-write of every stored object (what kube-storage-version-migrator does) is not run: with no version "
+        "move and no field removed it would change nothing in etcd (the API server skips an update whose stored "
+        "bytes are unchanged), so it would prove nothing.",
         "",
         "| scenario | subscription | sent | 202 | delivered | duplicates | lost | w/o 202 | dead-lettered | s "
         "| result | notes |",
