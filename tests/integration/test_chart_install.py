@@ -158,6 +158,17 @@ def _previous_chart(dest: Path) -> tuple[Path, str]:
     pytest.fail(f"no earlier chart version than {current} in git history (a shallow clone? git fetch --unshallow)")
 
 
+def served_schemas(c: Cluster) -> dict[str, Any]:
+    """The KafkaChannel CRD's schema per version as the API server has it."""
+    crd = yaml.safe_load(c.kubectl("get", "crd", CRD_NAME, "-o", "yaml").stdout)
+    return {v["name"]: v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"]}
+
+
+def chart_schemas(chart: Path) -> dict[str, Any]:
+    crd = yaml.safe_load((chart / "files" / "crds" / "kafkachannels.yaml").read_text())
+    return {v["name"]: v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"]}
+
+
 def test_helm_upgrade_from_previous_version(cluster: Cluster, tmp_path: Path) -> None:
     prev_dir, previous = _previous_chart(tmp_path)
     cluster.helm("package", str(prev_dir), "-d", str(tmp_path))
@@ -172,6 +183,7 @@ def test_helm_upgrade_from_previous_version(cluster: Cluster, tmp_path: Path) ->
                f"metadata: {{name: survives-upgrade, namespace: {NS}}}\nspec: {{numPartitions: 2}}\n")
     try:
         wait_established(cluster)
+        assert served_schemas(cluster) == chart_schemas(prev_dir)
         cluster.kubectl("apply", "-f", "-", stdin=channel)
         before = cluster.kubectl("get", "deploy/kafka-eventing-receiver", "-n", NS, "-o",
                                  "jsonpath={.spec.template.metadata.annotations.checksum/config}").stdout
@@ -181,6 +193,8 @@ def test_helm_upgrade_from_previous_version(cluster: Cluster, tmp_path: Path) ->
         current = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
         assert [h["chart"] for h in history] == [f"kafka-eventing-{previous}", f"kafka-eventing-{current}"]
         assert history[-1]["status"] == "deployed"
+        # The CRD is a template, so the upgrade carries its schema (Helm never upgrades a chart's crds/ folder).
+        assert served_schemas(cluster) == chart_schemas(CHART)
         provider = cluster.kubectl("get", "configmap", "kafka-eventing-config", "-n", NS, "-o",
                                    "jsonpath={.data.KE_KAFKA_PROVIDER}").stdout
         assert provider == "strimzi"

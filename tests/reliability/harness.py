@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -176,8 +177,11 @@ Answer = Callable[[str, int], int]  # (event id, attempt number for this id on t
 
 @dataclass
 class Route:
+    """How a path answers: ``answer``'s status after ``delay`` s, plus up to ``jitter`` s more (uniform)."""
+
     answer: Answer = field(default=lambda _id, _attempt: 200)
     delay: float = 0.0
+    jitter: float = 0.0
 
 
 @dataclass
@@ -214,8 +218,8 @@ class Recorder:
             attempt = self._attempts[key] = self._attempts.get(key, 0) + 1
         route = self.routes.get(request.path, Route())
         status = route.answer(event_id, attempt)
-        if route.delay:
-            await asyncio.sleep(route.delay)
+        if route.delay or route.jitter:
+            await asyncio.sleep(route.delay + random.uniform(0.0, route.jitter))
         with self._lock:
             self.receipts.setdefault(request.path, []).append(Receipt(event_id, status, time.monotonic()))
         return web.Response(status=status)

@@ -436,11 +436,15 @@ def test_broker_trigger_deleted_while_its_subscriber_hangs(rig: MakeRig) -> None
 
 
 # -- the Broker soak --------------------------------------------------------------------------------------------
-#: The slow Trigger's subscriber answers in this many seconds; at 100 events/s it needs ~350 deliveries at once, so
-#: the dispatcher runs with KE_MAX_IN_FLIGHT above that (its default, 64, would cap it near 18 events/s).
-SLOW_ANSWER = 3.5
+#: The slow Trigger's subscriber answers in 3–4 s (uniform); at 100 events/s it needs up to ~400 deliveries at once,
+#: so the dispatcher runs with KE_MAX_IN_FLIGHT above that (its default, 64, would cap it near 18 events/s).
+SLOW_ANSWER, SLOW_JITTER = 3.0, 1.0
 SOAK_IN_FLIGHT = "512"
-SOAK_ANSWER_TEXT = f"{SLOW_ANSWER:g} s"
+SOAK_ANSWER_TEXT = f"{SLOW_ANSWER:g}–{SLOW_ANSWER + SLOW_JITTER:g} s"
+#: RSS is sampled every RSS_EVERY s; the first RSS_WARMUP s of load are warm-up (librdkafka's queues and the
+#: in-flight window filling). Flat: the mean of the last minute's samples at most RSS_GROWTH × the mean of the
+#: first minute after warm-up. A leak of one event's worth per delivery (~1 KiB × 500/s) would add ~25 % a minute.
+RSS_EVERY, RSS_WARMUP, RSS_GROWTH = 5.0, min(120.0, SOAK_SECONDS / 5), 1.10
 
 
 def lag(r: Rig, group: str) -> int:
@@ -457,32 +461,43 @@ def lag(r: Rig, group: str) -> int:
     return sum(end - max(done.get(p, 0), 0) for p, end in ends.items())
 
 
+def mean_rss(samples: list[tuple[float, int]], start: float, end: float) -> float:
+    window = [b for at, b in samples if start <= at < end]
+    assert window, f"no RSS sample in [{start:.0f}, {end:.0f}) s"
+    return sum(window) / len(window)
+
+
 @slow
 @pytest.mark.timeout(SOAK_SECONDS + 1200)
 def test_broker_soak_10_partitions_5_triggers_one_slow(rig: MakeRig) -> None:
     r = rig(partitions=10)
-    routes = {f"t{n}": Route() for n in range(4)} | {"slow": Route(delay=SLOW_ANSWER)}
+    routes = {f"t{n}": Route() for n in range(4)} | {"slow": Route(delay=SLOW_ANSWER, jitter=SLOW_JITTER)}
     watches = broker_triggers(r, routes, slow={"ordered": False}, t1={"ordered": False})
     r.start_receiver()
     dispatcher = r.add_dispatcher(env={"KE_MAX_IN_FLIGHT": SOAK_IN_FLIGHT})
     load = r.load(rate=100, senders=4, duration=SOAK_SECONDS)
-    rss: list[tuple[float, int]] = []
+    rss: list[tuple[float, int]] = []  # (s since the load started, bytes)
     while load.running:
-        rss.append((time.monotonic() - r.started, dispatcher.rss_bytes()))
-        time.sleep(5)
+        rss.append((time.monotonic() - load.started_at, dispatcher.rss_bytes()))
+        time.sleep(RSS_EVERY)
     load.wait()
     sent = len(r.ledger.sent())
-    # RSS flat: the last third of the soak against the second (the first is warm-up: caches, queues filling).
-    third = len(rss) // 3
-    middle = max(b for _, b in rss[third:2 * third]) if third else 0
-    last = max(b for _, b in rss[2 * third:]) if third else 0
+    ended = max(at for at, _ in rss)
+    first = mean_rss(rss, RSS_WARMUP, RSS_WARMUP + 60)
+    last = mean_rss(rss, ended - 60, ended + 1)
+    peak = max(b for _, b in rss)
     notes = [f"offered {sent / SOAK_SECONDS:.1f} events/s on average; 10 partitions, 5 Triggers, 'slow' answers in "
              f"{SOAK_ANSWER_TEXT}, KE_MAX_IN_FLIGHT={SOAK_IN_FLIGHT}",
-             f"dispatcher RSS max {middle / 2**20:.0f} MiB in the middle third, {last / 2**20:.0f} MiB in the last"]
+             f"dispatcher RSS mean {first / 2**20:.1f} MiB in the first minute after {RSS_WARMUP:.0f} s of warm-up, "
+             f"{last / 2**20:.1f} MiB in the last minute ({last / first - 1:+.1%}, bound {RSS_GROWTH - 1:+.0%}); "
+             f"peak {peak / 2**20:.1f} MiB"]
     tallies = r.verdict(f"Broker soak {SOAK_SECONDS / 60:.0f} min at 100/s, 5 Triggers (one slow)", watches,
                         max_duplicate_ratio=0.001, notes=notes, settle_timeout=300)
+    lags = {name: lag(r, r.group(name)) for name in routes}
     wait_for(lambda: all(lag(r, r.group(name)) == 0 for name in routes), 120,
-             "every Trigger's group committed to the end of the topic", interval=1)
+             f"every Trigger's group committed to the end of the topic (lag {lags})", interval=1)
+    print(f"\nBroker soak: {notes}; lag after settling {lags}; RSS MiB every {RSS_EVERY:g} s: "
+          f"{[round(b / 2**20) for _, b in rss]}")
     assert sent >= 0.9 * 100 * SOAK_SECONDS, f"the senders managed only {sent} events"
-    assert third and last <= 1.2 * middle, f"dispatcher RSS grew: {[b // 2**20 for _, b in rss]} MiB"
+    assert last <= RSS_GROWTH * first, f"dispatcher RSS grew: {[b // 2**20 for _, b in rss]} MiB"
     assert {name for name, t in tallies.items() if t.accepted} == set(routes), tallies
