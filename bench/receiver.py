@@ -36,9 +36,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -225,8 +224,7 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: 
 # -- receiver variants --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     """How one receiver row differs from ``receiver``: its environment, extra request headers, and the CA of its
     certificate when it serves HTTPS."""
 
