@@ -675,6 +675,15 @@ def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
                                                3),
                     "sink_events_per_cpu_second": round(1000 / sink["saturated"]["cpu_s_per_1000"], 1),
                     "sink_p99_ms_at_half_saturation": sink["half_saturation_p99_ms_median"]})
+            for on in ("auth", "tls"):  # what turning auth or TLS on costs, against the same receiver with it off
+                row = runs.get(f"{model}/receiver-{on}/{label}")
+                if row:
+                    out[f"{model}/{label}"].update({
+                        f"{on}_vs_off_rate": round(row["saturated"]["events_per_s"] / rec["saturated"]["events_per_s"],
+                                                   3),
+                        f"{on}_vs_off_cpu_per_event": round(
+                            row["saturated"]["cpu_s_per_1000"] / rec["saturated"]["cpu_s_per_1000"], 3),
+                        f"{on}_p99_ms_at_half_saturation": row["half_saturation_p99_ms_median"]})
     return out
 
 
@@ -692,7 +701,8 @@ def print_table(results: dict[str, Any]) -> None:
 def plot(results: dict[str, Any]) -> None:
     runs = results["runs"]
     fig, axes = new_figure(ncols=3, width=5.2, height=4.2)
-    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver", "receiver-sink")),
+    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS
+                               for k in ("bare", "receiver", "receiver-sink", "receiver-auth", "receiver-tls")),
              "granian/bare", "java-peer"]
     p99_title = "p99 at half saturation, open loop (ms, median);\nraw producer: at the receiver's half rate"
     for col, (metric, title) in enumerate([("events_per_s", "events/s at saturation"),
