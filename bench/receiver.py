@@ -6,6 +6,9 @@
     ingress Service's Host, ``/<namespace>/<name>``: the same targets as a channel's ingress),
 (d) at 1 KB, the peer: Knative's Java receiver (``bench/peer.py``, built by ``make peer``; left out, and said so,
     when it is not built),
+(e) at 1 KB, the same receiver with ingress auth on (``receiver-auth``: every request carries a bearer token from
+    a loopback OIDC issuer, verified and checked against an EventPolicy, default mode deny-all) and with HTTPS on
+    (``receiver-tls``: TLS 1.3, a certificate from a CA made for the run) — the cost of each beside auth off,
 
 for 1 KB and 20 KB binary-mode events, loaded at saturation by ``wrk`` (closed loop, Lua script) and at half of
 that rate by ``oha`` (open loop: requests are sent on a fixed schedule whatever the answers' latency, and latency
@@ -20,12 +23,14 @@ run does not replace the whole one). Not a test.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
 import re
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -33,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -52,6 +57,7 @@ from _common import (
     save_png,
     write_json,
 )
+from _issuer import Issuer
 
 from kafka_eventing.receiver.__main__ import WORKER as RECEIVER_WORKER
 
@@ -87,6 +93,27 @@ MODELS = {
 }
 #: A KafkaSink's requests name the sink ingress Service (chart value receiver.sinkService.name) by Host.
 SINK_HEADERS = {"Host": "kafka-sink-ingress.knative-eventing.svc.cluster.local"}
+#: The auth-on row's sender: the subject the channels file's EventPolicy allows, with a token for the channel's
+#: audience (Knative's format) from the run's loopback issuer.
+SENDER = "system:serviceaccount:bench:sender"
+AUDIENCE = "messaging.knative.dev/kafkachannel/bench/events"
+#: The targets every receiver run serves (KE_CHANNELS_FILE); the EventPolicy matters only with auth on.
+CHANNELS = f"""apiVersion: messaging.knative.dev/v1beta1
+kind: KafkaChannel
+metadata: {{name: events, namespace: bench}}
+---
+apiVersion: eventing.knative.dev/v1alpha1
+kind: KafkaSink
+metadata: {{name: events, namespace: bench}}
+spec: {{topic: bench.events}}
+---
+apiVersion: eventing.knative.dev/v1alpha1
+kind: EventPolicy
+metadata: {{name: bench-senders, namespace: bench}}
+spec:
+  to: [{{ref: {{apiVersion: messaging.knative.dev/v1beta1, kind: KafkaChannel, name: events}}}}]
+  from: [{{sub: "{SENDER}"}}]
+"""
 CE_HEADERS = {"ce-specversion": "1.0", "ce-id": "bench-1", "ce-source": "/bench", "ce-type": "bench.event",
               "content-type": "application/octet-stream"}
 
@@ -134,7 +161,7 @@ def _ms(text: str) -> float:
 
 
 def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int, server_pid: int,
-            extra: dict[str, str] | None = None) -> dict[str, Any]:
+            extra: dict[str, str] | None = None, ca_file: Path | None = None) -> dict[str, Any]:
     """``rate`` requests/s on a fixed schedule (open loop) with latency from the scheduled send time."""
     pids = process_tree(server_pid)
     cpu_before = cpu_seconds(pids)
@@ -142,7 +169,8 @@ def run_oha(url: str, body: Path, rate: float, *, connections: int, seconds: int
     headers = [arg for k, v in {**CE_HEADERS, **(extra or {})}.items() for arg in ("-H", f"{k}: {v}")]
     out = subprocess.run(
         ["oha", "-z", f"{seconds}s", "-q", f"{rate:.0f}", "--latency-correction", "-c", str(connections),
-         "-m", "POST", *headers, "-D", str(body), "--no-tui", "--output-format", "json", url],
+         "-m", "POST", *headers, "-D", str(body), *(["--cacert", str(ca_file)] if ca_file else []),
+         "--no-tui", "--output-format", "json", url],
         capture_output=True, text=True, check=True, timeout=seconds + 60,
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
@@ -195,6 +223,45 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int, server_pid: 
     }
 
 
+# -- receiver variants --------------------------------------------------------------------------------------
+
+
+class Variant(NamedTuple):
+    """How one receiver row differs from ``receiver``: its environment, extra request headers, and the CA of its
+    certificate when it serves HTTPS."""
+
+    env: dict[str, str]
+    headers: dict[str, str] | None = None
+    ca_file: Path | None = None
+
+
+@functools.cache
+def issuer() -> Issuer:
+    """The run's OIDC issuer, started on first use; it serves until the process ends."""
+    return Issuer()
+
+
+def receiver_variant(kind: str, env: dict[str, str], workdir: Path) -> Variant:
+    if kind == "receiver-batching":  # the receiver as it was: every record waits out linger.ms
+        return Variant({**env, "KE_BATCH_ABOVE_RATE": "0"})
+    if kind == "receiver-sink":  # the KafkaSink of the channels file, by its ingress Host
+        return Variant(env, SINK_HEADERS)
+    if kind == "receiver-auth":  # a verified token and an EventPolicy on every request; deny-all elsewhere
+        return Variant({**env, "KE_AUTH_ISSUER": issuer().url, "KE_AUTH_DEFAULT_MODE": "deny-all"},
+                       {"Authorization": f"Bearer {issuer().token(AUDIENCE, SENDER)}"})
+    if kind == "receiver-tls":  # HTTPS at the default minimum, TLS 1.3
+        from kafka_eventing.localstack.tls import CertificateAuthority
+
+        ca = CertificateAuthority("bench receiver CA")
+        tls = workdir / "tls"
+        tls.mkdir(exist_ok=True)
+        (tls / "ca.crt").write_bytes(ca.cert_pem)
+        ca.issue("127.0.0.1", ("127.0.0.1",)).write(tls / "tls.crt", tls / "tls.key")
+        return Variant({**env, "KE_TLS_CERT_FILE": str(tls / "tls.crt"), "KE_TLS_KEY_FILE": str(tls / "tls.key")},
+                       ca_file=tls / "ca.crt")
+    raise ValueError(f"no receiver variant {kind!r}")
+
+
 # -- servers ------------------------------------------------------------------------------------------------
 
 
@@ -206,7 +273,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model: str, kind: str, env: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(model: str, kind: str, env: dict[str, str], workdir: Path, *,
+                 ca_file: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """``ca_file``: the server speaks HTTPS (``KE_TLS_CERT_FILE`` in ``env``), verified with this CA."""
     port = free_port()
     if model == "granian":  # the bare endpoint under a compiled (Rust) HTTP server, same app, same workers
         cmd = [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port),
@@ -219,7 +288,8 @@ def start_server(model: str, kind: str, env: dict[str, str], workdir: Path) -> t
                "--pythonpath", str(Path(__file__).resolve().parent), spec[kind]]
     log = (workdir / f"{model}-{kind}.log").open("ab")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if ca_file else 'http'}://127.0.0.1:{port}"
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -227,7 +297,7 @@ def start_server(model: str, kind: str, env: dict[str, str], workdir: Path) -> t
         try:
             method = "GET" if kind == "receiver" else "POST"
             request = urllib.request.Request(url + "/readyz", method=method)  # noqa: S310 - our loopback URL
-            with urllib.request.urlopen(request, timeout=2) as r:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=2, context=context) as r:  # noqa: S310
                 if r.status < 300:
                     return proc, url
         except OSError:
@@ -255,16 +325,15 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
     elif kind == "granian":
         proc, url = start_server("granian", "bare", env, workdir)
         stop = stop_server
-    elif kind == "receiver-batching":  # the receiver as it was: every record waits out linger.ms
-        proc, url = start_server(model, "receiver", {**env, "KE_BATCH_ABOVE_RATE": "0"}, workdir)
-        stop = stop_server
-    elif kind == "receiver-sink":  # the same receiver; the KafkaSink of the channels file, by its ingress Host
-        proc, url = start_server(model, "receiver", env, workdir)
+    elif kind.startswith("receiver-"):
+        variant = receiver_variant(kind, env, workdir)
+        proc, url = start_server(model, "receiver", variant.env, workdir, ca_file=variant.ca_file)
         stop = stop_server
     else:
         proc, url = start_server(model, kind, env, workdir)
         stop = stop_server
-    extra = SINK_HEADERS if kind == "receiver-sink" else None
+    extra = variant.headers if kind.startswith("receiver-") else None
+    ca_file = variant.ca_file if kind.startswith("receiver-") else None
     try:
         target = url + "/bench/events"
         full = lua_script(workdir / f"full-{kind}-{size}.lua", size, extra)
@@ -276,13 +345,14 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
         body.write_bytes(b"x" * size)
         try:
             half = run_oha(target, body, half_rate, connections=HALF_CONNECTIONS, seconds=DURATION,
-                           server_pid=proc.pid, extra=extra)
+                           server_pid=proc.pid, extra=extra, ca_file=ca_file)
         except RuntimeError as exc:  # kept in the results as a failed run rather than losing the whole benchmark
             print(f"half-rate run failed: {exc}", flush=True)
             half = {"failed": str(exc), "p99_ms": None}
         half["target_events_per_s"] = round(half_rate, 1)
         fixed = {str(rate): run_oha(target, body, rate, connections=HALF_CONNECTIONS, seconds=DURATION,
-                                    server_pid=proc.pid, extra=extra) for rate in (FIXED_RATES if size == 1024 else ())}
+                                    server_pid=proc.pid, extra=extra, ca_file=ca_file)
+                 for rate in (FIXED_RATES if size == 1024 else ())}
         return {"saturated": saturated, "half_saturation": half, "fixed_rate": fixed}
     finally:
         stop(proc)
@@ -411,10 +481,7 @@ def main() -> None:
             admin = AdminClient(node.client_config())
             fresh_topic(admin)
             channels = workdir / "channels.yaml"
-            channels.write_text("apiVersion: messaging.knative.dev/v1beta1\nkind: KafkaChannel\n"
-                                "metadata: {name: events, namespace: bench}\n---\n"
-                                "apiVersion: eventing.knative.dev/v1alpha1\nkind: KafkaSink\n"
-                                "metadata: {name: events, namespace: bench}\nspec: {topic: bench.events}\n")
+            channels.write_text(CHANNELS)
             env = {k: v for k, v in os.environ.items() if not k.startswith("KE_") or k == "KE_CACHE"}
             env.update({"KE_BOOTSTRAP_SERVERS": node.bootstrap_servers, "KE_CHANNELS_FILE": str(channels),
                         "KE_LOG_LEVEL": "WARNING", "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prom")})
@@ -506,7 +573,8 @@ def fresh_topic(admin: Any, topic: str = "bench.events") -> None:
 
 #: at 1 KB also the peer, the bare endpoint under granian (``make bench-tools`` installs it), and the receiver with
 #: one batching producer only (``KE_BATCH_ABOVE_RATE=0``: what the immediate producer changes)
-KINDS_1KB = ["bare", "granian", "receiver", "receiver-sink", "receiver-batching", "peer"]
+KINDS_1KB = ["bare", "granian", "receiver", "receiver-sink", "receiver-batching", "receiver-auth", "receiver-tls",
+             "peer"]
 
 
 #: ``BENCH_KINDS=bare,receiver,receiver-sink``: only those servers (bare and receiver are always kept: the summary
@@ -609,6 +677,15 @@ def summarize(runs: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
                                                3),
                     "sink_events_per_cpu_second": round(1000 / sink["saturated"]["cpu_s_per_1000"], 1),
                     "sink_p99_ms_at_half_saturation": sink["half_saturation_p99_ms_median"]})
+            for on in ("auth", "tls"):  # what turning auth or TLS on costs, against the same receiver with it off
+                row = runs.get(f"{model}/receiver-{on}/{label}")
+                if row:
+                    out[f"{model}/{label}"].update({
+                        f"{on}_vs_off_rate": round(row["saturated"]["events_per_s"] / rec["saturated"]["events_per_s"],
+                                                   3),
+                        f"{on}_vs_off_cpu_per_event": round(
+                            row["saturated"]["cpu_s_per_1000"] / rec["saturated"]["cpu_s_per_1000"], 3),
+                        f"{on}_p99_ms_at_half_saturation": row["half_saturation_p99_ms_median"]})
     return out
 
 
@@ -626,7 +703,8 @@ def print_table(results: dict[str, Any]) -> None:
 def plot(results: dict[str, Any]) -> None:
     runs = results["runs"]
     fig, axes = new_figure(ncols=3, width=5.2, height=4.2)
-    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS for k in ("bare", "receiver", "receiver-sink")),
+    names = ["raw_producer", *(f"{m}/{k}" for m in MODELS
+                               for k in ("bare", "receiver", "receiver-sink", "receiver-auth", "receiver-tls")),
              "granian/bare", "java-peer"]
     p99_title = "p99 at half saturation, open loop (ms, median);\nraw producer: at the receiver's half rate"
     for col, (metric, title) in enumerate([("events_per_s", "events/s at saturation"),

@@ -178,3 +178,48 @@ def produce_plain(bootstrap_servers: str, topic: str, records: list[tuple[bytes,
     for key, value in records:
         producer.produce(topic, key=key, value=value, partition=0)
     assert producer.flush(30) == 0, "records not acknowledged"
+
+
+def post_tls(ip: str, port: int, server_name: str, path: str, headers: dict[str, str], body: bytes,
+             ca_pem: str) -> tuple[int, str]:
+    """One POST over HTTPS to a pod address, verified as a client of ``server_name`` would verify it (SNI and
+    host name check against the certificate, trusting only ``ca_pem``) — there is no cluster DNS to resolve it."""
+    import ssl
+
+    context = ssl.create_default_context(cadata=ca_pem)
+    with httpx.Client(verify=context, timeout=10) as client:
+        resp = client.post(f"https://{ip}:{port}{path}", content=body, headers={"host": server_name, **headers},
+                           extensions={"sni_hostname": server_name})
+        return resp.status_code, resp.text
+
+
+def topic_event_ids(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> list[str]:
+    """The ``ce_id`` header of every record in ``topic``, read from the start to the end of each partition."""
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError
+
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"e2e-read-{uuid.uuid4()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "enable.partition.eof": True})
+    try:
+        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        consumer.subscribe([topic])
+        ids: list[str] = []
+        at_end: set[int] = set()
+        end = time.monotonic() + timeout
+        while len(at_end) < len(partitions):
+            assert time.monotonic() < end, f"{topic}: not read to its end in {timeout:.0f}s"
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                at_end.add(msg.partition())
+                continue
+            headers = dict(msg.headers() or ())
+            ids.append(headers["ce_id"].decode())
+        return ids
+    finally:
+        consumer.close()

@@ -20,10 +20,16 @@ accepted event arrives as sent, plain records arrive converted, a source dispatc
 nothing (ledger), deleting the source removes its Deployment → uninstall leaves none of the release's objects,
 namespaced (pods, Deployments, Services, ConfigMaps, Secrets, ServiceAccounts, RBAC, PodDisruptionBudgets,
 NetworkPolicies) or cluster-scoped (ClusterRoles, ClusterRoleBindings, selected by the release's instance label).
+
+Then, on the same cluster, the chart with ingress auth (deny-all), an EventPolicy and receiver HTTPS from a Secret:
+HTTPS probes pass, the channel's address is https:// with the Secret's CA and its audience, an allowed
+ServiceAccount's events (real TokenRequest tokens) get 202 over verified TLS and reach the subscriber as sent, a
+denied one gets 403 naming the policy, no token 401, and the topic holds only the allowed events.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import multiprocessing
 import os
@@ -472,3 +478,169 @@ def test_overlay_on_real_pods(cluster: Cluster, tmp_path: Path) -> None:
 
     # A new KE_DISPATCHER_REPLICAS makes a new hashed ConfigMap, which rolls the controller, which rescales.
     run_scenario(cluster, Install("kustomize", "kafka-eventing", apply, uninstall, apply), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- auth and TLS
+
+# The subscriber of the secure channel: logs every header and the body (base64) of each event, to check them
+# against what was sent.
+RECORDING_SINK = """
+import base64, http.server, json, sys, threading
+lock = threading.Lock()
+class Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        line = json.dumps({"id": self.headers.get("ce-id"), "headers": {k.lower(): v for k, v in self.headers.items()},
+                           "body": base64.b64encode(body).decode()})
+        with lock:
+            sys.stdout.write(line + "\\n")
+            sys.stdout.flush()
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("", 8080), Sink).serve_forever()
+"""
+SECURE = "secure"
+SECURE_HOST = f"{SECURE}-kn-channel.{APP_NS}.svc.cluster.local"
+TLS_SECRET = "receiver-tls"
+POLICY = "secure-senders"
+
+
+def _secure_install(cl: Cluster, ca_pem: str, cert: Any) -> None:
+    """The chart with ingress auth (deny-all, the cluster's issuer), its EventPolicy CRD and receiver HTTPS from a
+    Secret made here (no cert-manager in this cluster)."""
+    cl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}}, {
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": TLS_SECRET, "namespace": SYSTEM_NS},
+        "stringData": {"tls.crt": cert.cert_pem.decode(), "tls.key": cert.key_pem.decode(), "ca.crt": ca_pem}})
+    cl.helm("install", "ke", str(CHART), "-n", SYSTEM_NS, "-f", str(CHART / "ci" / "cluster-values.yaml"),
+            "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
+            "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}",
+            "--set", "crds.eventPolicies=true", "--set", "receiver.auth.enabled=true",
+            # The cluster's token issuer: the `kubernetes` Service IP, which pods reach (no cluster DNS here).
+            "--set", f"receiver.auth.issuer=https://{kc.SERVICE_IP}", "--set", "receiver.auth.defaultMode=deny-all",
+            "--set", "receiver.tls.enabled=true", "--set", f"receiver.tls.secretName={TLS_SECRET}",
+            "--wait", "--timeout=10m")
+
+
+def test_auth_policy_and_tls_on_real_pods(cluster: Cluster) -> None:
+    """Ingress auth, an EventPolicy and receiver HTTPS on the receiver pods: the controller publishes the https://
+    address with the CA and audience; an allowed ServiceAccount's events get 202 over verified TLS and reach the
+    subscriber as sent; a denied ServiceAccount gets 403 naming the policy, no token 401, and neither is on the
+    topic."""
+    from kafka_eventing.core.settings import Settings
+    from kafka_eventing.localstack.tls import CertificateAuthority
+
+    cl = cluster
+    ca = CertificateAuthority("e2e receiver CA")
+    ca_pem = ca.cert_pem.decode()
+    cert = ca.issue("kafka-channel-receiver", (
+        f"kafka-channel-receiver.{SYSTEM_NS}.svc", f"kafka-channel-receiver.{SYSTEM_NS}.svc.cluster.local",
+        f"*.{APP_NS}.svc.cluster.local"))
+    _secure_install(cl, ca_pem, cert)
+    try:
+        pods_ready(cl, SYSTEM_NS)  # the HTTPS probes pass
+        receiver = cl.get("deployment", "ke-kafka-eventing-receiver", "-n", SYSTEM_NS)["spec"]["template"]["spec"]
+        (port,) = [p["containerPort"] for p in receiver["containers"][0]["ports"] if p["name"] == "https"]
+
+        cl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}},
+                 *({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": n, "namespace": APP_NS}}
+                   for n in ("allowed", "denied")),
+                 {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sink", "namespace": APP_NS},
+                  "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                           "containers": [{**sink_container(cl.images["receiver"], "Never"),
+                                           "command": ["python", "-c", RECORDING_SINK]}]}})
+        cl.kubectl("wait", "--for=condition=Ready", "pod/sink", "-n", APP_NS, "--timeout=300s", timeout=360)
+        sink_ip = cl.get("pod", "sink", "-n", APP_NS)["status"]["podIP"]
+        channel_ref = {"apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel", "name": SECURE}
+        cl.apply(kafka_channel(SECURE, {"sub": f"http://{sink_ip}:8080/"}, 1), {
+            "apiVersion": "eventing.knative.dev/v1alpha1", "kind": "EventPolicy",
+            "metadata": {"name": POLICY, "namespace": APP_NS},
+            "spec": {"to": [{"ref": channel_ref}],
+                     "from": [{"ref": {"apiVersion": "v1", "kind": "ServiceAccount", "name": "allowed",
+                                       "namespace": APP_NS}}]}})
+        cl.kubectl("wait", "--for=condition=Ready", f"kafkachannel/{SECURE}", "-n", APP_NS, "--timeout=600s",
+                   timeout=660)
+        wait("dispatcher pod ready", lambda: dispatcher_ready(cl, 1), timeout=600, interval=2)
+        # The subscription's consumer group has joined (it starts at the latest offset): what is sent now arrives.
+        wait("status.subscribers ready", lambda: [
+            s for s in cl.get("kafkachannel", SECURE, "-n", APP_NS)["status"].get("subscribers") or ()
+            if s.get("uid") == "sub" and s.get("ready") == "True"], timeout=300, interval=2)
+
+        # The controller learnt the receiver serves HTTPS: the address is https:// with the Secret's CA.
+        address = cl.get("kafkachannel", SECURE, "-n", APP_NS)["status"]["address"]
+        assert address["url"] == f"https://{SECURE_HOST}", address
+        assert address["CACerts"].strip() == ca_pem.strip()
+        audience = address["audience"]
+        assert audience == f"messaging.knative.dev/kafkachannel/{APP_NS}/{SECURE}", address
+        wait("the channel's status.policies names the policy", lambda: [
+            p for p in cl.get("kafkachannel", SECURE, "-n", APP_NS)["status"].get("policies") or ()
+            if p.get("name") == POLICY], timeout=120, interval=2)
+
+        def token(account: str) -> str:
+            return cl.kubectl("create", "token", account, "-n", APP_NS, f"--audience={audience}",
+                              "--duration=10m").stdout.strip()
+
+        allowed, denied = token("allowed"), token("denied")
+        receivers = cl.in_netns(clients.receiver_ips, cl.kubectl_cmd, SYSTEM_NS)
+        assert len(receivers) == 2, receivers
+
+        def post(ip: str, event_id: str, bearer: str | None, extra: dict[str, str] | None = None,
+                 body: bytes = b'{"order": 1}') -> tuple[int, str]:
+            headers = {"ce-specversion": "1.0", "ce-id": event_id, "ce-source": "/e2e/secure",
+                       "ce-type": "com.example.secure", "content-type": "application/json", **(extra or {})}
+            if bearer:
+                headers["authorization"] = f"Bearer {bearer}"
+            status_text: tuple[int, str] = cl.in_netns(clients.post_tls, ip, port, SECURE_HOST, "/", headers, body,
+                                                       ca_pem)
+            return status_text
+
+        # Every receiver pod has read the policy once the allowed sender gets through (deny-all before that).
+        sent: dict[str, tuple[dict[str, str], bytes]] = {}
+        for n, ip in enumerate(receivers):
+            event_id = f"allowed-{n}-{uuid.uuid4()}"
+            extra = {"ce-subject": "order/1", "ce-time": "2026-11-27T05:00:00.123456789+02:00",
+                     "ce-shopregion": "eu-west", "ce-dataschema": "https://example.com/order.json"}
+            body = json.dumps({"n": n, "name": "café"}).encode()
+            wait(f"allowed sender accepted by {ip}", lambda ip=ip, event_id=event_id, extra=extra, body=body:
+                 post(ip, event_id, allowed, extra, body)[0] == 202, timeout=120, interval=1)
+            sent[event_id] = (extra, body)
+
+        refused = []
+        for n, ip in enumerate(receivers):
+            status, text = post(ip, f"denied-{n}-{uuid.uuid4()}", denied)
+            assert status == 403 and POLICY in text, (ip, status, text)
+            status, text = post(ip, f"anonymous-{n}-{uuid.uuid4()}", None)
+            assert status == 401, (ip, status, text)
+            refused.append(n)
+
+        # The allowed events arrive at the subscriber as sent: every attribute, extension and data byte.
+        def arrived() -> dict[str, Any]:
+            return {e["id"]: e for e in sink_events(cl, "sink") if e["id"] in sent}
+
+        try:
+            got = wait("the allowed events at the subscriber", lambda: len(arrived()) == len(sent) and arrived(),
+                       timeout=300, interval=2)
+        except AssertionError as exc:
+            logs = cl.kubectl("logs", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=kafka-channel-dispatcher",
+                              "--tail=40", check=False)
+            raise AssertionError(f"{exc}\ndispatcher logs:\n{logs.stdout}{logs.stderr}") from None
+        for event_id, (extra, body) in sent.items():
+            headers = got[event_id]["headers"]
+            want = {"ce-specversion": "1.0", "ce-id": event_id, "ce-source": "/e2e/secure",
+                    "ce-type": "com.example.secure", **extra}
+            assert {k: v for k, v in headers.items() if k.startswith("ce-")} == want, headers
+            assert headers["content-type"] == "application/json", headers
+            assert "authorization" not in headers  # the sender's token is not passed on
+            assert base64.b64decode(got[event_id]["body"]) == body
+
+        # Refused requests wrote nothing: the topic holds exactly the allowed events.
+        topic = Settings().topic_for(APP_NS, SECURE)
+        on_topic = cl.in_netns(clients.topic_event_ids, cl.state["bootstrap_servers"], topic)
+        assert sorted(on_topic) == sorted(sent), on_topic
+        assert len(refused) == len(receivers)
+    finally:
+        cl.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
+        cl.helm("uninstall", "ke", "-n", SYSTEM_NS, "--wait", "--timeout=5m")
+        cl.kubectl("delete", "namespace", SYSTEM_NS, "--ignore-not-found", "--timeout=300s", timeout=360)

@@ -154,3 +154,30 @@ with `helm template` (no cluster to look up).
 {{- end }}
 {{- toYaml $foreign }}
 {{- end }}
+
+{{/*
+The receiver's certificate Secret (receiver.tls): the one named, else <fullname>-receiver-tls.
+*/}}
+{{- define "kafka-eventing.receiverTlsSecretName" -}}
+{{- .Values.receiver.tls.secretName | default (include "kafka-eventing.componentName" (dict "root" . "component" "receiver-tls")) }}
+{{- end }}
+
+{{/*
+Where the receiver's certificate Secret is mounted: a whole-directory mount (no subPath), so the kubelet's
+atomic update of a rotated Secret reaches the running pods.
+*/}}
+{{- define "kafka-eventing.receiverTlsDir" -}}
+/etc/receiver-tls
+{{- end }}
+
+{{/*
+Host names of the receiver's certificate: both receiver Services (short and cluster-local forms) and
+receiver.tls.extraDnsNames.
+*/}}
+{{- define "kafka-eventing.receiverTlsDnsNames" -}}
+{{- $names := list }}
+{{- range $svc := list .Values.receiver.service.name .Values.receiver.sinkService.name }}
+{{- $names = concat $names (list (printf "%s.%s.svc" $svc $.Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc $.Release.Namespace)) }}
+{{- end }}
+{{- toYaml (concat $names .Values.receiver.tls.extraDnsNames | uniq) }}
+{{- end }}

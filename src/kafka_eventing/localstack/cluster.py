@@ -231,7 +231,8 @@ class NodeCluster:
         self.start_timeout = start_timeout
         self.cgroup_root = f"kafka-eventing-{os.getpid()}"
         self.kafka = KafkaNode(self.root / "kafka", host=NODE_IP)
-        self.kube = KubeControlPlane(self.root / "kube", scheduler=True, bind_address="0.0.0.0", secure_port=443)
+        self.kube = KubeControlPlane(self.root / "kube", scheduler=True, bind_address="0.0.0.0", secure_port=443,
+                                     issuer_host=SERVICE_IP)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._mounts: list[str] = []
         self._created_dirs: list[Path] = []

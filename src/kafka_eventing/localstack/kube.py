@@ -73,6 +73,7 @@ class KubeControlPlane:
         scheduler: bool = False,
         bind_address: str = "127.0.0.1",
         secure_port: int = 0,
+        issuer_host: str = "",
         start_timeout: float = 180.0,
         stop_timeout: float = 20.0,
     ) -> None:
@@ -84,6 +85,9 @@ class KubeControlPlane:
         # reach the API through the `kubernetes` Service IP it puts on the namespace's loopback.
         self.bind_address = bind_address
         self.secure_port = secure_port
+        # Where token verifiers fetch the issuer's discovery document and keys: this loopback by default;
+        # cluster.py names the `kubernetes` Service IP, the one API address its pods reach.
+        self.issuer_host = issuer_host
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.pki_dir = self.workdir / "pki"
@@ -103,6 +107,15 @@ class KubeControlPlane:
     def server(self) -> str:
         """The API server URL (``https://127.0.0.1:<port>``)."""
         return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def issuer(self) -> str:
+        """The issuer of the service-account tokens this API server mints: the API server URL, or
+        ``https://<issuer_host>:<port>`` where one is given."""
+        if not self.issuer_host:
+            return self.server
+        port = "" if self.api_port == 443 else f":{self.api_port}"
+        return f"https://{self.issuer_host}{port}"
 
     @property
     def etcd_url(self) -> str:
@@ -284,10 +297,11 @@ class KubeControlPlane:
             "--authorization-mode=RBAC",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
-            # The first issuer names new tokens and the discovery document: the loopback address, so a process here
-            # (the receiver's ingress authentication) can fetch /.well-known/openid-configuration and the JWKS from
-            # the issuer itself. The in-cluster name stays accepted.
-            f"--service-account-issuer={self.server}",
+            # The first issuer names new tokens and the discovery document: an address token verifiers reach (the
+            # receiver's ingress authentication fetches /.well-known/openid-configuration and the JWKS from the
+            # issuer itself). The in-cluster name stays accepted.
+            f"--service-account-issuer={self.issuer}",
+            f"--service-account-jwks-uri={self.issuer}/openid/v1/jwks",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
