@@ -115,6 +115,23 @@ def test_helm_test_verifies_the_receiver_with_its_ca() -> None:
     assert restricted_violations(test_pod["spec"]) == []
 
 
+def test_helm_test_sends_a_token_for_its_channel_when_auth_is_on() -> None:
+    docs = helm(sets=(*ON, "receiver.auth.enabled=true"))
+    test_pod = one(docs, "Pod", f"{RELEASE}-test-send-event")
+    (c,) = test_pod["spec"]["containers"]
+    assert 'Authorization: Bearer $(cat /var/run/secrets/tokens/receiver)' in c["command"][-1]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    channel = env["CHANNEL_HOST"].split("-kn-channel.")[0]
+    (token,) = [v for v in test_pod["spec"]["volumes"] if v["name"] == "token"]
+    (source,) = token["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == f"messaging.knative.dev/kafkachannel/{NAMESPACE}/{channel}"
+    assert {"name": "token", "mountPath": "/var/run/secrets/tokens", "readOnly": True} in c["volumeMounts"]
+    assert test_pod["spec"]["automountServiceAccountToken"] is False  # only the audience-scoped token
+    assert restricted_violations(test_pod["spec"]) == []
+    plain = one(helm(), "Pod", f"{RELEASE}-test-send-event")
+    assert "Authorization" not in plain["spec"]["containers"][0]["command"][-1] and "volumes" not in plain["spec"]
+
+
 def test_cert_manager_certificate_names_every_receiver_host() -> None:
     docs = helm(sets=CERT_MANAGER)
     (cert,) = of_kind(docs, "Certificate")
