@@ -89,8 +89,9 @@ def _session_problem(exc: Exception, master: str) -> NoExecutorError | None:
     for item in causes:
         if item.getClass().getName() == "io.fabric8.kubernetes.client.KubernetesClientException" and \
                 item.getCode() > 0:  # -1: no HTTP answer at all
+            # The client's message names the request (verb, URL) and the API's Status message; one line of it.
             status = item.getStatus()
-            reason = (status.getMessage() if status is not None else None) or item.getMessage()
+            reason = " ".join(str(item.getMessage() or (status.getMessage() if status else "")).split())[:600]
             return NoExecutorError(f"the Kubernetes API at {server} refused the driver: HTTP {item.getCode()}: "
                                    f"{reason} (check the driver's ServiceAccount and Role: pods and configmaps in "
                                    "its namespace)")
