@@ -209,3 +209,76 @@ def test_a_killed_executor_is_replaced_and_the_archive_is_still_exact(
     # The master started a new executor in the killed one's place (a second executor directory on worker-0).
     started = sorted(p.name for p in (spark_cluster.work_dirs[0] / app).iterdir())
     assert len(started) >= 2 and victim[0].rsplit("/", 1)[1] in started, started
+
+
+def _sending(folder: Path) -> dict[Path, int]:
+    """Working directories of the processes holding a journal file of ``folder`` open — the executors' Python
+    workers sending events now (they run in their executor's directory, ``worker-N/<app>/<executor id>``) — and
+    how many events each has started to send."""
+    out: dict[Path, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            held = [Path(os.readlink(fd)) for fd in (proc / "fd").iterdir()]
+            journals = [path for path in held if path.parent == folder]
+            if journals:
+                out[Path(os.readlink(proc / "cwd"))] = journals[0].read_text().count("\n")
+        except OSError:  # gone meanwhile
+            continue
+    return out
+
+
+def test_a_killed_executor_mid_replay_resends_only_what_the_manifest_reports(
+    spark_cluster: StandaloneCluster, kafka_running: KafkaNode, topic: str, sink: Sink,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    events = [_event(i) for i in range(60)]
+    _produce(kafka_running, topic, events)
+    run_dir = tmp_path / "run"
+    journal = (run_dir / "journal" / "attempt=1").resolve()
+    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # 8 events/s and one request in flight per task (2 tasks, one per executor): ~8 s of sending, long enough to
+    # kill the executor of a task that is sending; the kill then cuts at most one request of it.
+    with (tmp_path / "driver.log").open("w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "kafka_eventing.reprocess", "replay", "--topic", topic,
+             "--to-url", f"{sink.url}/replay", "--rate", "8", "--concurrency", "2", "--retry", "0",
+             "--run-dir", str(run_dir), "--master", spark_cluster.master_url, "--jars", str(jars),
+             "--driver-memory", "512m", "--bootstrap-servers", kafka_running.bootstrap_servers,
+             *[f"--conf={k}={v}" for k, v in spark_cluster.session_conf().items()]],
+            stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        victim = None
+        while driver.poll() is None and time.monotonic() < deadline and victim is None:
+            # An executor whose task has sent a few events and is sending more.
+            victim = next((cwd for cwd, n in _sending(journal).items() if n >= 4), None)
+            time.sleep(0.05)
+        assert driver.poll() is None and victim, "the replay ended before an executor could be killed"
+        executors = spark_cluster.executors()
+        pid = executors[f"{victim.parent.parent.name}/{victim.parent.name}/{victim.name}"]
+        os.kill(pid, signal.SIGKILL)  # as a node loss would, while its task has events in flight
+        code = driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    log_tail = (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+    assert code == 0, log_tail
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    received = sink.ids("/replay")
+    sent = {f"ev-{i}" for i in range(len(events))}
+    assert set(received) == sent, log_tail  # every event arrived, at least once
+    duplicates = {i for i in received if received.count(i) > 1}
+    reported = {e["id"] for e in manifest["possibly_resent"]}
+    assert duplicates, (manifest["counts"], log_tail)  # the killed task's deliveries were sent again ...
+    assert duplicates <= reported, (duplicates - reported, manifest["counts"])  # ... and each is reported
+    # Reported but not received twice: only a request the kill cut before it reached the sink (one in flight
+    # per task attempt lost).
+    assert len(reported - duplicates) <= 2, (reported - duplicates, duplicates)
+    assert manifest["counts"]["possibly_resent"] == len(reported) < len(sent)
+    assert manifest["counts"]["succeeded"] == len(sent) and manifest["counts"]["failed"] == 0

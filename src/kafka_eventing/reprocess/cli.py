@@ -6,7 +6,8 @@ Exit codes: 0 done, 2 bad arguments or configuration, 3 some deliveries failed (
 read (the topic does not exist, or the window holds no record): one line says which, and nothing is written — no
 archive, checkpoint, manifest or stats a later run could take for a finished one; 5 no executor started on a
 cluster master within ``--executor-timeout`` (image, pull secret, RBAC or resources: one line says so, nothing is
-written, and stopping the session removes the executors Spark asked for).
+written, and stopping the session removes the executors Spark asked for), or the Kubernetes API refused the driver
+or could not be reached.
 """
 
 from __future__ import annotations
@@ -70,6 +71,40 @@ def _await_executor(spark: SparkSession, master: str, timeout: float, started: f
                 "secret, the driver's RBAC for pods, and that a node or worker offers the executor's cores and "
                 "memory)")
         time.sleep(0.5)
+
+
+def _session_problem(exc: Exception, master: str) -> NoExecutorError | None:
+    """The Kubernetes API's refusal (403 for a Role without pods/list, 401 for a bad token) or absence that made
+    the driver's SparkContext fail to start, as one line; None for anything else (a bug, shown whole)."""
+    from py4j.protocol import Py4JJavaError
+
+    if not master.startswith("k8s://") or not isinstance(exc, Py4JJavaError):
+        return None
+    server = master.removeprefix("k8s://")
+    causes: list[Any] = []
+    cause = exc.java_exception
+    while cause is not None and len(causes) < 20:
+        causes.append(cause)
+        cause = cause.getCause()
+    for item in causes:
+        if item.getClass().getName() == "io.fabric8.kubernetes.client.KubernetesClientException" and \
+                item.getCode() > 0:  # -1: no HTTP answer at all
+            # The client's message names the request (verb, URL) and the API's Status message; one line of it.
+            status = item.getStatus()
+            reason = " ".join(str(item.getMessage() or (status.getMessage() if status else "")).split())[:600]
+            return NoExecutorError(f"the Kubernetes API at {server} refused the driver: HTTP {item.getCode()}: "
+                                   f"{reason} (check the driver's ServiceAccount and Role: pods and configmaps in "
+                                   "its namespace)")
+    names = [c.getClass().getName() for c in causes]
+    unreachable = ("ConnectException", "UnknownHostException", "SSLException", "SSLHandshakeException")
+    # The first cause below the Kubernetes client's own "An error has occurred." names the address.
+    below = [c for n, c in zip(names, causes, strict=True) if not n.startswith("io.fabric8.")] or causes
+    what = f"{below[0].getClass().getSimpleName()}: {below[0].getMessage()}"
+    if any(n.endswith(unreachable) for n in names):
+        return NoExecutorError(f"the Kubernetes API at {server} could not be reached: {what}")
+    if any(n.startswith("io.fabric8.") for n in names):
+        return NoExecutorError(f"the Kubernetes client of the driver failed ({server}): {what}")
+    return None
 
 
 def _check_topic(connection: KafkaConnection, topic: str, timeout: float = 30.0) -> None:
@@ -297,8 +332,14 @@ def main(argv: list[str]) -> int:
     options = spark_kafka_options(connection)
     log.info("kafka options %s", options.redacted())  # the jaas config (password) never reaches a log
     started = time.monotonic()
-    spark = build_session(master=args.master, app_name=f"kafka-eventing-{args.job}", jars=args.jars,
-                          driver_memory=args.driver_memory, conf=conf)
+    try:
+        spark = build_session(master=args.master, app_name=f"kafka-eventing-{args.job}", jars=args.jars,
+                              driver_memory=args.driver_memory, conf=conf)
+    except Exception as exc:  # py4j's error wraps the JVM's: one line from it, not a Java trace
+        problem = _session_problem(exc, args.master)
+        if problem is None:
+            raise
+        return _fail(args.job, problem, EXIT_NO_EXECUTOR)
     try:
         _await_executor(spark, args.master, args.executor_timeout, started)
         return _run(args, spark, options, topic=topic, window=window, policy=policy, filters=filters)

@@ -2,15 +2,23 @@
 
 Runs inside Spark tasks (``mapInArrow``): each task owns one event loop, one aiohttp session, a semaphore of
 ``concurrency`` and a token bucket of ``rate`` events/s — the driver splits the job's totals across tasks.
+
+A task attempt that Spark re-runs (its executor lost, a shuffle block gone) sends its events again, and only the
+committed attempt's results survive. So each attempt journals the (source, id) of every event just before its first
+request (``journal``: one file per task attempt); the driver reads the journals (``resent_ids``) and the manifest
+reports the events that more than one attempt started to send: every duplicate delivery is among them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from kafka_eventing.core.binding import BindingError, CloudEvent, event_to_http, with_extensions
 from kafka_eventing.core.delivery import DeliverySpec
@@ -74,6 +82,7 @@ async def _deliver(
     target: str | None,
     target_extension: str | None,
     drop_extensions: Sequence[str],
+    journal: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     from kafka_eventing.core.http_delivery import Attempt, HttpSender, delivery_policy
 
@@ -99,6 +108,8 @@ async def _deliver(
         return await sender.post(out["target"], headers, body, policy.delivery.timeout_seconds)
 
     async with gate:
+        if journal is not None:
+            journal(out)
         attempt: Attempt = await delivery_policy(policy.delivery, policy.retry_after_max)(once)
     out.update(attempts=attempts, code=attempt.status)
     if attempt.ok:
@@ -126,6 +137,7 @@ async def deliver_rows(
     drop_extensions: Sequence[str] = (),
     session: aiohttp.ClientSession | None = None,
     limiter: RateLimiter | None = None,
+    journal: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Deliver decoded event rows; one result per row, in input order."""
     import aiohttp
@@ -138,7 +150,7 @@ async def deliver_rows(
     try:
         return list(await asyncio.gather(*(
             _deliver(session, row=row, policy=policy, limiter=limiter, gate=gate, target=target,
-                     target_extension=target_extension, drop_extensions=drop_extensions)
+                     target_extension=target_extension, drop_extensions=drop_extensions, journal=journal)
             for row in rows
         )))
     finally:
@@ -153,8 +165,10 @@ def send_batches(
     target: str | None,
     target_extension: str | None = None,
     drop_extensions: Sequence[str] = (),
+    journal: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: decoded event rows → delivery results (schema ``RESULT_DDL``)."""
+    """``mapInArrow`` body: decoded event rows → delivery results (schema ``RESULT_DDL``); with ``journal`` (a
+    folder every executor can write, beside the results), this task attempt's journal file in it."""
     import aiohttp
     import pyarrow as pa
 
@@ -166,13 +180,48 @@ def send_batches(
 
     session = loop.run_until_complete(open_session())
     limiter = RateLimiter(policy.rate)  # one bucket for the whole task, across Arrow batches
+    journal_file = _open_journal(journal) if journal else None
+
+    def note(result: dict[str, Any]) -> None:
+        assert journal_file is not None
+        journal_file.write(json.dumps([result["source"], result["id"]]) + "\n")
+        journal_file.flush()  # in the OS's hands before the request: a killed executor's process loses nothing
+
     try:
         for batch in batches:
             results = loop.run_until_complete(deliver_rows(
                 batch.to_pylist(), policy, target=target, target_extension=target_extension,
                 drop_extensions=drop_extensions, session=session, limiter=limiter,
+                journal=note if journal_file else None,
             ))
             yield pa.RecordBatch.from_pylist(results, schema=schema)
     finally:
         loop.run_until_complete(session.close())
         loop.close()
+        if journal_file is not None:
+            journal_file.close()
+
+
+def _open_journal(folder: str) -> IO[str]:
+    """This task attempt's journal: ``<partition>.<attempt number>.<task attempt id>.jsonl`` (Spark's numbers; the
+    id is unique in the application, across stage re-runs too)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    assert ctx is not None, "send_batches runs in a Spark task"
+    path = Path(folder) / f"{ctx.partitionId()}.{ctx.attemptNumber()}.{ctx.taskAttemptId()}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("a", encoding="utf-8")
+
+
+def resent_ids(folder: Path) -> list[tuple[str, str]]:
+    """(source, id) pairs that more than one attempt of the same task started to send, from the journals."""
+    attempts: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for path in sorted(folder.glob("*.jsonl")):
+        partition = path.name.split(".", 1)[0]
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.endswith("\n"):  # a line cut by a kill before its newline was never followed by a send
+                    source, event_id = json.loads(line)
+                    attempts[(partition, source, event_id)].add(path.name)
+    return sorted({(source, event_id) for (_, source, event_id), seen in attempts.items() if len(seen) > 1})

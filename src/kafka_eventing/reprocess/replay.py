@@ -1,8 +1,12 @@
 """replay and redrive: selected events → an HTTP target or a Kafka topic, with a JSON run manifest.
 
-A run directory holds ``manifest.json`` and ``results/attempt=N/`` (one row per event sent: id, source, target,
-status). Running again with the same run directory skips every (source, id) that already succeeded, so a
-redrive interrupted or partly failed can simply be re-run without sending anything twice.
+A run directory holds ``manifest.json``, ``results/attempt=N/`` (one row per event sent: id, source, target,
+status) and ``journal/attempt=N/`` (HTTP targets: the events each Spark task attempt started to send, from which the
+manifest's ``possibly_resent`` comes — delivery is at least once, and a task Spark re-runs sends again what its lost
+attempt had sent). The run directory must be on storage every executor can write, as the results are.
+
+Running again with the same run directory skips every (source, id) that already succeeded, so a redrive
+interrupted or partly failed can simply be re-run without sending anything twice.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_eventing.reprocess.cesql_spark import check_where, compile_where
 from kafka_eventing.reprocess.events import CORE_ATTRIBUTES, encode_batches
-from kafka_eventing.reprocess.http_sink import FAILED, RESULT_DDL, SUCCEEDED, HttpSinkPolicy, send_batches
+from kafka_eventing.reprocess.http_sink import (
+    FAILED,
+    RESULT_DDL,
+    SUCCEEDED,
+    HttpSinkPolicy,
+    resent_ids,
+    send_batches,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -108,6 +119,8 @@ class Manifest:
     failed: list[dict[str, Any]] = field(default_factory=list)
     malformed: list[dict[str, Any]] = field(default_factory=list)
     would_send: list[dict[str, Any]] = field(default_factory=list)
+    #: Events that more than one attempt of a Spark task started to send: every duplicate delivery is one of these.
+    possibly_resent: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -243,15 +256,18 @@ def _send_http(
     # Events of one Kafka partition stay in one task, in offset order (replays keep per-partition order
     # when concurrency is 1).
     ordered = selected.repartition(tasks, "topic", "partition").sortWithinPartitions("topic", "partition", "offset")
+    journal = (run_dir / "journal" / f"attempt={manifest.attempt}").resolve()
     send = partial(send_batches, policy=per_task, target=target.url, target_extension=target_extension,
-                   drop_extensions=tuple(drop_extensions))
+                   drop_extensions=tuple(drop_extensions), journal=str(journal))
     out = run_dir / "results" / f"attempt={manifest.attempt}"
     # Written once, then read back: the sending happens in exactly one Spark action.
     ordered.mapInArrow(send, RESULT_DDL).write.mode("overwrite").parquet(str(out))
     results = spark.read.parquet(str(out))
     by_status = {r["status"]: int(r["count"]) for r in results.groupBy("status").count().collect()}
+    resent = resent_ids(journal)
     manifest.counts.update(sent=sum(by_status.values()), succeeded=by_status.get(SUCCEEDED, 0),
-                           failed=by_status.get(FAILED, 0))
+                           failed=by_status.get(FAILED, 0), possibly_resent=len(resent))
+    manifest.possibly_resent = [{"source": source, "id": event_id} for source, event_id in resent[:MAX_LISTED]]
     manifest.failed = [r.asDict() for r in results.where(F.col("status") == FAILED)
                        .select("id", "source", "target", "code", "attempts", "error").limit(MAX_LISTED).collect()]
 

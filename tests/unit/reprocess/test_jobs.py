@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from kafka_eventing.core.binding import CloudEvent, ContentMode, event_to_kafka
 from kafka_eventing.core.kafka_config import KafkaConfigError, connection_from_secret
 from kafka_eventing.reprocess.cli import EXIT_USAGE, _equals, _spark_conf, build_parser, main, print_summary
 from kafka_eventing.reprocess.events import decode_record, event_from_columns, event_row
-from kafka_eventing.reprocess.http_sink import RateLimiter, strip_extensions
+from kafka_eventing.reprocess.http_sink import RateLimiter, resent_ids, strip_extensions
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
 
 CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
@@ -171,3 +173,16 @@ def test_a_time_that_leaves_datetime_range_in_utc_is_an_error_row_not_a_crash() 
         ("ce_time", b"0001-01-01T00:00:00+01:00"))]
     row = decode_record(None, b"data", headers, None)
     assert row["error"] and row["type"] is None and row["data"] == b"data"
+
+
+def test_resent_ids_are_the_events_two_attempts_of_one_task_started(tmp_path: Path) -> None:
+    def journal(name: str, *pairs: tuple[str, str], cut: str = "") -> None:
+        (tmp_path / name).write_text("".join(json.dumps(list(p)) + "\n" for p in pairs) + cut)
+
+    # Task 0: its first attempt (killed) started a and b, and was cut writing c; the retry sent everything.
+    journal("0.0.11.jsonl", ("s", "a"), ("s", "b"), cut='["s", "c"')
+    journal("0.1.17.jsonl", ("s", "a"), ("s", "b"), ("s", "c"), ("s", "d"))
+    # Task 1 ran once, and holds the same id twice (an event twice in its input): sent twice, but not re-sent.
+    journal("1.0.12.jsonl", ("s", "e"), ("s", "e"), ("t", "a"))
+    assert resent_ids(tmp_path) == [("s", "a"), ("s", "b")]
+    assert resent_ids(tmp_path / "none") == []
