@@ -57,8 +57,8 @@ from _common import (
     save_png,
     write_json,
 )
-from _issuer import Issuer
 
+from kafka_eventing.localstack.oidc import Issuer
 from kafka_eventing.receiver.__main__ import WORKER as RECEIVER_WORKER
 
 #: ``BENCH_SIZES`` (bytes, comma list) and ``BENCH_KINDS`` (of KINDS_1KB) narrow a run, e.g. to the receiver against
@@ -247,8 +247,9 @@ def receiver_variant(kind: str, env: dict[str, str], workdir: Path) -> Variant:
     if kind == "receiver-sink":  # the KafkaSink of the channels file, by its ingress Host
         return Variant(env, SINK_HEADERS)
     if kind == "receiver-auth":  # a verified token and an EventPolicy on every request; deny-all elsewhere
+        token = issuer().token(aud=[AUDIENCE], sub=SENDER, exp=int(time.time()) + 3600)
         return Variant({**env, "KE_AUTH_ISSUER": issuer().url, "KE_AUTH_DEFAULT_MODE": "deny-all"},
-                       {"Authorization": f"Bearer {issuer().token(AUDIENCE, SENDER)}"})
+                       {"Authorization": f"Bearer {token}"})
     if kind == "receiver-tls":  # HTTPS at the default minimum, TLS 1.3
         from kafka_eventing.localstack.tls import CertificateAuthority
 

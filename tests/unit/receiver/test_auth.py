@@ -5,9 +5,6 @@ tests/integration/test_receiver_auth.py."""
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,70 +12,25 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
-from jwt.algorithms import RSAAlgorithm
 
+from kafka_eventing.localstack import oidc
 from kafka_eventing.receiver.auth import TokenVerifier
 
 AUD = "messaging.knative.dev/kafkachannel/shop/orders"
 
 
-class Issuer(http.server.ThreadingHTTPServer):
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        self.keys: dict[str, Any] = {}
-        self.fetches = 0
-        self.rotate()
-
-    def rotate(self) -> str:
-        kid = f"k{len(self.keys)}"
-        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        return kid
-
-    def jwks(self) -> dict[str, Any]:
-        keys = []
-        for kid, key in self.keys.items():
-            jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
-            keys.append({**jwk, "kid": kid, "alg": "RS256", "use": "sig"})
-        return {"keys": keys}
+class Issuer(oidc.Issuer):
+    """Tokens for ``AUD`` from one ServiceAccount unless the claims say otherwise."""
 
     def token(self, kid: str | None = None, **claims: Any) -> str:
-        kid = kid or sorted(self.keys)[-1]
-        body = {"iss": self.url, "aud": [AUD], "exp": int(time.time()) + 600, "sub": "system:serviceaccount:x:y",
-                **claims}
-        return jwt.encode(body, self.keys[kid], algorithm="RS256", headers={"kid": kid})
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: Issuer
-
-    def do_GET(self) -> None:
-        if self.path == "/.well-known/openid-configuration":
-            body = {"issuer": self.server.url, "jwks_uri": self.server.url + "/keys"}
-        elif self.path == "/keys":
-            self.server.fetches += 1
-            body = self.server.jwks()
-        else:
-            self.send_error(404)
-            return
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
+        return super().token(kid, **{"aud": [AUD], "sub": "system:serviceaccount:x:y", **claims})
 
 
 @pytest.fixture
 def issuer() -> Iterator[Issuer]:
     server = Issuer()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
-    server.shutdown()
-    server.server_close()
+    server.close()
 
 
 def status(verifier: TokenVerifier, token: str | None, audience: str | None = AUD) -> int:

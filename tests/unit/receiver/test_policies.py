@@ -116,7 +116,6 @@ def test_the_app_refuses_before_anything_is_produced() -> None:
     """The falcon app with the real verifier (an OIDC issuer on loopback) and a fake producer: a sender no policy
     allows and an event the allowing policy's filters reject get 403, and nothing reaches the producer."""
     import json
-    import threading
 
     from falcon import testing
 
@@ -128,7 +127,6 @@ def test_the_app_refuses_before_anything_is_produced() -> None:
     from .test_auth import AUD, Issuer
 
     issuer = Issuer()
-    threading.Thread(target=issuer.serve_forever, daemon=True).start()
     try:
         producer = FakeProducer()
         orders = Channel("shop", "orders", "shop.orders", audience=AUD)
@@ -154,5 +152,4 @@ def test_the_app_refuses_before_anything_is_produced() -> None:
         assert post(SENDER, "com.example.order") == 202
         assert len(producer.produced) == 1
     finally:
-        issuer.shutdown()
-        issuer.server_close()
+        issuer.close()
