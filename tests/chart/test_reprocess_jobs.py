@@ -146,7 +146,10 @@ def test_sparkapplication_example() -> None:
         assert pod["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
-CLUSTER_ON = (*REPROCESS_ON, "reprocess.cluster.enabled=true", "reprocess.cluster.executors=3",
+# The archive's --output (/out) on a volume every pod mounts, as cluster mode requires.
+SHARED_OUT = ("reprocess.extraVolumes[0].name=out", "reprocess.extraVolumes[0].persistentVolumeClaim.claimName=archive",
+              "reprocess.extraVolumeMounts[0].name=out", "reprocess.extraVolumeMounts[0].mountPath=/out")
+CLUSTER_ON = (*REPROCESS_ON, *SHARED_OUT, "reprocess.cluster.enabled=true", "reprocess.cluster.executors=3",
               "reprocess.cluster.executorCores=2", "reprocess.cluster.executorMemory=2g")
 
 
@@ -212,6 +215,23 @@ def test_cluster_mode_runs_executor_pods_with_least_rbac_and_restricted_pods() -
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     assert not rbac_problems(docs)
+
+
+@pytest.mark.parametrize("args", [
+    "reprocess.replay.args={replay,--topic,t,--to-topic,u,--run-dir,/runs/r1}",
+    "reprocess.replay.args={replay,--topic,t,--to-topic,u,--run-dir=/runs/r1}",
+    "reprocess.replay.args={replay,--topic,t,--to-topic,u,--run-dir,/output/r1}",  # /out's sibling, not under it
+    "reprocess.archive.args={archive,--topic,t,--output,/archive}",
+])
+def test_cluster_mode_refuses_a_path_the_executors_cannot_share(args: str) -> None:
+    proc = run([tool("helm"), "template", RELEASE, str(CHART), *(a for s in (*CLUSTER_ON, args) for a in ("--set", s))],
+               ok=False)
+    assert proc.returncode != 0 and "is not on a volume of reprocess.extraVolumeMounts" in proc.stderr, proc.stderr
+    # In local mode one pod does everything: its own disk will do.
+    assert helm(sets=tuple(s for s in (*CLUSTER_ON, args) if not s.startswith("reprocess.cluster.enabled")))
+    # A URI (s3a://, gs://) is reachable from every executor.
+    remote = re.sub(r"(/runs/r1|/output/r1|/archive)", "s3a://bucket/x", args)
+    assert helm(sets=(*CLUSTER_ON, remote))
 
 
 def test_cluster_conf_is_checked_by_the_schema() -> None:

@@ -13,6 +13,28 @@ the first argument may be.
 {{- if not (has (toString (first $args)) .jobs) }}
 {{- fail (printf "reprocess.%s.args must start with one of %s, not %q" .name (join ", " .jobs) (toString (first $args))) }}
 {{- end }}
+{{- if $r.cluster.enabled }}
+{{- /* Executors write the archive (and its checkpoint) and a replay's results and journal: on another pod's local
+disk they are lost, so a local path must be under a volume every pod mounts (reprocess.extraVolumeMounts). */}}
+{{- range $i, $a := $args }}
+{{- $flag := regexReplaceAll "=.*" (toString $a) "" }}
+{{- $path := "" }}
+{{- if contains "=" (toString $a) }}{{ $path = regexReplaceAll "^[^=]*=" (toString $a) "" }}
+{{- else if lt (add1 $i) (len $args) }}{{ $path = toString (index $args (add1 $i)) }}{{ end }}
+{{- if and (has $flag (list "--output" "--run-dir")) $path }}
+{{- if not (contains "://" $path) }}
+{{- $shared := false }}
+{{- range $r.extraVolumeMounts }}
+{{- $mount := trimSuffix "/" (toString .mountPath) }}
+{{- if or (eq $path $mount) (hasPrefix (printf "%s/" $mount) $path) }}{{ $shared = true }}{{ end }}
+{{- end }}
+{{- if not $shared }}
+{{- fail (printf "reprocess.%s.args: %s %s is not on a volume of reprocess.extraVolumeMounts; with reprocess.cluster.enabled the executor pods write there too, so it must be a volume they all mount (a ReadWriteMany PersistentVolumeClaim) or a URI such as s3a://" $.name $flag $path) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 serviceAccountName: {{ include "kafka-eventing.componentName" (dict "root" $root "component" "reprocess") }}
 {{- if $r.cluster.enabled }}
 automountServiceAccountToken: true  # the driver starts and deletes its executor pods (templates/reprocess/rbac.yaml)
