@@ -21,6 +21,7 @@ import ssl
 import threading
 import time
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 #: Asymmetric algorithms only: a JWKS holds public keys, and "none"/HMAC must never verify a token.
 ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "EdDSA"]
 FETCH_TIMEOUT = 5.0
+#: Verified tokens remembered per worker. A sender reuses one token for many requests (a projected ServiceAccount
+#: token lives an hour) and a signature check costs more than the rest of a request, so each distinct token is
+#: verified once and then only its expiry is checked; the oldest is forgotten past this many.
+VERIFIED_TOKENS = 4096
 
 
 class AuthError(Exception):
@@ -74,6 +79,7 @@ class TokenVerifier:
         self._jwks: jwt.PyJWKClient | None = None
         self._keys: dict[str, tuple[jwt.PyJWK, float]] = {}  # kid → key, fetched at (monotonic)
         self._lock = threading.Lock()
+        self._verified: OrderedDict[str, tuple[dict[str, Any], float]] = OrderedDict()  # token → claims, exp
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TokenVerifier | None:
@@ -129,23 +135,34 @@ class TokenVerifier:
         if scheme.lower() != "bearer" or not token.strip():
             return _unauthorized("a bearer token is required")
         token = token.strip()
-        try:
-            kid = jwt.get_unverified_header(token).get("kid") or ""
-            key = await self.key(kid)
-            claims: dict[str, Any] = jwt.decode(
-                token, key, algorithms=ALGORITHMS, issuer=self.issuer,
-                options={"require": ["exp", "iss", "aud"], "verify_aud": False})
-        except AuthError as exc:
-            log.warning("token keys unavailable", extra={"error": str(exc)})
-            return _unauthorized("the token's signing key could not be found")
-        except jwt.InvalidTokenError as exc:
-            return _unauthorized(f"invalid token: {exc}")
+        known = self._verified.get(token)
+        if known is not None and known[1] > time.time():
+            claims = known[0]
+        else:
+            try:
+                kid = jwt.get_unverified_header(token).get("kid") or ""
+                key = await self.key(kid)
+                claims = jwt.decode(token, key, algorithms=ALGORITHMS, issuer=self.issuer,
+                                    options={"require": ["exp", "iss", "aud"], "verify_aud": False})
+            except AuthError as exc:
+                log.warning("token keys unavailable", extra={"error": str(exc)})
+                return _unauthorized("the token's signing key could not be found")
+            except jwt.InvalidTokenError as exc:
+                self._verified.pop(token, None)
+                return _unauthorized(f"invalid token: {exc}")
+            self._remember(token, claims)
         if audience is None:
             return claims
         aud = claims["aud"]
         if audience not in (aud if isinstance(aud, list) else [aud]):
             return Answer(falcon.HTTP_403, {"error": f"the token is not for audience {audience!r}"})
         return claims
+
+
+    def _remember(self, token: str, claims: dict[str, Any]) -> None:
+        if len(self._verified) >= VERIFIED_TOKENS:
+            self._verified.popitem(last=False)
+        self._verified[token] = (claims, float(claims["exp"]))
 
 
 def _unauthorized(message: str) -> Answer:

@@ -80,6 +80,37 @@ def test_keys_are_cached_and_a_new_key_id_fetches(issuer: Issuer) -> None:
     assert issuer.fetches - before <= 1
 
 
+def test_a_token_is_verified_once_until_it_expires(issuer: Issuer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kafka_eventing.receiver import auth
+
+    verifier = TokenVerifier(issuer.url)
+    decoded: list[str] = []
+    real_decode = jwt.decode
+
+    def counting(token: str, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(token)
+        return real_decode(token, *args, **kwargs)
+
+    monkeypatch.setattr(auth.jwt, "decode", counting)
+    now = time.time()
+    token = issuer.token(exp=int(now) + 30)
+    for _ in range(5):
+        assert status(verifier, token) == 200
+    assert status(verifier, token, audience="messaging.knative.dev/kafkachannel/shop/other") == 403  # per request
+    assert decoded == [token]
+    other = issuer.token(sub="system:serviceaccount:x:z")
+    assert status(verifier, other) == 200 and decoded == [token, other]
+    # Past its expiry (by the receiver's clock) a remembered token is verified again: the signature check decides
+    # (PyJWT's own clock is not moved here, so it still passes; an expired token's 401 is tested above).
+    monkeypatch.setattr(auth.time, "time", lambda: now + 60)
+    assert status(verifier, token) == 200 and decoded == [token, other, token]
+    # The memory is bounded.
+    monkeypatch.setattr(auth, "VERIFIED_TOKENS", 2)
+    for i in range(4):
+        assert status(verifier, issuer.token(sub=f"s{i}", exp=int(now) + 3600)) == 200
+    assert len(verifier._verified) == 2
+
+
 def test_an_unreachable_issuer_is_a_401_not_a_500() -> None:
     verifier = TokenVerifier("http://127.0.0.1:1")
     token = jwt.encode({"iss": "http://127.0.0.1:1", "aud": [AUD], "exp": int(time.time()) + 60},
