@@ -210,8 +210,12 @@ def start_roles(port: int, workdir: Path, node: KafkaNode, children: Children, c
                                 "--bind", f"127.0.0.1:{port}", "--workers", "1"],
                    env, workdir / "receiver.log")
     dispatcher_port = _proc.free_port()
+    # One process with its own registry, as in its pods: the receiver's multiprocess directory is the receiver's
+    # (it empties it when it starts, and creates it — possibly after the dispatcher would have written there).
+    dispatcher = {k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     children.start("dispatcher", [sys.executable, "-m", "kafka_eventing.dispatcher", "--host", "127.0.0.1"],
-                   {**env, **dispatcher_env, "KE_METRICS_PORT": str(dispatcher_port)}, workdir / "dispatcher.log")
+                   {**dispatcher, **dispatcher_env, "KE_METRICS_PORT": str(dispatcher_port)},
+                   workdir / "dispatcher.log")
     with progress("the receiver"):
         wait_http(f"http://127.0.0.1:{port}/readyz", children, 60, "receiver")
     return dispatcher_port
