@@ -8,12 +8,14 @@ jars (``spark.jars``) and the shuffles across executors, which is what this file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,34 @@ DRIVER = Path(__file__).with_name("reprocess_cluster_driver.py")
 
 #: Manifest fields that name the run rather than describe its outcome.
 _RUN_FIELDS = {"run_id", "run_dir", "started", "finished", "seconds", "sink", "attempt"}
+
+
+@contextlib.contextmanager
+def _driver(tmp_path: Path, argv: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """A cluster-mode driver in its own process, its output in ``driver.log``; killed on the way out if it still
+    runs (a failed assertion must not leave it behind)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    with (tmp_path / "driver.log").open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _log_tail(tmp_path: Path) -> str:
+    return (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+
+
+def _on_cluster(spark_cluster: StandaloneCluster, kafka_running: KafkaNode) -> list[str]:
+    """The CLI's arguments that run a job on the standalone cluster."""
+    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
+    return ["--master", spark_cluster.master_url, "--jars", str(jars), "--driver-memory", "512m",
+            "--bootstrap-servers", kafka_running.bootstrap_servers,
+            *[f"--conf={k}={v}" for k, v in spark_cluster.session_conf().items()]]
 
 
 def _rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
@@ -79,14 +109,8 @@ def test_every_job_on_a_standalone_cluster_matches_local_mode(
             "bootstrap_servers": kafka_running.bootstrap_servers, "kafka_options": options, "topic": topic,
             "sink": sink.url, "where": where, "out": str(remote), "result": str(tmp_path / "result.json")}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    with (tmp_path / "driver.log").open("w") as log:
-        driver = subprocess.Popen([sys.executable, str(DRIVER), str(tmp_path / "spec.json")], stdout=log,
-                                  stderr=subprocess.STDOUT, env=env, text=True)
-
-    # Local mode, in this process: the reference.
-    try:
+    with _driver(tmp_path, [sys.executable, str(DRIVER), str(tmp_path / "spec.json")]) as driver:
+        # Local mode, in this process: the reference.
         local = tmp_path / "local"
         run_archive(spark, topic=topic, output=str(local / "archive"), checkpoint=str(local / "ckpt"),
                     kafka_options=options, timeout=300)
@@ -97,11 +121,7 @@ def test_every_job_on_a_standalone_cluster_matches_local_mode(
                     run_dir=local / "redrive", source=source, filters=Filters())
         run_stats(read_topic(spark, topic, options), local / "stats", title=topic)
         code = driver.wait(timeout=600)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    log_tail = (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+    log_tail = _log_tail(tmp_path)
     assert code == 0, log_tail
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["archive_exit"] == 0, log_tail
@@ -176,17 +196,9 @@ def test_a_killed_executor_is_replaced_and_the_archive_is_still_exact(
     # ~6 micro-batches of 10 records, so the run outlives the first one; worker-0's executor is killed (SIGKILL,
     # as a node loss would) once the first batch is committed.
     out, ckpt = tmp_path / "cluster", tmp_path / "cluster-ckpt"
-    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    with (tmp_path / "driver.log").open("w") as log:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "kafka_eventing.reprocess", "archive", "--topic", topic, "--output", str(out),
-             "--checkpoint", str(ckpt), "--max-offsets-per-trigger", "10", "--master", spark_cluster.master_url,
-             "--jars", str(jars), "--driver-memory", "512m", "--bootstrap-servers", kafka_running.bootstrap_servers,
-             *[f"--conf={k}={v}" for k, v in spark_cluster.session_conf().items()]],
-            stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
-    try:
+    with _driver(tmp_path, [sys.executable, "-m", "kafka_eventing.reprocess", "archive", "--topic", topic,
+                            "--output", str(out), "--checkpoint", str(ckpt), "--max-offsets-per-trigger", "10",
+                            *_on_cluster(spark_cluster, kafka_running)]) as driver:
         deadline = time.monotonic() + 300
         while not (ckpt / "commits" / "0").exists() and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -196,11 +208,7 @@ def test_a_killed_executor_is_replaced_and_the_archive_is_still_exact(
                      if name.startswith(f"worker-0/{app}/")]
         os.kill(victim[1], signal.SIGKILL)
         code = driver.wait(timeout=600)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    log_tail = (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+    log_tail = _log_tail(tmp_path)
     assert code == 0, log_tail
 
     rows = _rows(spark, str(out))
@@ -237,20 +245,11 @@ def test_a_killed_executor_mid_replay_resends_only_what_the_manifest_reports(
     _produce(kafka_running, topic, events)
     run_dir = tmp_path / "run"
     journal = (run_dir / "journal" / "attempt=1").resolve()
-    jars = cache_dir() / f"spark-kafka-{SPARK_KAFKA_VERSION}" / "jars"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KE_KAFKA_")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
     # 8 events/s and one request in flight per task (2 tasks, one per executor): ~8 s of sending, long enough to
     # kill the executor of a task that is sending; the kill then cuts at most one request of it.
-    with (tmp_path / "driver.log").open("w") as log:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "kafka_eventing.reprocess", "replay", "--topic", topic,
-             "--to-url", f"{sink.url}/replay", "--rate", "8", "--concurrency", "2", "--retry", "0",
-             "--run-dir", str(run_dir), "--master", spark_cluster.master_url, "--jars", str(jars),
-             "--driver-memory", "512m", "--bootstrap-servers", kafka_running.bootstrap_servers,
-             *[f"--conf={k}={v}" for k, v in spark_cluster.session_conf().items()]],
-            stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
-    try:
+    with _driver(tmp_path, [sys.executable, "-m", "kafka_eventing.reprocess", "replay", "--topic", topic,
+                            "--to-url", f"{sink.url}/replay", "--rate", "8", "--concurrency", "2", "--retry", "0",
+                            "--run-dir", str(run_dir), *_on_cluster(spark_cluster, kafka_running)]) as driver:
         deadline = time.monotonic() + 300
         victim = None
         while driver.poll() is None and time.monotonic() < deadline and victim is None:
@@ -262,11 +261,7 @@ def test_a_killed_executor_mid_replay_resends_only_what_the_manifest_reports(
         pid = executors[f"{victim.parent.parent.name}/{victim.parent.name}/{victim.name}"]
         os.kill(pid, signal.SIGKILL)  # as a node loss would, while its task has events in flight
         code = driver.wait(timeout=600)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    log_tail = (tmp_path / "driver.log").read_text(errors="replace")[-4000:]
+    log_tail = _log_tail(tmp_path)
     assert code == 0, log_tail
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
