@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -583,8 +584,6 @@ def test_auth_policy_and_tls_on_real_pods(cluster: Cluster) -> None:
                               "--duration=10m").stdout.strip()
 
         allowed, denied = token("allowed"), token("denied")
-        receivers = cl.in_netns(clients.receiver_ips, cl.kubectl_cmd, SYSTEM_NS)
-        assert len(receivers) == 2, receivers
 
         def post(ip: str, event_id: str, bearer: str | None, extra: dict[str, str] | None = None,
                  body: bytes = b'{"order": 1}') -> tuple[int, str]:
@@ -592,21 +591,44 @@ def test_auth_policy_and_tls_on_real_pods(cluster: Cluster) -> None:
                        "ce-type": "com.example.secure", "content-type": "application/json", **(extra or {})}
             if bearer:
                 headers["authorization"] = f"Bearer {bearer}"
-            status_text: tuple[int, str] = cl.in_netns(clients.post_tls, ip, port, SECURE_HOST, "/", headers, body,
-                                                       ca_pem)
+            try:
+                status_text: tuple[int, str] = cl.in_netns(clients.post_tls, ip, port, SECURE_HOST, "/", headers,
+                                                           body, ca_pem)
+            except httpx.TransportError as exc:
+                # A receiver pod replaced since it was listed (evicted, restarted elsewhere) has no address any more;
+                # 0 makes the caller list the pods again, and what the pods were doing is kept for the failure text.
+                pods = cl.kubectl("get", "pods", "-n", SYSTEM_NS, "-o", "wide", check=False).stdout
+                return 0, f"{exc!r}\n{pods}"
             return status_text
 
-        # Every receiver pod has read the policy once the allowed sender gets through (deny-all before that).
+        # Every receiver pod has read the policy once the allowed sender gets through (deny-all before that). The
+        # pods are listed afresh each round, so one replaced meanwhile is checked at its new address.
         sent: dict[str, tuple[dict[str, str], bytes]] = {}
-        for n, ip in enumerate(receivers):
-            event_id = f"allowed-{n}-{uuid.uuid4()}"
-            extra = {"ce-subject": "order/1", "ce-time": "2026-11-27T05:00:00.123456789+02:00",
-                     "ce-shopregion": "eu-west", "ce-dataschema": "https://example.com/order.json"}
-            body = json.dumps({"n": n, "name": "café"}).encode()
-            wait(f"allowed sender accepted by {ip}", lambda ip=ip, event_id=event_id, extra=extra, body=body:
-                 post(ip, event_id, allowed, extra, body)[0] == 202, timeout=120, interval=1)
-            sent[event_id] = (extra, body)
+        accepted: set[str] = set()
+        pending: list[str] = []
 
+        def every_receiver_accepts() -> bool:
+            receivers = cl.in_netns(clients.receiver_ips, cl.kubectl_cmd, SYSTEM_NS)
+            pending[:] = [] if len(receivers) == 2 else [f"ready receiver pods: {receivers}"]
+            for ip in set(receivers) - accepted:
+                event_id = f"allowed-{len(sent)}-{uuid.uuid4()}"
+                extra = {"ce-subject": "order/1", "ce-time": "2026-11-27T05:00:00.123456789+02:00",
+                         "ce-shopregion": "eu-west", "ce-dataschema": "https://example.com/order.json"}
+                body = json.dumps({"n": len(sent), "name": "café"}).encode()
+                status, text = post(ip, event_id, allowed, extra, body)
+                if status == 202:
+                    accepted.add(ip)
+                    sent[event_id] = (extra, body)
+                else:
+                    pending.append(f"{ip}: {status} {text[:2000]}")
+            return not pending and accepted >= set(receivers)
+
+        try:
+            wait("the allowed sender accepted by every receiver pod", every_receiver_accepts, timeout=180, interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(pending)) from None
+
+        receivers = cl.in_netns(clients.receiver_ips, cl.kubectl_cmd, SYSTEM_NS)
         refused = []
         for n, ip in enumerate(receivers):
             status, text = post(ip, f"denied-{n}-{uuid.uuid4()}", denied)
