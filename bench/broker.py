@@ -7,7 +7,10 @@ all, not, none) on one local Kafka node, side by side in one run:
   fanned out to the Triggers, filters applied in the dispatcher) → subscriber;
 - **channel**: client → ingress hop (a small HTTP forwarder) → receiver (``/<ns>/<channel>``) → Kafka → channel
   dispatcher (one subscription per Trigger) → filter hop (an HTTP service applying the same compiled filter and
-  forwarding matches) → subscriber. This is how the channel-based MT broker is assembled upstream.
+  forwarding matches) → subscriber. This is how the channel-based MT broker is assembled upstream;
+- **peer** (``--peer``): Knative's Java Broker receiver and dispatcher (``make peer``), given the same Broker,
+  Triggers and filters through their contract as their control plane writes it (filters as ``dialectedFilter``),
+  on a fresh topic per round.
 
 Measured per system:
 
@@ -214,6 +217,10 @@ class Procs:
         self.procs[name] = proc
         return proc
 
+    def adopt(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        """A process started elsewhere (the peer's launchers), stopped with the rest."""
+        self.procs[name] = proc
+
     def pids(self, names: list[str]) -> list[int]:
         return [pid for name in names for pid in process_tree(self.procs[name].pid)]
 
@@ -363,8 +370,52 @@ def base_env(node: KafkaNode, config: Path, workdir: Path) -> dict[str, str]:
     return env
 
 
-def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: str) -> tuple[str, list[str]]:
+def dialected(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """One entry of a Trigger's ``spec.filters`` as the peer's contract holds it (a ``DialectedFilter``)."""
+    ((dialect, value),) = spec.items()
+    if dialect in ("exact", "prefix", "suffix"):
+        return {dialect: {"attributes": value}}
+    if dialect in ("all", "any"):
+        return {dialect: {"filters": [dialected(f) for f in value]}}
+    if dialect == "not":
+        return {"not": {"filter": dialected(value)}}
+    return {"cesql": {"expression": value}}
+
+
+def start_peer_broker(node: KafkaNode, workdir: Path, procs: Procs, sink: str, rnd: int) -> str:
+    """Knative's Java receiver and Broker dispatcher for the Broker and the 10 Triggers, on a fresh topic (so the
+    Triggers' groups start at its beginning, where the control plane would have committed the end); returns the
+    ingress URL."""
+    import peer
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic = f"{broker_topic(NS, BROKER)}.peer{rnd}"
+    admin = AdminClient({**node.client_config()})
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)]).values():
+        fut.result(timeout=30)
+    egresses = []
+    for i, spec in enumerate(TRIGGERS):
+        eg = peer.egress(f"{sink}/t{i}", group=f"knative-trigger-{NS}-t{i}", ordered=False, namespace=NS,
+                         trigger=f"t{i}")
+        if "filter" in spec:
+            eg["filter"] = spec["filter"]
+        if "filters" in spec:
+            eg["dialectedFilter"] = [dialected(f) for f in spec["filters"]]
+        egresses.append(eg)
+    port = free_port()
+    procs.adopt("peer-receiver", peer.start_peer_receiver(node.bootstrap_servers, topic, port, workdir,
+                                                          namespace=NS, name=BROKER))
+    procs.adopt("peer-dispatcher", peer.start_peer_dispatcher(
+        node.bootstrap_servers, topic, f"{sink}/t0", workdir, ordered=False, group=f"knative-trigger-{NS}-t0",
+        namespace=NS, name=BROKER, egresses=egresses, timeout=300))
+    return f"http://127.0.0.1:{port}/{NS}/{BROKER}"
+
+
+def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: str, *,
+                 rnd: int = 0) -> tuple[str, list[str]]:
     """Start one system's processes; returns its ingress URL and the names of its eventing processes."""
+    if kind == "peer":
+        return start_peer_broker(node, workdir, procs, sink, rnd), ["peer-receiver", "peer-dispatcher"]
     receiver_port, dispatcher_port = free_port(), free_port()
     hops = forward = 0
     config = workdir / f"{kind}.yaml"
@@ -440,16 +491,17 @@ def open_loop(ingress: str, sink: str, procs: Procs, filters: list[Filter], *, s
 
 
 def measure_round(kind: str, node: KafkaNode, workdir: Path, sink: str, *, filters: list[Filter],
-                  args: argparse.Namespace, seq: int) -> dict[str, Any]:
+                  args: argparse.Namespace, seq: int, rnd: int) -> dict[str, Any]:
     """One round for one system, on fresh processes: a warm-up, a closed-loop run and an open-loop run."""
     procs = Procs(workdir)
     try:
-        ingress, names = start_system(kind, node, workdir, procs, sink)
-        # Warm-up: every Trigger has delivered and both sides' code paths ran before anything is timed.
+        ingress, names = start_system(kind, node, workdir, procs, sink, rnd=rnd)
+        # Warm-up, the same closed loop for every side and not measured: every Trigger has delivered, every code
+        # path ran, and the peer's JIT has compiled its hot paths before anything is timed.
         get_json(f"{sink}/reset")
-        warm = 300
-        asyncio.run(post_events(ingress, seq, warm, concurrency=8))
-        wait_delivered(sink, expected_deliveries(filters, seq, warm), procs, 120)
+        warm = args.warmup
+        asyncio.run(post_events(ingress, seq, warm, concurrency=args.concurrency))
+        wait_delivered(sink, expected_deliveries(filters, seq, warm), procs, 300)
         seq += warm
         get_json(f"{sink}/reset")
         expected = trigger_paths(filters, seq, args.count)
@@ -768,6 +820,8 @@ def main() -> int:
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=3000, help="events per closed-loop run")
     parser.add_argument("--concurrency", type=int, default=32, help="posts in flight in the closed loop")
+    parser.add_argument("--warmup", type=int, default=3000,
+                        help="events of the unmeasured closed loop every side runs first (the peer's JIT)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each side once per round, order alternated")
     parser.add_argument("--rate", type=float, default=100.0,
                         help="open-loop events/s (each fans out to ~5.8 deliveries; 1000/s is beyond 2 shared cores)")
@@ -784,7 +838,8 @@ def main() -> int:
                         help="also: dispatcher RSS with 100 half-matching Triggers started on this many records")
     parser.add_argument("--backlog-seconds", type=float, default=90.0)
     parser.add_argument("--peer", action="store_true",
-                        help="also drain with Knative's Java Broker dispatcher (make peer builds it)")
+                        help="also Knative's Java Broker data plane (make peer builds it): in the drains its "
+                             "dispatcher, end to end its receiver and dispatcher")
     parser.add_argument("--name", default=None, help="results file name under docs/benchmarks (default: broker, "
                                                      "broker-drain with --skip-e2e, broker-backlog for a backlog run)")
     args = parser.parse_args()
@@ -836,11 +891,12 @@ def main() -> int:
             result["drain"] = run_drains(args, node, workdir, sink)
         if not args.skip_e2e:
             seq = 0
-            rounds: dict[str, list[dict[str, Any]]] = {"broker": [], "channel": []}
+            kinds = ["broker", "channel"] + (["peer"] if args.peer else [])
+            rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
             for rnd in range(args.repeats):
-                for kind in rounds_order(["broker", "channel"], rnd):
+                for kind in rounds_order(kinds, rnd):
                     rounds[kind].append(measure_round(kind, node, workdir, sink, filters=filters, args=args,
-                                                      seq=seq))
+                                                      seq=seq, rnd=rnd))
                     seq += 1_000_000
             for kind, runs in rounds.items():
                 result[kind] = {"runs": runs, "medians": summarize(runs, E2E_KEYS),
@@ -913,6 +969,16 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             "met": b["p99_ms"] <= 10 and b["p99_ms"] < c["p99_ms"]}
         out["broker vs channel deliveries per CPU-second (closed loop)"] = (
             c["cpu_us_per_delivered"] / b["cpu_us_per_delivered"])
+    if "peer" in result:
+        b, k = result["broker"]["medians"], result["peer"]["medians"]
+        out["end to end vs peer: more deliveries per CPU-second, lower p99, a third of its memory or less"] = {
+            "deliveries_per_cpu_second_whole": k["cpu_us_per_delivered"] / b["cpu_us_per_delivered"],
+            "deliveries_per_cpu_second_steady": k["steady_cpu_us_per_delivered"] / b["steady_cpu_us_per_delivered"],
+            "broker_p99_ms": b["p99_ms"], "peer_p99_ms": k["p99_ms"],
+            "broker_steady_p99_ms": b["steady_p99_ms"], "peer_steady_p99_ms": k["steady_p99_ms"],
+            "pss": b["pss_mib"] / k["pss_mib"],
+            "met": (b["cpu_us_per_delivered"] <= k["cpu_us_per_delivered"] and b["p99_ms"] < k["p99_ms"]
+                    and b["pss_mib"] <= k["pss_mib"] / 3)}
     if "highest_rate_p99_le_100ms" in result:
         out["highest open-loop rate with p99 <= 100 ms"] = result["highest_rate_p99_le_100ms"]
     return out
@@ -931,6 +997,8 @@ def plot(result: dict[str, Any], name: str) -> None:
     fig, axes = new_figure(ncols=len(panels), width=4.5)
     colors = {"fanout": "#4878a8", "per_trigger": "#888888", "peer": "#c84a4a", "channel": "#c8784a",
               "broker": "#4878a8"}
+    e2e = [k for k in ("broker", "channel", "peer") if k in result]
+    labels = {"broker": "Kafka Broker", "channel": "channel-based", "peer": "Knative's Java"}
     for ax, panel in zip(axes[0], panels, strict=True):
         if panel.startswith("drain"):
             metric = "cpu_us_per_delivery" if panel == "drain_cpu" else "rate"
@@ -950,21 +1018,19 @@ def plot(result: dict[str, Any], name: str) -> None:
                          + "\n(bars: steady median; dots: whole runs)", fontsize=9)
             ax.legend(fontsize=6)
         elif panel == "e2e_cpu":
-            kinds = ["broker", "channel"]
-            ax.bar(range(2), [result[k]["medians"]["cpu_us_per_delivered"] for k in kinds],
-                   color=[colors["broker"], colors["channel"]])
-            for i, k in enumerate(kinds):
+            ax.bar(range(len(e2e)), [result[k]["medians"]["cpu_us_per_delivered"] for k in e2e],
+                   color=[colors[k] for k in e2e])
+            for i, k in enumerate(e2e):
                 vals = [r["cpu_us_per_delivered"] for r in result[k]["runs"]]
                 ax.scatter([i] * len(vals), vals, color="black", s=8, zorder=3)
-            ax.set_xticks(range(2), ["Kafka Broker", "channel-based"])
+            ax.set_xticks(range(len(e2e)), [labels[k] for k in e2e])
             ax.set_title("end to end: CPU µs per delivery", fontsize=9)
         elif panel == "e2e_latency":
-            kinds = ["broker", "channel"]
             width = 0.35
             for j, q in enumerate(("p50_ms", "p99_ms")):
-                ax.bar([i + j * width for i in range(2)], [result[k]["medians"][q] for k in kinds], width,
+                ax.bar([i + j * width for i in range(len(e2e))], [result[k]["medians"][q] for k in e2e], width,
                        label=q.replace("_ms", ""), color=["#6a9f58", "#a05a9f"][j])
-            ax.set_xticks([i + width / 2 for i in range(2)], ["Kafka Broker", "channel-based"])
+            ax.set_xticks([i + width / 2 for i in range(len(e2e))], [labels[k] for k in e2e])
             ax.set_yscale("log")
             ax.set_title(f"latency at {result['settings']['rate']:.0f} events/s (ms, medians)", fontsize=9)
             ax.legend(fontsize=7)
