@@ -4,7 +4,8 @@ Everything runs on the kind engine (``kafka_eventing.localstack.kind``): a priva
 with no route out, started here and stopped at the end; kind, kubectl, helm and ct run inside that namespace. The
 node image is ``make kind-image``'s (hack/kind/node-image.sh: Debian packages and Go modules, no registry), the role
 images and the curl image of ``helm test`` are the archive ``make cluster-images`` saves, the Kafka image is built
-from the Kafka jars ``make setup`` fetched (hack/kind/kafka-image.sh); all go in with ``kind load``.
+from the Kafka jars ``make setup`` fetched (hack/kind/kafka-image.sh), Knative's wathola prober is one image archive
+of the binaries ``make setup`` built (tests/e2e/_life.py); all go in with ``kind load``.
 
 Scenario (one kind cluster, static bridge CNI, cluster DNS and kube-proxy Services):
 a single-node KRaft Kafka in the cluster with a PLAINTEXT listener (Service ``kafka``, the chart's ci default) and a
@@ -16,7 +17,11 @@ a receiver pod and the dispatcher pod deleted mid-load, every 202-accepted event
 channel deleted: dispatcher and topic gone → a Kafka Broker with two Triggers of different filters, fan-out by
 filter → a KafkaSink written through the receiver pods' sink ingress Service and a KafkaSource (2 dispatcher pods)
 reading its topic into a subscriber Deployment, a source pod deleted mid-load (ledger) → ``helm uninstall`` leaves
-none of the release's objects. Then ``ct install`` (install, ``helm test``,
+none of the release's objects. Then Knative's upgrade prober across a second install's life (tests/e2e/_life.py):
+wathola senders posting a numbered step every 10 ms to the KafkaChannel's and the Broker's addresses (Service names),
+a wathola receiver behind each, through ``helm install`` of the previous chart version with the Strimzi preset →
+``helm upgrade`` → a values change rolling every pod → ``helm rollback``; wathola-fetcher's report must say success,
+nothing missing (duplicates printed), and the uninstall leave nothing. Then ``ct install`` (install, ``helm test``,
 uninstall) of the chart with every ci values file this cluster can serve. ``kind delete cluster``; the engine
 stopped; the test itself checks that the host keeps its sysctls and has no new mount, process, cgroup, network
 interface or network namespace, also after a failure (tests/e2e/test_kind_crash.py: after a crashed engine too).
@@ -29,7 +34,6 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,6 +45,8 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e import _life as life
+from e2e._life import RELEASE, previous_chart, release
 from e2e._scenario import (
     APP_NS,
     AUDIT,
@@ -79,8 +85,7 @@ from kafka_eventing.localstack.tools import tool_path
 pytestmark = [pytest.mark.kind, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "kafka-eventing"
-RELEASE = "ke"
+CHART = life.CHART
 KAFKA_NS = "kafka"
 SCRAM_USER = "kafka-eventing"
 PARTITIONS = 3
@@ -266,8 +271,11 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
                      "--kubeconfig", str(cluster.kubeconfig), "--config", str(work / "kind.yaml"), "--wait", "300s"],
                     timeout=900)
         print(f"[kind] cluster {cluster.name} up in {time.monotonic() - t0:.0f}s", flush=True)
+        # Knative's prober goes in as the role images do: an image archive, loaded with kind load.
+        life.wathola_archive(work / "wathola.tar")
         kind_load = [str(tool_path("kind")), "load"]
-        loads = [[*kind_load, "image-archive", str(archive), "--name", cluster.name] for archive in archives]
+        loads = [[*kind_load, "image-archive", str(archive), "--name", cluster.name]
+                 for archive in [*archives, work / "wathola.tar"]]
         loads.append([*kind_load, "docker-image", images["kafka"], "--name", cluster.name])
         # Side by side: each is a copy into the node and a containerd import, mostly waiting on the disk.
         with phase("kind load"), ThreadPoolExecutor(len(loads)) as pool:
@@ -280,6 +288,20 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 # ---------------------------------------------------------------------------------------------- Kafka
+
+
+@pytest.fixture(scope="module")
+def kafka(kind: Kind) -> dict[str, str]:
+    """Kafka in the cluster for every test of the module; the connection Secret's data for the Strimzi preset."""
+    with phase("Kafka in the cluster"):
+        return _kafka(kind)
+
+
+def _connection_secret(cl: Kind, connection: dict[str, str]) -> None:
+    """The Strimzi preset's connection Secret (``kafka.existingSecret``): the user's, made before the install."""
+    cl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
+             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka-connection", "namespace": SYSTEM_NS},
+              "stringData": connection})
 
 
 def _kafka(cl: Kind) -> dict[str, str]:
@@ -356,21 +378,6 @@ def _topics(cl: Kind) -> list[str]:
 # ---------------------------------------------------------------------------------------------- the chart
 
 
-def _previous_chart(dest: Path) -> tuple[Path, str]:
-    """The chart as of the commit before its version last changed (the release before this one)."""
-    rel = CHART.relative_to(ROOT)
-    last = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H", "--", str(rel / "Chart.yaml")],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", f"{last}^", str(rel)], capture_output=True,
-                             check=True).stdout
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "chart.tar").write_bytes(archive)
-    with tarfile.open(dest / "chart.tar") as tar:
-        tar.extractall(dest, filter="data")
-    chart = dest / rel
-    return chart, yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
-
-
 def _chart_args(cl: Kind, chart: Path) -> list[str]:
     """The Strimzi preset of ``chart`` with the loaded images; Kafka at the preset's own address."""
     return ["-f", str(chart / "values-strimzi.yaml"), "--set", "image.registry=docker.io/library",
@@ -391,11 +398,6 @@ def _chart_objects(cl: Kind) -> list[str]:
     return [f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items
             if not (i["kind"] == "CustomResourceDefinition"
                     and i["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep")]
-
-
-def _release(cl: Kind) -> dict[str, Any]:
-    releases = json.loads(cl.helm("list", "-n", SYSTEM_NS, "-o", "json").stdout)
-    return next(r for r in releases if r["name"] == RELEASE)
 
 
 # ---------------------------------------------------------------------------------------------- events
@@ -571,25 +573,21 @@ def _source_scenario(cl: Kind) -> None:
     cl.kubectl("delete", "kafkasink", KAFKA_SINK, "-n", APP_NS, "--timeout=300s", timeout=360)
 
 
-def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
-    with phase("Kafka in the cluster"):
-        connection = _kafka(kind)
-    kind.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
-               {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka-connection", "namespace": SYSTEM_NS},
-                "stringData": connection})
+def test_chart_on_kind(kind: Kind, kafka: dict[str, str], tmp_path: Path) -> None:
+    _connection_secret(kind, kafka)
 
-    previous, previous_version = _previous_chart(tmp_path / "previous")
+    previous, previous_version = previous_chart(tmp_path / "previous")
     current_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     assert previous_version != current_version
     with phase(f"helm install {previous_version}"):
         kind.helm("install", RELEASE, str(previous), "-n", SYSTEM_NS, *_chart_args(kind, previous),
                   "--wait", "--timeout=10m")
-    assert _release(kind)["chart"] == f"kafka-eventing-{previous_version}"
+    assert release(kind)["chart"] == f"kafka-eventing-{previous_version}"
     with phase(f"helm upgrade to {current_version}"):
         kind.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait",
                   "--timeout=10m")
-    release = _release(kind)
-    assert (release["chart"], release["revision"], release["status"]) == (
+    now = release(kind)
+    assert (now["chart"], now["revision"], now["status"]) == (
         f"kafka-eventing-{current_version}", "2", "deployed")
     pods_ready(kind, SYSTEM_NS)
 
@@ -616,16 +614,74 @@ def test_chart_on_kind(kind: Kind, tmp_path: Path) -> None:
     assert _chart_objects(kind) == [], "helm uninstall left objects of the chart"
 
 
+# ---------------------------------------------------------------------------------------------- the prober
+
+PROBER_CLIENT = "prober-client"
+# A wathola receiver's /report, read from inside the cluster.
+GET = """
+import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())
+"""
+
+
+def _prober_tier(cl: Kind) -> life.Tier:
+    """Knative's prober on kind: its senders post to the channel's and the Broker's addresses, Services resolved by
+    cluster DNS and routed by kube-proxy, as users' senders do; the test's own requests (warm-up events, the
+    receivers' reports) go from a client pod in the app namespace (``kubectl exec``), so that nothing is sent from
+    outside the cluster to a pod's address."""
+
+    def exec_python(script: str, *args: str) -> str:
+        return cl.kubectl("exec", "-n", APP_NS, PROBER_CLIENT, "--", "python", "-c", script, *args,
+                          timeout=120).stdout
+
+    def send(url: str, event_id: str, event_type: str) -> list[str]:
+        # SEND names the events <prefix>-<n>: the one event here is <event_id>-0.
+        out = exec_python(SEND, url, event_id, "1", "0", event_type, "60")
+        return [line["accepted"] for line in map(json.loads, out.splitlines()) if "accepted" in line]
+
+    def report(receiver_ip: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(exec_python(GET, f"http://{receiver_ip}:{life.WATHOLA_PORT}/report"))
+        return found
+
+    @contextlib.contextmanager
+    def senders() -> Iterator[dict[str, life.Sender]]:
+        yield {pipeline: life.Sender(url) for pipeline, url in life.addresses(cl).items()}
+
+    return life.Tier(cl, lambda chart: _chart_args(cl, chart), send, report, senders)
+
+
+def test_prober_across_upgrade_values_roll_and_rollback(kind: Kind, kafka: dict[str, str], tmp_path: Path) -> None:
+    """Knative's upgrade prober through a KafkaChannel and a Broker across the install's life (tests/e2e/_life.py):
+    the Strimzi preset of the previous chart version, `helm upgrade`, a values change rolling every pod, `helm
+    rollback`; nothing missing."""
+    _connection_secret(kind, kafka)
+    kind.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}},
+               {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": PROBER_CLIENT, "namespace": APP_NS},
+                "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
+                         "terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "client", "image": kind.images["receiver"],
+                                         "imagePullPolicy": "Never", "securityContext": RESTRICTED_CONTAINER,
+                                         "command": ["python", "-c", "import time; time.sleep(86400)"]}]}})
+    kind.kubectl("wait", "--for=condition=Ready", f"pod/{PROBER_CLIENT}", "-n", APP_NS, "--timeout=300s",
+                 timeout=360)
+    try:
+        with phase("prober across install, upgrade, values roll, rollback"):
+            life.upgrade_values_roll_and_rollback(_prober_tier(kind), tmp_path)
+    finally:
+        kind.kubectl("delete", "namespace", APP_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
+    kind.kubectl("delete", "secret", "kafka-connection", "-n", SYSTEM_NS)
+    assert_uninstalled(kind, RELEASE, "helm")
+
+
 # ci values files this cluster can serve: the chart's default PLAINTEXT Kafka address. The others name the real-pod
 # tier's node address (cluster), a cloud service (event-hubs), a placeholder CA (strimzi-sasl-scram) or run the
 # reprocess Jobs on the spark image, which `make cluster-images` does not build (all-optins).
 CT_VALUES = ("default-values.yaml",)
 
 
-def test_ct_install(kind: Kind, tmp_path: Path) -> None:
+def test_ct_install(kind: Kind, kafka: dict[str, str], tmp_path: Path) -> None:
     """chart-testing as its users run it: ``ct install`` (install, ``helm test``, uninstall, each in a namespace of
-    its own) with every ci values file in CT_VALUES."""
-    kind.kubectl("rollout", "status", "deployment/kafka", "-n", KAFKA_NS, "--timeout=300s")  # test_chart_on_kind's
+    its own) with every ci values file in CT_VALUES (Kafka at the chart's default PLAINTEXT address)."""
     chart = tmp_path / "charts" / CHART.name
     shutil.copytree(CHART, chart)
     for values in (chart / "ci").glob("*-values.yaml"):
