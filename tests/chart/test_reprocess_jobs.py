@@ -167,6 +167,20 @@ def test_local_mode_is_the_default_and_needs_no_api() -> None:
     assert not [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-reprocess-executor")]
 
 
+def test_cluster_mode_master_is_a_value_for_clusters_without_dns() -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    master = "k8s://https://10.96.0.1:443"
+    docs = helm(sets=(*CLUSTER_ON, f"reprocess.cluster.master={master}"))
+    jobs = (*of_kind(docs, "CronJob"), *of_kind(docs, "Job"))
+    assert jobs
+    for doc in jobs:
+        (c,) = pod_spec(doc)["containers"]
+        assert build_parser().parse_args(c["args"]).master == master
+    with pytest.raises(Exception, match="reprocess.cluster.master"):
+        helm(sets=(*CLUSTER_ON, "reprocess.cluster.master=https://10.96.0.1"))  # not a k8s:// master
+
+
 def test_cluster_mode_runs_executor_pods_with_least_rbac_and_restricted_pods() -> None:
     from kafka_eventing.reprocess.cli import build_parser
 

@@ -180,7 +180,7 @@ mode) of `executors` executor pods. A YAML list.
 }}
 {{- $conf = merge (dict) $c.conf $conf }}
 - --master
-- k8s://https://kubernetes.default.svc
+- {{ required "reprocess.cluster.master is required (k8s://https://<API server>)" $c.master }}
 {{- range $k := keys $conf | sortAlpha }}
 - --conf={{ $k }}={{ get $conf $k }}
 {{- end }}
