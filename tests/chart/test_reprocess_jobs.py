@@ -200,6 +200,10 @@ def test_cluster_mode_runs_executor_pods_with_least_rbac_and_restricted_pods() -
         assert (conf["spark.executor.instances"], conf["spark.executor.cores"], conf["spark.executor.memory"]) == (
             "3", "2", "2g")
         assert conf["spark.kubernetes.executor.deleteOnTermination"] == "true"
+        # No Service or PersistentVolumeClaim of the driver to delete at the end: the Role has neither.
+        assert (conf["spark.kubernetes.driver.service.deleteOnTermination"],
+                conf["spark.kubernetes.driver.ownPersistentVolumeClaim"],
+                conf["spark.kubernetes.driver.reusePersistentVolumeClaim"]) == ("false", "false", "false")
         # Executors reach the driver at its pod IP and are owned by its pod (deleted with it).
         assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
         env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
