@@ -43,6 +43,24 @@ CLUSTER_IMAGES := $(KE_CACHE)/cluster/images/kafka-eventing-roles.tar
 cluster-images: ## Build the receiver, dispatcher and controller images and save them for the cluster (no registry).
 	KE_SAVE_IMAGES=$(CLUSTER_IMAGES) nice hack/images.sh $(GIT_SHA) receiver dispatcher controller
 
+# The spark image for the real-pod cluster's Spark test (tests/e2e/test_cluster_spark.py), in an archive of its own:
+# the other cluster tiers do not import its ~1 GB. Rebuilt only when an input of the image changes (the stamp beside
+# the archive is a hash of them); otherwise a no-op that starts no engine.
+CLUSTER_SPARK_IMAGE := $(KE_CACHE)/cluster/spark/kafka-eventing-spark.tar
+SPARK_IMAGE_INPUTS := .dockerignore pyproject.toml requirements.lock src images/base images/spark hack/images.sh \
+  hack/base-image.sh hack/setup/maven.sh hack/setup/maven/spark-kafka-pom.xml
+.PHONY: cluster-spark-image
+cluster-spark-image: ## The spark image saved for the cluster (no registry); rebuilt only when one of its inputs changes.
+	@stamp="$$(cd $(ROOT) && find $(SPARK_IMAGE_INPUTS) -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z \
+	  | xargs -0 sha256sum | sha256sum | cut -c1-16)"; \
+	if [[ -f $(CLUSTER_SPARK_IMAGE) && "$$(cat $(CLUSTER_SPARK_IMAGE).stamp 2>/dev/null)" == "$$stamp" ]]; then \
+	  echo "cluster-spark-image: $(CLUSTER_SPARK_IMAGE) is current (inputs $$stamp)"; \
+	else \
+	  rm -f $(CLUSTER_SPARK_IMAGE).stamp; \
+	  KE_SAVE_IMAGES=$(CLUSTER_SPARK_IMAGE) nice hack/images.sh $(GIT_SHA) spark; \
+	  echo "$$stamp" >$(CLUSTER_SPARK_IMAGE).stamp; \
+	fi
+
 .PHONY: cluster-up
 cluster-up: setup cluster-images ## One-node cluster with real pods (containerd + kubelet) in a network namespace with no route out.
 	$(PY) -m kafka_eventing.localstack.cluster up
@@ -93,9 +111,9 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 	  -v -m reliability $(ARGS)
 
 .PHONY: test-cluster
-test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py); fails if the cluster cannot start.
+test-cluster: cluster-images cluster-spark-image ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py), the reprocess jobs on executor pods (test_cluster_spark.py); fails if the cluster cannot start.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_life.py tests/e2e/test_cluster_crash.py \
-	  -q -m cluster
+	  tests/e2e/test_cluster_spark.py -q -m cluster
 
 .PHONY: test-kind
 test-kind: cluster-images kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, ct install (tests/e2e/test_kind*.py); fails, never skips.

@@ -28,9 +28,9 @@
 #   BUILD_NETWORK    network of RUN steps (default with the private engine, which has no bridge: none with
 #                    prefetched wheels, host without them; the engine's default otherwise)
 #   PIP_INDEX_URL    passed to the builder stage when set
-#   KE_SAVE_IMAGES   a file: `docker save` every role image built, and the OS base with curl that the chart's
-#                    `helm test` Pod runs there (`hack/base-image.sh curl`), into it (one archive, shared layers once),
-#                    for `ctr images import` into the cluster of `make cluster-up`
+#   KE_SAVE_IMAGES   a file: `docker save` every role image built, and (with a service role) the OS base with curl
+#                    that the chart's `helm test` Pod runs there (`hack/base-image.sh curl`), into it (one archive,
+#                    shared layers once), for `ctr images import` into the cluster of `make cluster-up`
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -345,7 +345,8 @@ if [[ -n "${KE_SAVE_IMAGES:-}" ]]; then
     read -r image _ <<<"$result"
     [[ "$image" == *-base:* ]] || saved+=("$image")
   done
-  saved+=("$("$ROOT/hack/base-image.sh" curl)")
+  # The `helm test` Pod's image goes with the service roles; a spark-only archive does without it.
+  [[ ${#base_roles[@]} -eq 0 ]] || saved+=("$("$ROOT/hack/base-image.sh" curl)")
   mkdir -p "$(dirname "$KE_SAVE_IMAGES")"
   docker save -o "$KE_SAVE_IMAGES.tmp" "${saved[@]}"
   mv -f "$KE_SAVE_IMAGES.tmp" "$KE_SAVE_IMAGES"

@@ -167,6 +167,20 @@ def test_local_mode_is_the_default_and_needs_no_api() -> None:
     assert not [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-reprocess-executor")]
 
 
+def test_cluster_mode_master_is_a_value_for_clusters_without_dns() -> None:
+    from kafka_eventing.reprocess.cli import build_parser
+
+    master = "k8s://https://10.96.0.1:443"
+    docs = helm(sets=(*CLUSTER_ON, f"reprocess.cluster.master={master}"))
+    jobs = (*of_kind(docs, "CronJob"), *of_kind(docs, "Job"))
+    assert jobs
+    for doc in jobs:
+        (c,) = pod_spec(doc)["containers"]
+        assert build_parser().parse_args(c["args"]).master == master
+    with pytest.raises(Exception, match="reprocess.cluster.master"):
+        helm(sets=(*CLUSTER_ON, "reprocess.cluster.master=https://10.96.0.1"))  # not a k8s:// master
+
+
 def test_cluster_mode_runs_executor_pods_with_least_rbac_and_restricted_pods() -> None:
     from kafka_eventing.reprocess.cli import build_parser
 
@@ -186,6 +200,10 @@ def test_cluster_mode_runs_executor_pods_with_least_rbac_and_restricted_pods() -
         assert (conf["spark.executor.instances"], conf["spark.executor.cores"], conf["spark.executor.memory"]) == (
             "3", "2", "2g")
         assert conf["spark.kubernetes.executor.deleteOnTermination"] == "true"
+        # No Service or PersistentVolumeClaim of the driver to delete at the end: the Role has neither.
+        assert (conf["spark.kubernetes.driver.service.deleteOnTermination"],
+                conf["spark.kubernetes.driver.ownPersistentVolumeClaim"],
+                conf["spark.kubernetes.driver.reusePersistentVolumeClaim"]) == ("false", "false", "false")
         # Executors reach the driver at its pod IP and are owned by its pod (deleted with it).
         assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
         env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}

@@ -540,7 +540,7 @@ def kill_netns_processes(inode: int, keep: set[int], timeout: float = 20.0) -> N
 # ---------------------------------------------------------------------------------------------- supervisor
 
 
-def serve(ttl: float, outer_netns: int) -> int:
+def serve(ttl: float, outer_netns: int, extra_images: list[Path] | None = None) -> int:
     """Inside the namespaces: set the network up, check it, run the cluster until SIGTERM or the TTL."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -550,7 +550,7 @@ def serve(ttl: float, outer_netns: int) -> int:
     try:
         setup_network()
         check_isolated(outer_netns)
-        cluster = NodeCluster(workdir(), outer_netns=outer_netns, images=image_archives())
+        cluster = NodeCluster(workdir(), outer_netns=outer_netns, images=[*image_archives(), *(extra_images or [])])
         state["cgroup_root"] = cluster.cgroup_root
         _state_file().write_text(json.dumps(state))
         cluster.start()
@@ -581,8 +581,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def up(ttl: float, timeout: float = 420.0) -> dict[str, Any]:
-    """Start the supervisor in new network + mount namespaces; return its state once the node is Ready."""
+def up(ttl: float, timeout: float = 420.0, extra_images: list[Path] | None = None) -> dict[str, Any]:
+    """Start the supervisor in new network + mount namespaces; return its state once the node is Ready.
+    ``extra_images``: docker-save archives imported besides `make cluster-images`' (the spark image's)."""
     state = read_state()
     if state and _alive(int(state.get("pid", 0))) and state.get("ready"):
         return state
@@ -597,7 +598,8 @@ def up(ttl: float, timeout: float = 420.0) -> dict[str, Any]:
         proc = subprocess.Popen(
             ["unshare", "--net", "--mount", "--propagation", "private", "--fork", "--kill-child=SIGTERM",
              sys.executable, "-m", "kafka_eventing.localstack.cluster", "serve", "--ttl", str(ttl),
-             "--outer-netns", str(_netns_inode())],
+             "--outer-netns", str(_netns_inode()),
+             *(arg for image in extra_images or () for arg in ("--image", str(Path(image).resolve())))],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     last_line = ""
@@ -681,16 +683,18 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--ttl", type=float, default=2 * 3600, help="seconds before the cluster stops by itself")
         p.add_argument("--outer-netns", type=int, default=0, help=argparse.SUPPRESS)
+        p.add_argument("--image", type=Path, action="append", default=[],
+                       help="a docker-save archive to import besides those of `make cluster-images` (repeatable)")
     sub.add_parser("down")
     sub.add_parser("status")
     args = parser.parse_args(argv)
     if args.command == "serve":
         if not args.outer_netns:
             parser.error("serve is started by `up`")
-        return serve(args.ttl, args.outer_netns)
+        return serve(args.ttl, args.outer_netns, args.image)
     if args.command == "up":
         try:
-            state = up(args.ttl)
+            state = up(args.ttl, extra_images=args.image)
         except ClusterError as exc:
             print(exc, file=sys.stderr)
             return 1

@@ -155,7 +155,9 @@ affinity:
 
 {{/*
 Spark on Kubernetes (reprocess.cluster): the `--master`/`--conf` args that make the job's pod the driver (client
-mode) of `executors` executor pods. A YAML list.
+mode) of `executors` executor pods. A YAML list. The driver creates no Service and no PersistentVolumeClaim (executors
+reach it at its pod IP; volumes are the chart's): the `driver.service`/`PersistentVolumeClaim` settings keep Spark
+from deleting them at the end, which its Role does not allow.
 */}}
 {{- define "kafka-eventing.reprocessClusterArgs" -}}
 {{- $r := .Values.reprocess }}
@@ -175,12 +177,15 @@ mode) of `executors` executor pods. A YAML list.
   "spark.kubernetes.executor.podTemplateFile" "/opt/kafka-eventing/spark/executor.yaml"
   "spark.kubernetes.executor.podTemplateContainerName" "executor"
   "spark.kubernetes.executor.deleteOnTermination" "true"
+  "spark.kubernetes.driver.service.deleteOnTermination" "false"
+  "spark.kubernetes.driver.ownPersistentVolumeClaim" "false"
+  "spark.kubernetes.driver.reusePersistentVolumeClaim" "false"
   "spark.scheduler.minRegisteredResourcesRatio" "1.0"
   "spark.scheduler.maxRegisteredResourcesWaitingTime" "300s"
 }}
 {{- $conf = merge (dict) $c.conf $conf }}
 - --master
-- k8s://https://kubernetes.default.svc
+- {{ required "reprocess.cluster.master is required (k8s://https://<API server>)" $c.master }}
 {{- range $k := keys $conf | sortAlpha }}
 - --conf={{ $k }}={{ get $conf $k }}
 {{- end }}
