@@ -258,3 +258,13 @@ def test_cluster_conf_is_checked_by_the_schema() -> None:
     bad = run([tool("helm"), "template", RELEASE, str(CHART), "--set-string", "reprocess.cluster.conf.foo=1"],
               ok=False)
     assert bad.returncode != 0 and "'foo' does not match pattern" in bad.stderr
+
+
+def test_cluster_conf_adds_settings_and_the_charts_own_win() -> None:
+    docs = helm(sets=(*CLUSTER_ON, "reprocess.cluster.conf.spark\\.kubernetes\\.executor\\.request\\.cores=250m",
+                      "reprocess.cluster.conf.spark\\.kubernetes\\.namespace=elsewhere"))
+    for doc in (*of_kind(docs, "CronJob"), *of_kind(docs, "Job")):
+        (c,) = pod_spec(doc)["containers"]
+        conf = _conf(c["args"])
+        assert conf["spark.kubernetes.executor.request.cores"] == "250m"
+        assert conf["spark.kubernetes.namespace"] == NAMESPACE  # as values.yaml says: the chart's settings win

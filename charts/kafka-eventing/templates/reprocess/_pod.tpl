@@ -183,7 +183,8 @@ from deleting them at the end, which its Role does not allow.
   "spark.scheduler.minRegisteredResourcesRatio" "1.0"
   "spark.scheduler.maxRegisteredResourcesWaitingTime" "300s"
 }}
-{{- $conf = merge (dict) $c.conf $conf }}
+{{- /* sprig merge keeps the first value of a key: the chart's own settings win over reprocess.cluster.conf */}}
+{{- $conf = merge (dict) $conf $c.conf }}
 - --master
 - {{ required "reprocess.cluster.master is required (k8s://https://<API server>)" $c.master }}
 {{- range $k := keys $conf | sortAlpha }}
