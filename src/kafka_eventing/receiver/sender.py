@@ -222,12 +222,11 @@ class Linger:
 
     The rate is counted per window of ``window`` seconds (loop time) and decided at its end; the way back needs
     the rate below three quarters of ``batch_above``, so a rate near the threshold does not flip every window.
-    The backlog rule is for a worker that cannot reach ``batch_above`` sending at once (a slower host): saturated,
-    each record sent alone and each report handed over by the poll thread cost it more CPU per event than
-    batching, its rate stayed below the threshold, and it never switched (``bench/receiver.py`` at saturation on
-    a 2-core Xeon: runs at half the rate of the batching-only receiver). Records waiting is what saturation
-    looks like at any rate: by Little's law, a backlog of ``batch_above`` × 10 ms means answers slower than
-    ``linger.ms`` would make them at the threshold rate.
+    The backlog rule is for a worker that cannot reach ``batch_above`` sending at once (a slower host): saturated
+    on the immediate producer, where each record goes alone and each report is handed over by the poll thread,
+    it spends more CPU per event than batching, so its rate stays below the threshold and the rate rule alone
+    never switches it. Records waiting for reports is what saturation looks like at any rate: by Little's law,
+    more than ``batch_above`` × 10 ms of them means answers slower than ``linger.ms`` would make them.
     A request's records all go to one producer, so a batch keeps its order; requests in flight at the same time
     have no order between them anyway, and a client that waits for its 202 before sending again finds its
     earlier event written before the next one is produced, whichever producer takes it.
