@@ -106,7 +106,8 @@ class Settings:
     #: linger.ms of the producer that batches, used while a worker takes over ``batch_above_rate`` requests/s.
     linger_ms: float = 5.0
     #: requests/s per receiver worker above which records are batched; below it a second producer sends each
-    #: record at once (linger.ms 0), so a lightly loaded receiver answers in about one broker round trip.
+    #: record at once (linger.ms 0), so a lightly loaded receiver answers in about one broker round trip. A worker
+    #: also batches while more records wait for their reports than 10 ms of this rate (saturated below it).
     #: 0: always batch (one producer).
     batch_above_rate: float = 4000.0
     #: Kafka clusters (servers + Secret) other than its own that one receiver worker writes to at most: each

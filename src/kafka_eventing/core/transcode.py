@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 from cloudevents.core.bindings.common import CONTENT_TYPE_HEADER
@@ -145,6 +146,8 @@ _SPECIAL = {"time": _S_TIME, "specversion": _S_SPECVERSION, "partitionkey": _S_P
 _MUST_NOT_BE_EMPTY = _NON_EMPTY | {CONTENT_TYPE_HEADER}
 # `int in bytes` is a plain byte scan; `b"%" in value` goes through the buffer protocol (~140 vs ~15 ns).
 _PERCENT = ord("%")
+_REQUIRED = frozenset({"id", "source", "type"})
+_UNSEEN: Any = object()  # a header name not in _ROUTES yet (None there means "not ours to copy")
 
 
 def _route(name: bytes) -> tuple[str, str, int] | None:
@@ -215,7 +218,9 @@ def raw_http_to_kafka(
     try:
         # Every raise below means "not certain": the SDK path decides, so the checks' order does not matter.
         for name, value in raw:
-            route = routes[name] if name in routes else _route(name)
+            route = routes.get(name, _UNSEEN)
+            if route is _UNSEEN:
+                route = _route(name)
             if route is None:
                 continue  # not an attribute (Host, Content-Length, ...)
             attr, header, special = route
@@ -249,7 +254,7 @@ def raw_http_to_kafka(
             out.append((header, value))
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
         return _http_to_kafka_sdk(headers(), body, mode, trace)
-    if specversion != _SPECVERSION_BYTES or not {"id", "source", "type"} <= seen or "datacontenttype" in seen:
+    if specversion != _SPECVERSION_BYTES or not seen >= _REQUIRED or "datacontenttype" in seen:
         return _http_to_kafka_sdk(headers(), body, mode, trace)
     if trace is None:
         if found:  # most requests carry no trace context: no generator to build for them

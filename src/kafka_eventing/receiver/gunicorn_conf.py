@@ -8,10 +8,10 @@ workers running a WSGI app did. Command-line flags override everything here.
 
 from __future__ import annotations
 
-import gc
 import os
 from typing import Any
 
+from kafka_eventing.core.heap import freeze_startup_heap
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.metrics import prepare_multiprocess_dir, worker_exited
 
@@ -27,7 +27,6 @@ keepalive = 75  # longer than common client/LB idle timeouts, so connections are
 timeout = 30
 # In-flight requests may wait a whole produce timeout for their delivery report, then the flush runs.
 graceful_timeout = int(_settings.produce_timeout_seconds * 2 + 5)
-GC_GEN0_THRESHOLD = 20_000
 accesslog = None  # one JSON log line per failure is ours; an access log per event would cost more than it tells
 if _settings.tls_cert_file and _settings.tls_key_file:
     # HTTPS: uvicorn makes each worker's SSL context from these; receiver.server reloads them on rotation.
@@ -42,11 +41,7 @@ def on_starting(server: Any) -> None:
 def post_worker_init(worker: Any) -> None:
     # get_app() has just created this worker's producer (after fork); say so once, without any secret.
     worker.log.info("receiver worker %s ready (producer created in-process)", worker.pid)
-    # Requests allocate many short-lived containers (the SDK's event, futures): with the default threshold (700)
-    # the cyclic GC ran every few requests and scanned the whole startup heap on older passes — ~8 % of a
-    # worker's CPU in the profile. Startup objects are frozen out of collections; young passes run less often.
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+    freeze_startup_heap()  # core/heap.py: the cyclic GC was ~8 % of a worker's CPU before
 
 
 def worker_exit(server: Any, worker: Any) -> None:

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 #: librdkafka's default ``message.max.bytes``; the body limit never exceeds what the producer will send.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 READ_CHUNK = 64 * 1024
+#: Distinct Host values whose sink-or-not answer is remembered: a Service is reached by a handful of names; past
+#: this many (a client making Hosts up) each is worked out per request again.
+_SINK_HOSTS_MAX = 1024
 
 EVENTS = Counter("kafka_receiver_events_total", "Requests answered, by channel and HTTP status.",
                  ["channel", "code"])
@@ -107,6 +110,7 @@ class Ingress:
         self.brokers = brokers
         self.sinks = sinks
         self.sink_service = settings.sink_service.lower()
+        self._sink_hosts: dict[str, bool] = {}
 
     @staticmethod
     def key(req: falcon.asgi.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
@@ -123,7 +127,13 @@ class Ingress:
     def to_sink(self, req: falcon.asgi.Request) -> bool:
         """Whether a ``/<namespace>/<name>`` request is addressed to the sink ingress Service (its Host); asked
         only while KafkaSinks are served."""
-        return is_sink_host(req.get_header("Host") or "", self.sink_service)
+        host = req.get_header("Host") or ""
+        sink = self._sink_hosts.get(host)
+        if sink is None:
+            sink = is_sink_host(host, self.sink_service)
+            if len(self._sink_hosts) < _SINK_HOSTS_MAX:
+                self._sink_hosts[host] = sink
+        return sink
 
     def target(self, key: ChannelKey, by_path: bool = False, sink: bool = False) -> tuple[Channel | None, str]:
         """The KafkaSink, Broker or channel a request goes to, and which kind it is; ``by_path``: the key came
@@ -140,6 +150,12 @@ class Ingress:
         if key is None:
             return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
                                             "or path /<namespace>/<name>"})
+        if not sink:  # the common case, without the kind that only an answer other than the target needs
+            found = self.brokers.get(key) if by_path and self.brokers is not None else None
+            if found is None:
+                found = self.channels.get(key)
+            if found is not None and found.ready:
+                return found
         channel, kind = self.target(key, by_path, sink)
         if channel is None:
             what = kind if sink else "channel or broker" if by_path and self.brokers is not None else "channel"

@@ -86,6 +86,7 @@ class LoopPoller:
         self._stops: dict[int, threading.Event] = {}  # per threaded producer (by id): its thread's own stop
         self.busy_interval, self.idle_interval = busy_interval, idle_interval
         self.outstanding = 0  # records produced whose report has not been served yet
+        self.threaded_outstanding = 0  # the same for the threaded producers (their reports reach the loop later)
         self.thread_id = threading.get_ident()
         self._busy = False
         self._handle: asyncio.TimerHandle | None = None
@@ -193,6 +194,8 @@ class AsyncPending:
             return
         if self.polled:
             self.poller.outstanding -= 1
+        else:
+            self.poller.threaded_outstanding -= 1
         if err is not None and self.error is None:
             self.error = err
         self.remaining -= 1
@@ -214,30 +217,42 @@ class AsyncPending:
 
 class Linger:
     """Which producer takes the next request: the immediate one below ``batch_above`` requests/s, else the
-    batching one.
+    batching one — and the batching one too while more than ``batch_above`` × ``BACKLOG_SECONDS`` records are
+    waiting for their reports, whatever the rate.
 
     The rate is counted per window of ``window`` seconds (loop time) and decided at its end; the way back needs
     the rate below three quarters of ``batch_above``, so a rate near the threshold does not flip every window.
+    The backlog rule is for a worker that cannot reach ``batch_above`` sending at once (a slower host): saturated
+    on the immediate producer, where each record goes alone and each report is handed over by the poll thread,
+    it spends more CPU per event than batching, so its rate stays below the threshold and the rate rule alone
+    never switches it. Records waiting for reports is what saturation looks like at any rate: by Little's law,
+    more than ``batch_above`` × 10 ms of them means answers slower than ``linger.ms`` would make them.
     A request's records all go to one producer, so a batch keeps its order; requests in flight at the same time
     have no order between them anyway, and a client that waits for its 202 before sending again finds its
     earlier event written before the next one is produced, whichever producer takes it.
     """
 
-    __slots__ = ("batch_above", "batching", "count", "started", "window")
+    __slots__ = ("backlog_above", "batch_above", "batching", "count", "started", "window")
+
+    #: how long the records waiting for reports would take at the threshold rate, past which the worker batches
+    BACKLOG_SECONDS = 0.01
 
     def __init__(self, batch_above: float, window: float = 0.1) -> None:
         self.batch_above, self.window = batch_above, window
+        self.backlog_above = batch_above * self.BACKLOG_SECONDS
         self.batching = False
         self.count = 0
         self.started = 0.0
 
-    def batch(self, now: float) -> bool:
-        """Count one request at ``now``; True when it should go to the batching producer."""
+    def batch(self, now: float, waiting: int = 0) -> bool:
+        """Count one request at ``now``; True when it should go to the batching producer. ``waiting``: the
+        worker's records produced and not yet reported."""
         self.count += 1
         elapsed = now - self.started
         if elapsed >= self.window:
             rate = self.count / elapsed
-            self.batching = rate > (0.75 * self.batch_above if self.batching else self.batch_above)
+            self.batching = (rate > (0.75 * self.batch_above if self.batching else self.batch_above)
+                             or waiting > self.backlog_above)
             self.count, self.started = 0, now
         return self.batching
 
@@ -259,7 +274,8 @@ class KafkaSender:
         self.closing = False
 
     def _pick(self, poller: LoopPoller) -> Producer:
-        if self.immediate is None or self.linger is None or self.linger.batch(poller.loop.time()):
+        if self.immediate is None or self.linger is None or self.linger.batch(
+                poller.loop.time(), poller.outstanding + poller.threaded_outstanding):
             return self.producer
         return self.immediate
 
@@ -280,6 +296,8 @@ class KafkaSender:
             if polled:
                 poller.outstanding += 1
                 poller.kick()
+            else:
+                poller.threaded_outstanding += 1
             return pending
         produced = 0
         failed: Result | None = None
@@ -295,6 +313,8 @@ class KafkaSender:
         if polled and produced:
             poller.outstanding += produced
             poller.kick()
+        elif produced:
+            poller.threaded_outstanding += produced
         return failed or pending
 
     def close(self, timeout: float) -> int:

@@ -138,6 +138,23 @@ def test_linger_batches_only_above_its_rate_and_comes_back_below_three_quarters(
     assert not linger.batch(60.0)  # the first request after a quiet minute goes out at once
 
 
+def test_linger_batches_a_backlog_below_its_rate_and_comes_back_once_it_clears() -> None:
+    """A worker too slow to reach the threshold rate sending at once (saturated, its records waiting for their
+    reports) batches anyway; once the records waiting fall back and the rate is low, it sends at once again."""
+    from kafka_eventing.receiver.sender import Linger
+
+    linger = Linger(batch_above=1000, window=0.1)
+    assert linger.backlog_above == 10  # 10 ms of the threshold rate
+
+    def run(rate: float, start: float, seconds: float, waiting: int) -> list[bool]:
+        return [linger.batch(start + i / rate, waiting) for i in range(int(rate * seconds))]
+
+    assert not any(run(600, 0.0, 1.0, waiting=5))  # records answered promptly: at once
+    assert all(run(600, 1.0, 1.0, waiting=200)[100:])  # the same rate with 200 records waiting: batched
+    assert not any(run(600, 2.0, 1.0, waiting=3)[100:])  # the backlog gone: at once again
+    assert run(600, 3.0, 1.0, waiting=11)[-1]  # just past 10 ms of the threshold rate
+
+
 def test_two_producers_take_requests_by_rate_and_both_are_served_and_flushed() -> None:
     import asyncio
     import threading
@@ -161,6 +178,7 @@ def test_two_producers_take_requests_by_rate_and_both_are_served_and_flushed() -
             await asyncio.wait_for(pending.future, 1.0)
             assert pending.result().ok
             assert poller.outstanding == 0  # counted down on the loop, after the thread's hand-off
+            assert poller.threaded_outstanding == 0  # its own count, also down once the report reached the loop
             linger.batching = True  # as after a busy window
             linger.started = poller.loop.time()
             pending = sender.submit_async("t", [KafkaRecord(key=None, value=b"busy", headers=[])], poller)
