@@ -580,14 +580,15 @@ KINDS_1KB = ["bare", "granian", "receiver", "receiver-sink", "receiver-batching"
 
 #: ``BENCH_KINDS=bare,receiver,receiver-sink``: only those servers (bare and receiver are always kept: the summary
 #: is set against them).
-ONLY = {k for k in os.environ.get("BENCH_KINDS", "").split(",") if k} | {"bare", "receiver"}
+_KINDS = {k for k in os.environ.get("BENCH_KINDS", "").split(",") if k}
+ONLY = _KINDS | {"bare", "receiver"} if _KINDS else set()
 
 
 def kinds_for(size: int, rep: int = 0) -> list[str]:
     """The servers of one round, in reversed order on odd rounds: none always runs first (or on a JIT-warm
     Kafka broker, or on a machine whose neighbours have just gone quiet)."""
     kinds = KINDS_1KB if size == 1024 else ["bare", "receiver", "receiver-sink"]
-    kinds = [k for k in kinds if k in ONLY] if len(ONLY) > 2 else kinds
+    kinds = [k for k in kinds if k in ONLY] if ONLY else kinds
     return kinds if rep % 2 == 0 else kinds[::-1]
 
 
