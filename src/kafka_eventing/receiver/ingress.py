@@ -150,12 +150,6 @@ class Ingress:
         if key is None:
             return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
                                             "or path /<namespace>/<name>"})
-        if not sink:  # the common case, without the kind that only an answer other than the target needs
-            found = self.brokers.get(key) if by_path and self.brokers is not None else None
-            if found is None:
-                found = self.channels.get(key)
-            if found is not None and found.ready:
-                return found
         channel, kind = self.target(key, by_path, sink)
         if channel is None:
             what = kind if sink else "channel or broker" if by_path and self.brokers is not None else "channel"
