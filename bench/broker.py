@@ -1,7 +1,7 @@
 """Broker benchmark (`make bench-broker`): the Kafka Broker vs a channel-based broker built from this project's parts.
 
 Both carry the same load to the same 10 Triggers (mixed filters: attributes, exact, prefix, suffix, cesql, any,
-all, not, none) on one local Kafka node, side by side in one run:
+all, not, none; ``--e2e-triggers 100`` repeats each 10 times) on one local Kafka node, side by side in one run:
 
 - **broker**: client → receiver (``/<ns>/<broker>``, gunicorn) → Kafka → Broker dispatcher (one shared read
   fanned out to the Triggers, filters applied in the dispatcher) → subscriber;
@@ -96,8 +96,13 @@ def event_attributes(seq: int) -> dict[str, str]:
             "seq": str(seq), "datacontenttype": "application/json"}
 
 
-def compiled_filters() -> list[Filter]:
-    return [compile_trigger(spec) for spec in TRIGGERS]
+def trigger_specs(n: int) -> list[dict[str, Any]]:
+    """``n`` end-to-end Triggers: the 10 mixed specs in turn (100 Triggers are each spec 10 times)."""
+    return [TRIGGERS[i % len(TRIGGERS)] for i in range(n)]
+
+
+def compiled_filters(n: int = len(TRIGGERS)) -> list[Filter]:
+    return [compile_trigger(spec) for spec in trigger_specs(n)]
 
 
 def expected_deliveries(filters: list[Filter], first: int, count: int) -> int:
@@ -192,9 +197,9 @@ def serve_forward(port: int, target: str) -> None:
     _serve_hop(port, "/{tail:.*}", lambda _request: target)
 
 
-def serve_filters(port: int, sink: str) -> None:
+def serve_filters(port: int, sink: str, triggers: int) -> None:
     """The channel-based broker's filter hops: ``/t<i>`` applies Trigger i's filter and forwards a match."""
-    filters = compiled_filters()
+    filters = compiled_filters(triggers)
 
     def target_of(request: Any) -> str | None:
         index = int(request.match_info["index"])
@@ -382,8 +387,9 @@ def dialected(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"cesql": {"expression": value}}
 
 
-def start_peer_broker(node: KafkaNode, workdir: Path, procs: Procs, sink: str, rnd: int) -> str:
-    """Knative's Java receiver and Broker dispatcher for the Broker and the 10 Triggers, on a fresh topic (so the
+def start_peer_broker(node: KafkaNode, workdir: Path, procs: Procs, sink: str, *, rnd: int,
+                      specs: list[dict[str, Any]]) -> str:
+    """Knative's Java receiver and Broker dispatcher for the Broker and its Triggers, on a fresh topic (so the
     Triggers' groups start at its beginning, where the control plane would have committed the end); returns the
     ingress URL."""
     import peer
@@ -394,7 +400,7 @@ def start_peer_broker(node: KafkaNode, workdir: Path, procs: Procs, sink: str, r
     for fut in admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)]).values():
         fut.result(timeout=30)
     egresses = []
-    for i, spec in enumerate(TRIGGERS):
+    for i, spec in enumerate(specs):
         eg = peer.egress(f"{sink}/t{i}", group=f"knative-trigger-{NS}-t{i}", ordered=False, namespace=NS,
                          trigger=f"t{i}")
         if "filter" in spec:
@@ -412,10 +418,10 @@ def start_peer_broker(node: KafkaNode, workdir: Path, procs: Procs, sink: str, r
 
 
 def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: str, *,
-                 rnd: int = 0) -> tuple[str, list[str]]:
+                 specs: list[dict[str, Any]], rnd: int = 0) -> tuple[str, list[str]]:
     """Start one system's processes; returns its ingress URL and the names of its eventing processes."""
     if kind == "peer":
-        return start_peer_broker(node, workdir, procs, sink, rnd), ["peer-receiver", "peer-dispatcher"]
+        return start_peer_broker(node, workdir, procs, sink, rnd=rnd, specs=specs), ["peer-receiver", "peer-dispatcher"]
     receiver_port, dispatcher_port = free_port(), free_port()
     hops = forward = 0
     config = workdir / f"{kind}.yaml"
@@ -429,17 +435,17 @@ def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: 
         docs += [{"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
                   "metadata": {"name": f"t{i}", "namespace": NS},
                   "spec": {"broker": BROKER, **spec, "subscriber": {"uri": f"{sink}/t{i}"}}}
-                 for i, spec in enumerate(TRIGGERS)]
+                 for i, spec in enumerate(specs)]
         extra = {"KE_BROKER_NAMESPACE": NS, "KE_BROKER_NAME": BROKER}
     else:
         hops = free_port()
         procs.start("filters", [sys.executable, __file__, "--serve", "filters", "--port", str(hops),
-                                "--target", sink])
+                                "--target", sink, "--e2e-triggers", str(len(specs))])
         docs = [{"apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel",
                  "metadata": {"name": CHANNEL, "namespace": NS},
                  "spec": {"numPartitions": PARTITIONS,
                           "subscribers": [{"uid": f"t{i}", "subscriberUri": f"http://127.0.0.1:{hops}/t{i}"}
-                                          for i in range(len(TRIGGERS))]}}]
+                                          for i in range(len(specs))]}}]
         forward = free_port()
         procs.start("forward", [sys.executable, __file__, "--serve", "forward", "--port", str(forward),
                                 "--target", f"http://127.0.0.1:{receiver_port}/{NS}/{CHANNEL}"])
@@ -462,7 +468,7 @@ def start_system(kind: str, node: KafkaNode, workdir: Path, procs: Procs, sink: 
 
 
 def trigger_paths(filters: list[Filter], first: int, count: int) -> dict[str, int]:
-    """Events each of the 10 Triggers' subscriber paths must get for events ``first`` .. ``first + count - 1``."""
+    """Events each Trigger's subscriber path must get for events ``first`` .. ``first + count - 1``."""
     return {f"/t{i}": sum(f.matches(event_attributes(seq)) for seq in range(first, first + count))
             for i, f in enumerate(filters)}
 
@@ -495,7 +501,8 @@ def measure_round(kind: str, node: KafkaNode, workdir: Path, sink: str, *, filte
     """One round for one system, on fresh processes: a warm-up, a closed-loop run and an open-loop run."""
     procs = Procs(workdir)
     try:
-        ingress, names = start_system(kind, node, workdir, procs, sink, rnd=rnd)
+        ingress, names = start_system(kind, node, workdir, procs, sink, rnd=rnd,
+                                      specs=trigger_specs(args.e2e_triggers))
         # Warm-up, the same closed loop for every side and not measured: every Trigger has delivered, every code
         # path ran, and the peer's JIT has compiled its hot paths before anything is timed.
         get_json(f"{sink}/reset")
@@ -539,7 +546,7 @@ def sweep(node: KafkaNode, workdir: Path, sink: str, *, filters: list[Filter], r
     procs = Procs(workdir)
     out = []
     try:
-        ingress, _names = start_system("broker", node, workdir, procs, sink)
+        ingress, _names = start_system("broker", node, workdir, procs, sink, specs=trigger_specs(len(filters)))
         get_json(f"{sink}/reset")
         asyncio.run(post_events(ingress, seq, 300, concurrency=8))
         wait_delivered(sink, expected_deliveries(filters, seq, 300), procs, 120)
@@ -840,6 +847,10 @@ def main() -> int:
     parser.add_argument("--peer", action="store_true",
                         help="also Knative's Java Broker data plane (make peer builds it): in the drains its "
                              "dispatcher, end to end its receiver and dispatcher")
+    parser.add_argument("--e2e-triggers", type=int, default=len(TRIGGERS),
+                        help="Triggers of the end-to-end runs: the 10 mixed specs in turn (100: each 10 times)")
+    parser.add_argument("--skip-channel", action="store_true",
+                        help="end to end, no channel-based broker (its filter hops do not scale to 100 Triggers)")
     parser.add_argument("--name", default=None, help="results file name under docs/benchmarks (default: broker, "
                                                      "broker-drain with --skip-e2e, broker-backlog for a backlog run)")
     args = parser.parse_args()
@@ -850,15 +861,15 @@ def main() -> int:
         serve_forward(args.port, args.target)
         return 0
     if args.serve == "filters":
-        serve_filters(args.port, args.target)
+        serve_filters(args.port, args.target, args.e2e_triggers)
         return 0
 
     workdir = ROOT / ".cache" / "bench-broker"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    filters = compiled_filters()
+    filters = compiled_filters(args.e2e_triggers)
     facts = machine_facts(["confluent-kafka", "aiohttp", "uvloop", "gunicorn", "falcon", "cloudevents"],
-                          kafka=KAFKA_VERSION, partitions=PARTITIONS, triggers=len(TRIGGERS))
+                          kafka=KAFKA_VERSION, partitions=PARTITIONS, triggers=args.e2e_triggers)
     if args.peer:
         import peer
 
@@ -869,8 +880,8 @@ def main() -> int:
     result: dict[str, Any] = {"machine": facts, "settings": {k: v for k, v in vars(args).items()
                                                              if k not in ("serve", "port", "target")},
                               "triggers": TRIGGERS,
-                              "match_fraction": expected_deliveries(filters, 0, 1000) / 1000 / len(TRIGGERS)}
-    result["filter_cost"] = filter_cost(filters)
+                              "match_fraction": expected_deliveries(filters, 0, 1000) / 1000 / len(filters)}
+    result["filter_cost"] = filter_cost(compiled_filters())
     node = KafkaNode(workdir / "kafka", heap="768m")
     sink_procs = Procs(workdir)
     sink_port = free_port()
@@ -891,7 +902,7 @@ def main() -> int:
             result["drain"] = run_drains(args, node, workdir, sink)
         if not args.skip_e2e:
             seq = 0
-            kinds = ["broker", "channel"] + (["peer"] if args.peer else [])
+            kinds = ["broker"] + ([] if args.skip_channel else ["channel"]) + (["peer"] if args.peer else [])
             rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
             for rnd in range(args.repeats):
                 for kind in rounds_order(kinds, rnd):
@@ -962,7 +973,7 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         out["10 -> 100 Triggers CPU/delivery growth <= 1.3"] = {
             "whole": f100["cpu_us_per_delivery"] / f10["cpu_us_per_delivery"],
             "steady": f100["steady_cpu_us_per_delivery"] / f10["steady_cpu_us_per_delivery"]}
-    if "broker" in result:
+    if "broker" in result and "channel" in result:
         b, c = result["broker"]["medians"], result["channel"]["medians"]
         out["open loop p99 <= 10 ms and below the channel-based broker's"] = {
             "broker_p99_ms": b["p99_ms"], "broker_steady_p99_ms": b["steady_p99_ms"], "channel_p99_ms": c["p99_ms"],
@@ -1024,7 +1035,7 @@ def plot(result: dict[str, Any], name: str) -> None:
                 vals = [r["cpu_us_per_delivered"] for r in result[k]["runs"]]
                 ax.scatter([i] * len(vals), vals, color="black", s=8, zorder=3)
             ax.set_xticks(range(len(e2e)), [labels[k] for k in e2e])
-            ax.set_title("end to end: CPU µs per delivery", fontsize=9)
+            ax.set_title(f"end to end, {result['machine']['triggers']} Triggers: CPU µs per delivery", fontsize=9)
         elif panel == "e2e_latency":
             width = 0.35
             for j, q in enumerate(("p50_ms", "p99_ms")):
@@ -1032,7 +1043,8 @@ def plot(result: dict[str, Any], name: str) -> None:
                        label=q.replace("_ms", ""), color=["#6a9f58", "#a05a9f"][j])
             ax.set_xticks([i + width / 2 for i in range(len(e2e))], [labels[k] for k in e2e])
             ax.set_yscale("log")
-            ax.set_title(f"latency at {result['settings']['rate']:.0f} events/s (ms, medians)", fontsize=9)
+            ax.set_title(f"latency at {result['settings']['rate']:.0f} events/s × {result['machine']['triggers']} "
+                         "Triggers (ms, medians)", fontsize=9)
             ax.legend(fontsize=7)
         elif panel == "sweep":
             rates = [r["rate"] for r in result["sweep"]]
