@@ -548,6 +548,52 @@ def peer_count(count: int | None, ordered: bool, polls: int, args: argparse.Name
     return int(args.ordered_count if ordered else args.count)
 
 
+def ordered_against_peer(node: KafkaNode, workdir: Path, sink: SinkProcess, topic: str, *, args: argparse.Namespace,
+                         partitions: int) -> dict[str, Any]:
+    """Ours ordered and the peer ordered at ``max.poll.records`` 500 on the same backlog, ``--repeats`` rounds,
+    the order alternated: rate and CPU per event over the measured drain and the whole run, medians."""
+    produce(node, topic, 0, 2 * args.ordered_count, args.size)
+    runs: dict[str, list[dict[str, Any]]] = {"dispatcher_ordered": [], "peer_ordered_500": []}
+    for rep in range(args.repeats):
+        for key in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            out = dispatcher_rate(node, workdir, sink, topic, args.ordered_count, ordered=True,
+                                  max_in_flight=args.in_flight, partitions=partitions,
+                                  peer_max_poll_records=500 if key.startswith("peer") else None)
+            runs[key].append(out)
+            print(f"  {key}: {out['rate']:.0f}/s, {out['cpu_us_per_event']:.0f} CPU µs/event "
+                  f"(whole run {out['cpu_us_per_event_whole_run']:.0f}), exactly once {out['exactly_once']}, "
+                  f"load {out['load_average'][0]}", flush=True)
+    fields = ("rate", "cpu_us_per_event", "rate_whole_run", "cpu_us_per_event_whole_run", "rss_mib")
+    med = {k: {f: median([r[f] for r in v]) for f in fields} for k, v in runs.items()}
+    ours, theirs = med["dispatcher_ordered"], med["peer_ordered_500"]
+    result = {"runs": runs, "medians": med,
+              "exactly_once": all(r["exactly_once"] for v in runs.values() for r in v),
+              "vs_peer_500": {f: ours[f] / theirs[f] for f in fields}}
+    print(json.dumps(result["vs_peer_500"], indent=2), flush=True)
+    return result
+
+
+def plot_ordered(result: dict[str, Any], name: str) -> None:
+    fig, axes = new_figure(ncols=2, width=4.5)
+    sides = list(result["runs"])
+    for ax, (field, title) in zip(axes[0], (("cpu_us_per_event", "CPU µs per event"), ("rate", "events/s")),
+                                  strict=True):
+        width = 0.4
+        for j, (key, label) in enumerate(((field, "measured drain"), (f"{field}_whole_run" if field != "rate"
+                                                                        else "rate_whole_run", "whole run"))):
+            xs = [i + j * width for i in range(len(sides))]
+            ax.bar(xs, [result["medians"][s][key] for s in sides], width, label=label,
+                   color=["#4878a8", "#9ab8d8"][j])
+            for x, side in zip(xs, sides, strict=True):
+                vals = [r[key] for r in result["runs"][side]]
+                ax.scatter([x] * len(vals), vals, color="black", s=8, zorder=3)
+        ax.set_xticks([i + width / 2 for i in range(len(sides))], ["ours, ordered", "Java peer, ordered (500)"])
+        ax.set_title(f"ordered drain, {result['settings']['ordered_count']:,} events: {title}\n"
+                     "(medians; dots: runs)", fontsize=9)
+        ax.legend(fontsize=7)
+    save_png(fig, name)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -566,6 +612,9 @@ def main() -> int:
     parser.add_argument("--dispatcher-env", action="append", default=[], metavar="K=V",
                         help="extra environment for the dispatcher processes (e.g. KE_QUEUED_MAX_MESSAGES_KBYTES=1024)")
     parser.add_argument("--rss-only", action="store_true", help="skip the rate runs (for tuning memory)")
+    parser.add_argument("--ordered-only", action="store_true",
+                        help="only ours ordered against the peer ordered (max.poll.records 500), --ordered-count "
+                             "events each, alternated; writes docs/benchmarks/dispatcher-ordered.json")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
@@ -591,6 +640,14 @@ def main() -> int:
     try:
         topic = "bench.rates"
         create_topic(node, topic, partitions)
+        if args.ordered_only:
+            if peer_missing:
+                raise SystemExit(f"--ordered-only: {peer_missing}")
+            result.update(ordered_against_peer(node, workdir, sink, topic, args=args, partitions=partitions))
+            result["machine"]["load_average_at_end"] = list(os.getloadavg())
+            write_json(f"{NAME}-ordered", result)
+            plot_ordered(result, f"{NAME}-ordered")
+            return 0
         if args.rss_only:
             args.count, args.repeats = 0, 0
         slow_count = max(args.slow_in_flight * 100 * 5, 2000)
