@@ -29,6 +29,7 @@ from typing import Any
 
 from _common import (
     CLK_TCK,
+    ROOT,
     machine_cpu_ticks,
     machine_facts,
     median,
@@ -48,7 +49,7 @@ from kafka_eventing.reprocess.archive import PARTITION_COLUMNS, run_archive
 from kafka_eventing.reprocess.events import decode_batch
 from kafka_eventing.reprocess.kafka_options import spark_kafka_options
 from kafka_eventing.reprocess.replay import TopicTarget, run_replay
-from kafka_eventing.reprocess.session import build_session
+from kafka_eventing.reprocess.session import build_session, connector_jars
 from kafka_eventing.reprocess.sources import read_topic
 
 PARTITIONS = 4
@@ -204,6 +205,12 @@ def main() -> int:
                              "1 core each, e.g. 1,2; --cores '' runs only these and the baseline")
     parser.add_argument("--name", default="spark", help="docs/benchmarks/<name>.json and .png")
     args = parser.parse_args()
+    # The connector jars are found under $KE_CACHE (`make` exports it), and every Spark process here, the driver
+    # included, binds and advertises loopback only.
+    os.environ.setdefault("KE_CACHE", str(ROOT / ".cache"))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if not connector_jars(None):
+        raise SystemExit(f"the Spark Kafka connector is not in {os.environ['KE_CACHE']}: run `make setup`")
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     need = 3 * args.events * (args.size + 300)  # Kafka log + the largest output + slack
