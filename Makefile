@@ -116,7 +116,7 @@ test-cluster: cluster-images cluster-spark-image ## The chart and the overlay on
 	  tests/e2e/test_cluster_spark.py -q -m cluster
 
 .PHONY: test-kind
-test-kind: cluster-images kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, ct install (tests/e2e/test_kind*.py); fails, never skips.
+test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q -m kind
 
 .PHONY: test-e2e

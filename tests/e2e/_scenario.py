@@ -22,15 +22,19 @@ RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]}}
 # The subscriber pod: a stdlib HTTP server run from the receiver image (no sink image to pull), one JSON line per
-# event on stdout.
+# event on stdout: its id, type and data as text for the scenario's checks, and the request as it came (path, the
+# CloudEvent headers, the body in base64) for checks that compare whole events.
 SINK = """
-import http.server, json, sys, threading
+import base64, http.server, json, sys, threading
 lock = threading.Lock()
 class Sink(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        headers = {k.lower(): v for k, v in self.headers.items()
+                   if k.lower().startswith("ce-") or k.lower() == "content-type"}
         line = json.dumps({"id": self.headers.get("ce-id"), "type": self.headers.get("ce-type"),
-                           "data": body.decode(errors="replace")})
+                           "data": body.decode(errors="replace"), "path": self.path, "headers": headers,
+                           "body": base64.b64encode(body).decode()})
         with lock:
             sys.stdout.write(line + "\\n")
             sys.stdout.flush()
@@ -117,7 +121,7 @@ def sink_container(image: str, pull_policy: str) -> dict[str, Any]:
             "resources": {"limits": {"memory": "64Mi"}}}
 
 
-def sink_events(kube: Kube, resource: str, namespace: str = APP_NS) -> list[dict[str, str]]:
+def sink_events(kube: Kube, resource: str, namespace: str = APP_NS) -> list[dict[str, Any]]:
     """The events the sink of ``resource`` (``sink`` for the pod, ``deployment/sink``) logged, in order."""
     logs = kube.kubectl("logs", resource, "-n", namespace, check=False).stdout
     return [json.loads(line) for line in logs.splitlines() if line.startswith("{")]

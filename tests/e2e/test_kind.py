@@ -5,7 +5,8 @@ with no route out, started here and stopped at the end; kind, kubectl, helm and 
 node image is ``make kind-image``'s (hack/kind/node-image.sh: Debian packages and Go modules, no registry), the role
 images and the curl image of ``helm test`` are the archive ``make cluster-images`` saves, the Kafka image is built
 from the Kafka jars ``make setup`` fetched (hack/kind/kafka-image.sh), Knative's wathola prober is one image archive
-of the binaries ``make setup`` built (tests/e2e/_life.py); all go in with ``kind load``.
+of the binaries ``make setup`` built (tests/e2e/_life.py), the Spark image is ``make cluster-spark-image``'s archive;
+all go in with ``kind load``.
 
 Scenario (one kind cluster, static bridge CNI, cluster DNS and kube-proxy Services):
 a single-node KRaft Kafka in the cluster with a PLAINTEXT listener (Service ``kafka``, the chart's ci default) and a
@@ -22,7 +23,11 @@ wathola senders posting a numbered step every 10 ms to the KafkaChannel's and th
 a wathola receiver behind each, through ``helm install`` of the previous chart version with the Strimzi preset →
 ``helm upgrade`` → a values change rolling every pod → ``helm rollback``; wathola-fetcher's report must say success,
 nothing missing (duplicates printed), and the uninstall leave nothing. Then ``ct install`` (install, ``helm test``,
-uninstall) of the chart with every ci values file this cluster can serve. ``kind delete cluster``; the engine
+uninstall) of the chart with every ci values file this cluster can serve. Then the reprocess jobs on Spark executor
+pods (tests/e2e/_spark_pods.py, shared with the real-pod tier): the chart's archive and replay with
+``reprocess.cluster`` on, the driver reaching the API server by the ``kubernetes`` Service's name, equal to local mode;
+an executor pod killed mid-archive and one killed mid-replay (the folder the jobs write is a host folder mounted into
+the node at the same path, so the test reads the archive and the journals). ``kind delete cluster``; the engine
 stopped; the test itself checks that the host keeps its sysctls and has no new mount, process, cgroup, network
 interface or network namespace, also after a failure (tests/e2e/test_kind_crash.py: after a crashed engine too).
 """
@@ -46,6 +51,7 @@ import pytest
 import yaml
 
 from e2e import _life as life
+from e2e import _spark_pods as spark_pods
 from e2e._life import RELEASE, previous_chart, release
 from e2e._scenario import (
     APP_NS,
@@ -89,6 +95,8 @@ CHART = life.CHART
 KAFKA_NS = "kafka"
 SCRAM_USER = "kafka-eventing"
 PARTITIONS = 3
+#: `make cluster-spark-image`'s archive: the reprocess jobs' image, loaded with the role images.
+SPARK_IMAGE = kc.workdir() / "spark" / "kafka-eventing-spark.tar"
 # What an unrelated process may change on the host while the test runs: counters, never settings.
 VOLATILE_SYSCTLS = ("fs/dentry-state", "fs/file-nr", "fs/inode-nr", "fs/inode-state", "fs/aio-nr", "kernel/random/",
                     "kernel/ns_last_pid", "kernel/pty/nr", "fs/quota/", "net/netfilter/nf_conntrack_count")
@@ -207,6 +215,7 @@ class Kind:
     state: dict[str, Any]
     kubeconfig: Path
     images: dict[str, str]
+    shared: Path  # a host folder the node has at the same path (the Spark jobs' hostPath volume)
 
     @property
     def env(self) -> dict[str, str]:
@@ -253,17 +262,22 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
     archives = kc.image_archives()
     assert archives, f"no image archive in {kc.workdir() / 'images'}: run `make cluster-images`"
     images = role_images(kc.archive_refs(archives))
+    assert SPARK_IMAGE.exists(), f"{SPARK_IMAGE} missing: run `make cluster-spark-image`"
+    (images["spark"],) = kc.archive_refs([SPARK_IMAGE])
     with phase("node image (hash check)"):
         node_image = _script("node-image.sh", engine)
     with phase("Kafka image"):
         images["kafka"] = _script("kafka-image.sh", engine)
     work = tmp_path_factory.mktemp("kind")
-    cluster = Kind(f"ke-{uuid.uuid4().hex[:6]}", engine, work / "kubeconfig", images)
+    shared = tmp_path_factory.mktemp("kind-shared")
+    cluster = Kind(f"ke-{uuid.uuid4().hex[:6]}", engine, work / "kubeconfig", images, shared)
     config = {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4",
               # The node image's static bridge CNI stands in for kindnetd; the API server port stays on the
               # namespace's loopback.
               "networking": {"disableDefaultCNI": True, "apiServerAddress": "127.0.0.1"},
-              "nodes": [{"role": "control-plane"}]}
+              # The Spark jobs' output and run folders, which the test reads: at the same path in the node.
+              "nodes": [{"role": "control-plane",
+                         "extraMounts": [{"hostPath": str(shared), "containerPath": str(shared)}]}]}
     (work / "kind.yaml").write_text(yaml.safe_dump(config))
     t0 = time.monotonic()
     try:
@@ -275,7 +289,7 @@ def kind(engine: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> It
         life.wathola_archive(work / "wathola.tar")
         kind_load = [str(tool_path("kind")), "load"]
         loads = [[*kind_load, "image-archive", str(archive), "--name", cluster.name]
-                 for archive in [*archives, work / "wathola.tar"]]
+                 for archive in [*archives, work / "wathola.tar", SPARK_IMAGE]]
         loads.append([*kind_load, "docker-image", images["kafka"], "--name", cluster.name])
         # Side by side: each is a copy into the node and a containerd import, mostly waiting on the disk.
         with phase("kind load"), ThreadPoolExecutor(len(loads)) as pool:
@@ -702,3 +716,33 @@ def test_ct_install(kind: Kind, kafka: dict[str, str], tmp_path: Path) -> None:
     assert set(_chart_objects(kind)) - before == set(), "ct install left objects of the chart"
     left = [ns for ns in get(kind, "namespaces")["items"] if ns["metadata"]["name"].startswith(CHART.name)]
     assert left == [], f"ct install left namespaces {[ns['metadata']['name'] for ns in left]}"
+
+
+# ---------------------------------------------------------------------------------------------- Spark executor pods
+
+
+@pytest.fixture
+def spark_tier(kind: Kind, kafka: dict[str, str]) -> spark_pods.Tier:
+    """The reprocess jobs on kind (tests/e2e/_spark_pods.py): the chart's default master (the ``kubernetes`` Service
+    by cluster DNS, as in a real install), Kafka and the sink pod by Service name."""
+    return spark_pods.Tier(kind, kind.images["spark"], kind.images["receiver"], f"kafka.{KAFKA_NS}.svc:9092", None,
+                           kind.shared, lambda pod: f"http://{spark_pods.SINK_POD}.{spark_pods.NS}.svc.cluster.local")
+
+
+def test_spark_archive_and_replay_on_executor_pods_match_local_mode(spark_tier: spark_pods.Tier, spark: Any) -> None:
+    with phase("Spark: archive and replay on executor pods and in local mode"):
+        spark_pods.archive_and_replay_match_local_mode(spark_tier, spark)
+
+
+def test_spark_a_killed_executor_pod_is_replaced_and_the_archive_is_still_exact(
+    spark_tier: spark_pods.Tier, spark: Any,
+) -> None:
+    with phase("Spark: an executor pod killed mid-archive"):
+        spark_pods.killed_executor_mid_archive(spark_tier, spark)
+
+
+def test_spark_an_executor_pod_killed_mid_replay_loses_nothing_and_its_resends_are_in_the_manifest(
+    spark_tier: spark_pods.Tier,
+) -> None:
+    with phase("Spark: an executor pod killed mid-replay"):
+        spark_pods.killed_executor_mid_replay(spark_tier)
