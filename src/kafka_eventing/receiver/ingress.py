@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -138,19 +139,22 @@ class Ingress:
             self.routes = self._build_routes()
 
     def _build_routes(self) -> Routes:
-        def route(target: Channel, kind: str) -> Channel | Answer:
-            if target.ready:
-                return target
-            return self.unavailable(f"{kind} {target.namespace}/{target.name} is not ready: "
-                                    f"{target.reason or 'unknown'}")
+        """Each form of address's table, from ``target()`` (which decides what an address leads to) for every key
+        the sources hold."""
 
-        host = {key: route(c, "channel") for key, c in self.channels.snapshot().items()}
-        path = dict(host)
-        if self.brokers is not None:  # a Broker's only address is its path: it comes before a channel there
-            path.update((key, route(b, "broker")) for key, b in self.brokers.snapshot().items())
-        sink = ({key: route(s, "KafkaSink") for key, s in self.sinks.snapshot().items()}
-                if self.sinks is not None else {})
-        return Routes(host, path, sink)
+        def table(keys: Iterable[ChannelKey], by_path: bool, sink: bool) -> dict[ChannelKey, Channel | Answer]:
+            out: dict[ChannelKey, Channel | Answer] = {}
+            for key in keys:
+                target, kind = self.target(key, by_path, sink)
+                if target is not None:
+                    out[key] = target if target.ready else self.unavailable(
+                        f"{kind} {key[0]}/{key[1]} is not ready: {target.reason or 'unknown'}")
+            return out
+
+        channels = self.channels.snapshot().keys()
+        brokers = self.brokers.snapshot().keys() if self.brokers is not None else set()
+        sinks = self.sinks.snapshot().keys() if self.sinks is not None else set()
+        return Routes(table(channels, False, False), table(channels | brokers, True, False), table(sinks, True, True))
 
     @staticmethod
     def key(req: falcon.asgi.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
