@@ -127,10 +127,12 @@ class Ingress:
         self.sink_service = settings.sink_service.lower()
         self._sink_hosts: dict[str, bool] = {}
         self._routes_lock = threading.Lock()
-        self.routes = self._build_routes()
+        self.routes = Routes({}, {}, {})
+        # Subscribed before the first build: a set published in between is then built again, never missed.
         for source in (channels, brokers, sinks):
             if source is not None:
                 source.subscribe(self._sources_changed)
+        self._sources_changed(None)
 
     def _sources_changed(self, _snapshot: object) -> None:
         # Sources publish on their own threads: under the lock, the last build reads every source's newest set.
