@@ -55,6 +55,10 @@ AsgiApp = falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]
 class ChannelResource:
     """POST an event (or batch) to a channel; OPTIONS for the CloudEvents webhook handshake."""
 
+    #: whether an EventPolicy's filters may be waiting in ``req.context`` (set by create_app when authentication
+    #: is on): without it a request does not look for them.
+    event_checks = False
+
     def __init__(self, ingress: Ingress) -> None:
         self.ingress = ingress
         self._poller: LoopPoller | None = None
@@ -121,10 +125,11 @@ class ChannelResource:
         records = ingress.decode(channel, req, body)
         if isinstance(records, Answer):
             return records
-        check = getattr(req.context, "event_check", None)  # an EventPolicy's filters (receiver.auth)
-        if check is not None and not check(records):
-            return Answer(falcon.HTTP_403, {"error": "the event does not pass the filters of the EventPolicies "
-                                                     "that allow its sender"})
+        if self.event_checks:
+            check = getattr(req.context, "event_check", None)  # an EventPolicy's filters (receiver.auth)
+            if check is not None and not check(records):
+                return Answer(falcon.HTTP_403, {"error": "the event does not pass the filters of the "
+                                                         "EventPolicies that allow its sender"})
         # The target's Kafka cluster: the receiver's own for nearly every request, with no lookup at all. Taken
         # here, with no await before the produce, so a connection closed meanwhile is never written to.
         connection = channel.connection
@@ -251,6 +256,7 @@ def create_app(
     middleware: list[object] = [_Shutdown(resource)]
     if verifier is not None:  # only then: without authentication a request meets no middleware at all
         middleware.append(AuthMiddleware(verifier, resource.ingress, resource, policies))
+        resource.event_checks = True
     app: AsgiApp = falcon.asgi.App(middleware=middleware)  # type: ignore[arg-type]
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(falcon.HTTPError, JsonErrors())

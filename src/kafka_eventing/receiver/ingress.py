@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import falcon
 import falcon.asgi
@@ -99,6 +101,19 @@ def _cannot_write(exc: Exception) -> Answer:
     return Answer(falcon.HTTP_400, {"error": f"event cannot be written to Kafka: {exc}"})
 
 
+class Routes(NamedTuple):
+    """What each form of address leads to, one dict per form, so that finding a request's target is one dictionary
+    access: a ready target, or the 503 answer of one that is not ready. The sources are read only when they change.
+    """
+
+    #: ``<name>-kn-channel.<namespace>.svc...``: KafkaChannels
+    host: dict[ChannelKey, Channel | Answer]
+    #: ``/<namespace>/<name>``: a Broker of that name, else the KafkaChannel
+    path: dict[ChannelKey, Channel | Answer]
+    #: ``/<namespace>/<name>`` on the sink ingress Service: KafkaSinks
+    sink: dict[ChannelKey, Channel | Answer]
+
+
 class Ingress:
     """What a POST does, apart from reading the body and waiting for Kafka."""
 
@@ -111,6 +126,37 @@ class Ingress:
         self.sinks = sinks
         self.sink_service = settings.sink_service.lower()
         self._sink_hosts: dict[str, bool] = {}
+        self._routes_lock = threading.Lock()
+        self.routes = Routes({}, {}, {})
+        # Subscribed before the first build: a set published in between is then built again, never missed.
+        for source in (channels, brokers, sinks):
+            if source is not None:
+                source.subscribe(self._sources_changed)
+        self._sources_changed(None)
+
+    def _sources_changed(self, _snapshot: object) -> None:
+        # Sources publish on their own threads: under the lock, the last build reads every source's newest set.
+        # The new tables replace the old as one object, so a request sees either, never a mix.
+        with self._routes_lock:
+            self.routes = self._build_routes()
+
+    def _build_routes(self) -> Routes:
+        """Each form of address's table, from ``target()`` (which decides what an address leads to) for every key
+        the sources hold."""
+
+        def table(keys: Iterable[ChannelKey], by_path: bool, sink: bool) -> dict[ChannelKey, Channel | Answer]:
+            out: dict[ChannelKey, Channel | Answer] = {}
+            for key in keys:
+                target, kind = self.target(key, by_path, sink)
+                if target is not None:
+                    out[key] = target if target.ready else self.unavailable(
+                        f"{kind} {key[0]}/{key[1]} is not ready: {target.reason or 'unknown'}")
+            return out
+
+        channels = self.channels.snapshot().keys()
+        brokers = self.brokers.snapshot().keys() if self.brokers is not None else set()
+        sinks = self.sinks.snapshot().keys() if self.sinks is not None else set()
+        return Routes(table(channels, False, False), table(channels | brokers, True, False), table(sinks, True, True))
 
     @staticmethod
     def key(req: falcon.asgi.Request, namespace: str | None, name: str | None) -> ChannelKey | None:
@@ -150,13 +196,12 @@ class Ingress:
         if key is None:
             return Answer(falcon.HTTP_404, {"error": "no channel: use Host <name>-kn-channel.<namespace>.svc "
                                             "or path /<namespace>/<name>"})
-        channel, kind = self.target(key, by_path, sink)
-        if channel is None:
-            what = kind if sink else "channel or broker" if by_path and self.brokers is not None else "channel"
+        routes = self.routes
+        found = (routes.sink if sink else routes.path if by_path else routes.host).get(key)
+        if found is None:
+            what = "KafkaSink" if sink else "channel or broker" if by_path and self.brokers is not None else "channel"
             return Answer(falcon.HTTP_404, {"error": f"{what} {key[0]}/{key[1]} not found"})
-        if not channel.ready:
-            return self.unavailable(f"{kind} {key[0]}/{key[1]} is not ready: {channel.reason or 'unknown'}")
-        return channel
+        return found
 
     def decode(self, channel: Channel, req: falcon.asgi.Request, body: bytes) -> list[KafkaRecord] | Answer:
         """Body + headers → the Kafka records of one event or of a whole batch (all valid, or a 400)."""

@@ -53,6 +53,45 @@ def test_path_reaches_the_broker_and_host_the_channel_of_the_same_name() -> None
         sender.close(1.0)
 
 
+class Publishing(FakeChannels):
+    """A source that tells its subscribers of each new set, as the file and kube sources do."""
+
+    def __init__(self, *channels: Channel) -> None:
+        super().__init__(*channels)
+        self.callbacks: list[Any] = []
+
+    def subscribe(self, callback: Any) -> None:
+        self.callbacks.append(callback)
+
+    def publish(self, *channels: Channel) -> None:
+        self.channels = {c.key: c for c in channels}
+        for callback in self.callbacks:
+            callback(self.snapshot())
+
+
+def test_the_routes_follow_what_the_sources_publish() -> None:
+    # The request path reads tables built from the sources; a new set replaces them at once.
+    producer = FakeProducer()
+    brokers = Publishing()
+    client, sender = make(producer, brokers)
+    try:
+        assert post(client, "/shop/orders").status_code == 202  # the channel, while no Broker has the name
+        assert producer.produced[-1].topic == "shop.orders"
+        brokers.publish(NOT_READY, Channel("shop", "orders", BROKER.topic, ready=False, reason="no topic yet"))
+        cold = post(client, "/shop/orders")
+        assert cold.status_code == 503 and "broker shop/orders is not ready: no topic yet" in cold.json["error"]
+        brokers.publish(BROKER, NOT_READY)
+        assert post(client, "/shop/orders").status_code == 202
+        assert producer.produced[-1].topic == "knative-broker-shop-orders"
+        assert post(client, "/shop/cold").status_code == 503
+        brokers.publish()  # every Broker deleted: the path is the channel's again, and the Broker's name a 404
+        assert post(client, "/shop/orders").status_code == 202
+        assert producer.produced[-1].topic == "shop.orders"
+        assert post(client, "/shop/cold").status_code == 404
+    finally:
+        sender.close(1.0)
+
+
 def test_kafka_down_is_503_for_a_broker_too() -> None:
     producer = FakeProducer(mode="error")
     client, sender = make(producer, FakeChannels(BROKER))
