@@ -94,11 +94,12 @@ class FakeProducer:
 
 
 class FakeChannels:
-    """A ChannelSource with a fixed set."""
+    """A ChannelSource whose set changes only by ``publish``, which tells its subscribers, as the real sources do."""
 
     def __init__(self, *channels: Channel, synced: bool = True) -> None:
         self.channels: dict[ChannelKey, Channel] = {c.key: c for c in channels}
         self._synced = synced
+        self.callbacks: list[Callable[[dict[ChannelKey, Channel]], None]] = []
 
     def start(self) -> None:
         pass
@@ -116,7 +117,12 @@ class FakeChannels:
         return dict(self.channels)
 
     def subscribe(self, callback: Callable[[dict[ChannelKey, Channel]], None]) -> None:
-        pass
+        self.callbacks.append(callback)
+
+    def publish(self, *channels: Channel) -> None:
+        self.channels = {c.key: c for c in channels}
+        for callback in self.callbacks:
+            callback(self.snapshot())
 
 
 class Client(testing.TestClient):

@@ -53,26 +53,10 @@ def test_path_reaches_the_broker_and_host_the_channel_of_the_same_name() -> None
         sender.close(1.0)
 
 
-class Publishing(FakeChannels):
-    """A source that tells its subscribers of each new set, as the file and kube sources do."""
-
-    def __init__(self, *channels: Channel) -> None:
-        super().__init__(*channels)
-        self.callbacks: list[Any] = []
-
-    def subscribe(self, callback: Any) -> None:
-        self.callbacks.append(callback)
-
-    def publish(self, *channels: Channel) -> None:
-        self.channels = {c.key: c for c in channels}
-        for callback in self.callbacks:
-            callback(self.snapshot())
-
-
 def test_the_routes_follow_what_the_sources_publish() -> None:
     # The request path reads tables built from the sources; a new set replaces them at once.
     producer = FakeProducer()
-    brokers = Publishing()
+    brokers = FakeChannels()
     client, sender = make(producer, brokers)
     try:
         assert post(client, "/shop/orders").status_code == 202  # the channel, while no Broker has the name

@@ -44,26 +44,11 @@ class Factory:
         return KafkaSender(producer, timeout=0.3)
 
 
-class Brokers(FakeChannels):
-    """A broker source whose subscribers are told of a new set, as the real sources do."""
-
-    def __init__(self, *channels: Channel) -> None:
-        super().__init__(*channels)
-        self.callbacks: list[Any] = []
-
-    def subscribe(self, callback: Any) -> None:
-        self.callbacks.append(callback)
-
-    def replace(self, *channels: Channel) -> None:
-        self.channels = {c.key: c for c in channels}
-        for callback in self.callbacks:
-            callback(self.snapshot())
-
-
 Post = Callable[[str], Awaitable[Any]]
 
 
-def run(brokers: Brokers, factory: Factory, test: Callable[[Post], Awaitable[None]], limit: int = 16) -> FakeProducer:
+def run(brokers: FakeChannels, factory: Factory, test: Callable[[Post], Awaitable[None]],
+        limit: int = 16) -> FakeProducer:
     """``test`` gets a ``post(name)`` on one running app (one loop, one lifespan), as a worker serves them."""
     settings = Settings(produce_timeout_seconds=0.3, max_event_bytes=4096, retry_after_seconds=7,
                         max_kafka_connections=limit)
@@ -92,7 +77,7 @@ def test_each_target_writes_to_the_cluster_it_names_through_one_producer_per_con
         for name in ("near", "far", "far2", "other", "far", "near"):
             assert (await post(name)).status_code == 202
 
-    own = run(Brokers(NEAR, broker("far", FAR), broker("far2", FAR), broker("other", OTHER)), factory, test)
+    own = run(FakeChannels(NEAR, broker("far", FAR), broker("far2", FAR), broker("other", OTHER)), factory, test)
     assert [p.topic for p in own.produced] == [kb.broker_topic("shop", "near")] * 2
     assert [p.topic for p in factory.made[FAR].produced] == [kb.broker_topic("shop", n) for n in ("far", "far2", "far")]
     assert [p.topic for p in factory.made[OTHER].produced] == [kb.broker_topic("shop", "other")]
@@ -109,7 +94,7 @@ def test_past_the_bound_a_new_connection_is_a_503_and_nothing_is_written() -> No
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "7"
         assert "KE_MAX_KAFKA_CONNECTIONS" in refused.json["error"]
 
-    own = run(Brokers(broker("far", FAR), broker("other", OTHER)), factory, test, limit=1)
+    own = run(FakeChannels(broker("far", FAR), broker("other", OTHER)), factory, test, limit=1)
     assert factory.calls == [FAR] and not own.produced
 
 
@@ -122,7 +107,7 @@ def test_a_connection_that_cannot_be_made_is_a_503_and_is_not_retried_at_once() 
             assert answer.status_code == 503 and answer.headers["Retry-After"] == "7"
             assert "Secret knative-eventing/far-auth does not exist" in answer.json["error"]
 
-    own = run(Brokers(broker("far", FAR)), factory, test)
+    own = run(FakeChannels(broker("far", FAR)), factory, test)
     assert factory.calls == [FAR] and not own.produced
 
 
@@ -133,17 +118,17 @@ def test_concurrent_first_requests_make_one_connection() -> None:
         answers = await asyncio.gather(*(post("far") for _ in range(5)))
         assert [a.status_code for a in answers] == [202] * 5
 
-    run(Brokers(broker("far", FAR)), factory, test)
+    run(FakeChannels(broker("far", FAR)), factory, test)
     assert factory.calls == [FAR] and len(factory.made[FAR].produced) == 5
 
 
 def test_an_unused_or_rotated_connection_is_flushed_and_closed() -> None:
     factory = Factory()
-    brokers = Brokers(broker("far", FAR), broker("other", OTHER))
+    brokers = FakeChannels(broker("far", FAR), broker("other", OTHER))
 
     async def test(post: Post) -> None:
         assert (await post("far")).status_code == 202 and (await post("other")).status_code == 202
-        brokers.replace(broker("far", ROTATED))  # "other" deleted; far's Secret rotated
+        brokers.publish(broker("far", ROTATED))  # "other" deleted; far's Secret rotated
         for _ in range(500):
             if factory.made[FAR].flushed and factory.made[OTHER].flushed:
                 break
