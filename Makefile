@@ -5,6 +5,9 @@ SHELL = /usr/bin/env bash -o pipefail
 
 ROOT      := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 export KE_CACHE ?= $(ROOT)/.cache
+# Per-user cache of images fixed by their inputs (OS bases, the role bases' dependency stages, the kind node image),
+# shared by every clone like Go's build cache (hack/image-cache.sh); `off` disables it.
+export KE_IMAGE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kafka-eventing/images
 VENV      := $(ROOT)/.venv
 PY        := $(VENV)/bin/python
 BIN       := $(KE_CACHE)/bin
@@ -99,11 +102,11 @@ test-cesql: ## CloudEvents SQL conformance: every case of every TCK file in test
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e"
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q --durations=15 -m "not docker and not e2e"
 
 .PHONY: test-reliability
 test-reliability: ## The short fault suite (crashes, topic growth, rebalance; a few minutes) against the ledger.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/reliability -q -m "reliability and not slow"
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/reliability -q --durations=15 -m "reliability and not slow"
 
 .PHONY: chaos
 chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/reliability.md (even when a scenario fails).
@@ -113,11 +116,11 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 .PHONY: test-cluster
 test-cluster: cluster-images cluster-spark-image ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py), the reprocess jobs on executor pods (test_cluster_spark.py); fails if the cluster cannot start.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_life.py tests/e2e/test_cluster_crash.py \
-	  tests/e2e/test_cluster_spark.py -q -m cluster
+	  tests/e2e/test_cluster_spark.py -q --durations=15 -m cluster
 
 .PHONY: test-kind
 test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q -m kind
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q --durations=15 -m kind
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).

@@ -17,6 +17,7 @@
 #   DEBIAN_MIRROR   archive to bootstrap from (default http://deb.debian.org/debian)
 #   BASE_TAG        tag to give the image (default: derived from the flavour and this script's content, so edits
 #                   rebuild it)
+#   KE_IMAGE_CACHE  per-user cache of the built images (hack/image-cache.sh): a fresh clone loads them from there
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,6 +47,16 @@ TAG="${BASE_TAG:-kafka-eventing-debian:${NAME}-${digest}}"
 
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   log "cached: $TAG"
+  echo "$TAG"
+  exit 0
+fi
+# The per-user cache (hack/image-cache.sh): the same script, flavour, archive and tag make the same image.
+# shellcheck source=hack/image-cache.sh
+source "$ROOT/hack/image-cache.sh"
+KEY="$(echo "$digest $FLAVOUR $MIRROR $TAG" | sha256sum | cut -c1-16)"
+start=$SECONDS
+if image_cache_load "debian-$FLAVOUR" "$KEY" "$TAG"; then
+  log "cached: $TAG (loaded from $IMAGE_CACHE in $((SECONDS - start))s)"
   echo "$TAG"
   exit 0
 fi
@@ -113,4 +124,5 @@ tar --numeric-owner -C "$rootfs" -c . | docker import \
   --change "LABEL org.opencontainers.image.description=\"Debian $SUITE minbase + python3 $python_version$EXTRA_DESC (hack/base-image.sh $FLAVOUR)\"" \
   - "$TAG" >/dev/null
 log "built $TAG in $((SECONDS - start))s"
+image_cache_store "debian-$FLAVOUR" "$KEY" "$TAG"
 echo "$TAG"

@@ -31,6 +31,8 @@
 #   KE_SAVE_IMAGES   a file: `docker save` every role image built, and (with a service role) the OS base with curl
 #                    that the chart's `helm test` Pod runs there (`hack/base-image.sh curl`), into it (one archive,
 #                    shared layers once), for `ctr images import` into the cluster of `make cluster-up`
+#   KE_IMAGE_CACHE   per-user cache (hack/image-cache.sh) of the OS bases and of each role base's dependency stages,
+#                    keyed by their inputs: a fresh clone loads them instead of rebuilding; the package is always built
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -292,11 +294,52 @@ build() {
 }
 skip() { log "skip $1: $2"; results+=("$1 0 FAILED"); failed=1; }
 
+# The per-user image cache (hack/image-cache.sh).
+# shellcheck source=hack/image-cache.sh
+source "$ROOT/hack/image-cache.sh"
+# build_base <role> <image> <wheelhouse> <build-arg...>: images/base/Dockerfile for one role. Its stages up to
+# `strip` (the venv of the locked dependencies, without this package) are fixed by the Dockerfile, slim_venv.py, the
+# lock, pyproject.toml, the wheels, the OS bases and the build arguments, not by the commit: they are kept in the
+# per-user cache as two images (targets venv and strip), keyed by a hash of exactly those, and given to the build
+# as --cache-from, where the builder still checks every step against its own inputs. The stages that hold the
+# package (build, runtime) are built from this tree every time.
+build_base() {
+  local role=$1 image=$2 wheelhouse=$3 key deps target t0=$SECONDS from=()
+  shift 3
+  key="$( { cat "$ROOT/images/base/Dockerfile" "$ROOT/images/base/slim_venv.py" "$ROOT/requirements.lock" \
+              "$ROOT/pyproject.toml"
+            if [[ -d "$ROOT/$wheelhouse" ]]; then
+              (cd "$ROOT" && find "$wheelhouse" -type f ! -name .stamp -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+            fi
+            docker image inspect --format '{{.Id}}' "$BASE_IMAGE_OF" "$BUILDER_IMAGE"
+            printf '%s\n' "$role" "$network" "$@"
+          } | sha256sum | cut -c1-16)"
+  deps="${IMAGE_PREFIX}${role}-deps"
+  if image_cache_load "$role-deps" "$key" "$deps:venv-$key" "$deps:strip-$key"; then
+    log "cached: $role's dependency stages ($deps:{venv,strip}-$key, loaded in $((SECONDS - t0))s)"
+    from=(--cache-from "$deps:venv-$key" --cache-from "$deps:strip-$key")
+  fi
+  build "$image" "$ROOT/images/base/Dockerfile" "$ROOT" "$@" "${from[@]}" || return 1
+  if [[ ${#from[@]} -gt 0 ]]; then
+    log "$image: $(grep -c 'Using cache' "$DOCKER_DIR/build-$(basename "${image%%:*}").log") steps from the cache"
+    return 0
+  fi
+  # The two stage images of this build (from the engine's own cache, in a second), saved for the next clone.
+  t0=$SECONDS
+  for target in venv strip; do
+    docker build --force-rm ${network:+--network "$network"} "${label_args[@]}" "$@" --target "$target" \
+      -f "$ROOT/images/base/Dockerfile" -t "$deps:$target-$key" "$ROOT" >>"$DOCKER_DIR/build-$role-deps.log" 2>&1 \
+      || { log "could not tag $role's $target stage (log: $DOCKER_DIR/build-$role-deps.log); not cached"; return 0; }
+  done
+  image_cache_store "$role-deps" "$key" "$deps:venv-$key" "$deps:strip-$key"
+  log "cached $role's dependency stages for the next clone in $((SECONDS - t0))s"
+}
+
 # The bases' context is the repository root (filtered by .dockerignore); a role without COPY gets its own folder.
 for role in "${base_roles[@]}"; do
   base="${IMAGE_PREFIX}${role}-base:${TAG}"
-  if build "$base" "$ROOT/images/base/Dockerfile" "$ROOT" --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "ROLE=$role" \
-      "${base_args[@]}"; then
+  if BASE_IMAGE_OF="$BASE_IMAGE" build_base "$role" "$base" build/wheelhouse --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+      --build-arg "ROLE=$role" "${base_args[@]}"; then
     build "${IMAGE_PREFIX}${role}:${TAG}" "$ROOT/images/$role/Dockerfile" "$ROOT/images/$role" \
       --build-arg "BASE=$base" || true
   else
@@ -309,7 +352,8 @@ if [[ -n "$want_spark" ]]; then
     skip "${IMAGE_PREFIX}spark:${TAG}" "the [spark] wheels could not be fetched"
   elif ! prefetch_spark_jars; then
     skip "${IMAGE_PREFIX}spark:${TAG}" "the spark jars could not be fetched"
-  elif build "$spark_base" "$ROOT/images/base/Dockerfile" "$ROOT" --build-arg "BASE_IMAGE=$JRE_BASE_IMAGE" \
+  elif BASE_IMAGE_OF="$JRE_BASE_IMAGE" build_base spark "$spark_base" build/spark-wheelhouse \
+      --build-arg "BASE_IMAGE=$JRE_BASE_IMAGE" \
       --build-arg ROLE=spark --build-arg "BUILDER_IMAGE=$BUILDER_IMAGE" \
       --build-arg APP_UID=185 --build-arg APP_USER=spark \
       --build-arg WHEELHOUSE=build/spark-wheelhouse --build-arg PIP_NO_INDEX=1 \

@@ -24,7 +24,8 @@
 #      on the node's own Debian base (it runs iptables); pause from localstack.cluster's static C pause;
 #   5. those images imported into the node's containerd (pinned, not unpacked) and the node committed as
 #      kafka-eventing-kind-node:<kube version>-<hash of every input>; a run whose hash names an image the engine has
-#      does nothing.
+#      does nothing, and one whose hash has an entry in the per-user cache (KE_IMAGE_CACHE, hack/image-cache.sh)
+#      loads it from there: a fresh clone builds nothing.
 #   DEBIAN_MIRROR   archive to bootstrap from (default http://deb.debian.org/debian)
 set -euo pipefail
 
@@ -64,13 +65,20 @@ hash_inputs() {
 HASH="$(hash_inputs)"
 TAG="kafka-eventing-kind-node:$KUBE_VERSION-$HASH"
 mkdir -p "$WORK"
+# shellcheck source=hack/image-cache.sh
+source "$ROOT/hack/image-cache.sh"
+t_all=$SECONDS
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   log "cached: $TAG"
   echo "$TAG" >"$WORK/node-image.tag"
   echo "$TAG"
   exit 0
+elif image_cache_load kind-node "$HASH" "$TAG"; then
+  log "cached: $TAG (loaded from $IMAGE_CACHE in $((SECONDS - t_all))s)"
+  echo "$TAG" >"$WORK/node-image.tag"
+  echo "$TAG"
+  exit 0
 fi
-t_all=$SECONDS
 log "building $TAG"
 
 # ---- 1 + 2: debootstrap (network-bound) beside the Go builds (CPU-bound) ------------------------------------------
@@ -265,4 +273,5 @@ fi
 echo "$TAG" >"$WORK/node-image.tag"
 log "node image: $((SECONDS - t0))s"
 log "built $TAG ($(docker image inspect --format '{{.Size}}' "$TAG" | awk '{printf "%.0f MB", $1/1e6}')) in $((SECONDS - t_all))s"
+image_cache_store kind-node "$HASH" "$TAG"
 echo "$TAG"
