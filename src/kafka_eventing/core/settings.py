@@ -285,6 +285,9 @@ class Settings:
 #: accepts them in its environment and ignores them.
 TOOLING_VARS: dict[str, str] = {
     "cache": "the tool cache of `make setup` (Kafka jars, Spark connector, Go-built tools): default `<repo>/.cache`",
+    "image_cache": "per-user cache of the images fixed by their inputs (Debian OS bases, the role bases' dependency "
+                   "stages, the kind node image; hack/image-cache.sh), shared by every clone: default "
+                   "`${XDG_CACHE_HOME:-~/.cache}/kafka-eventing/images`; `off` uses none",
     "save_images": "hack/images.sh: `docker save` every role image built into this file (`make cluster-images`)",
     "keep_dockerd": "hack/images.sh: `1` leaves the private Docker engine it started running",
 }
