@@ -315,6 +315,9 @@ build_base() {
             printf '%s\n' "$role" "$network" "$@"
           } | sha256sum | cut -c1-16)"
   deps="${IMAGE_PREFIX}${role}-deps"
+  # Earlier keys' stage images in this engine (a long-lived checkout's) are untagged: the engine keeps one set too.
+  docker image ls --format '{{.Repository}}:{{.Tag}}' "$deps" | grep -v -- "-$key\$" | xargs -r docker image rm \
+    >/dev/null 2>&1 || true
   if image_cache_load "$role-deps" "$key" "$deps:venv-$key" "$deps:strip-$key"; then
     log "cached: $role's dependency stages ($deps:{venv,strip}-$key, loaded in $((SECONDS - t0))s)"
     from=(--cache-from "$deps:venv-$key" --cache-from "$deps:strip-$key")
