@@ -50,10 +50,11 @@ if docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "$TAG"
   exit 0
 fi
-# The per-user cache (hack/image-cache.sh): the same script, flavour, archive and tag make the same image.
+# The per-user cache (hack/image-cache.sh): the same script, flavour, archive (and its release) and tag make the same
+# image.
 # shellcheck source=hack/image-cache.sh
 source "$ROOT/hack/image-cache.sh"
-KEY="$(echo "$digest $FLAVOUR $MIRROR $TAG" | sha256sum | cut -c1-16)"
+KEY="$(echo "$digest $FLAVOUR $MIRROR $(debian_release "$MIRROR" "$SUITE") $TAG" | sha256sum | cut -c1-16)"
 start=$SECONDS
 if image_cache_load "debian-$FLAVOUR" "$KEY" "$TAG"; then
   log "cached: $TAG (loaded from $IMAGE_CACHE in $((SECONDS - start))s)"

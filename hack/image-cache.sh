@@ -12,6 +12,15 @@
 # load is deleted and the image rebuilt. Each name keeps only its newest key: the size stays one archive per image.
 IMAGE_CACHE="${KE_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kafka-eventing/images}"
 
+# debian_release <mirror> <suite>: the Date of the suite's Release file, which changes with every package set the
+# archive serves for it (point releases): part of the key of any image debootstrap makes. "unknown" when the archive
+# does not answer (debootstrap cannot run then either).
+debian_release() {
+  local date
+  date="$(curl -fsSL --max-time 30 "$1/dists/$2/Release" 2>/dev/null | sed -n 's/^Date: //p' | head -n1)" || true
+  echo "${date:-unknown}"
+}
+
 # image_cache_load <name> <key> <image...>: load the entry into the engine (DOCKER_HOST); fails on a miss, and on an
 # entry that does not load or lacks one of the images (then deleted).
 image_cache_load() {

@@ -56,17 +56,18 @@ SYSCTLS="$(PYTHONPATH="$ROOT/src" "$PY" -c 'from kafka_eventing.localstack.clust
 print("\n".join(f"{k}={v}" for k, v in s.items()))')"
 PAUSE_C="$(PYTHONPATH="$ROOT/src" "$PY" -c 'from kafka_eventing.localstack.cluster import _PAUSE_C; print(_PAUSE_C)')"
 
+# shellcheck source=hack/image-cache.sh
+source "$ROOT/hack/image-cache.sh"
+RELEASE="$(debian_release "$MIRROR" bookworm)"  # the archive's package set, for the hash and the debootstrap stamp
 hash_inputs() {
   { cat "${BASH_SOURCE[0]}" "$ROOT/hack/setup/go-tools.sh" "$ROOT"/hack/tools/kube/go.{mod,sum} \
       "$ROOT"/hack/tools/coredns/go.{mod,sum} "$ROOT"/hack/tools/kube/cmd/*/main.go
-    echo "$KIND_VERSION $KUBE_VERSION ${PACKAGES[*]} $MIRROR $("$GO" version)"; echo "$SYSCTLS"; echo "$PAUSE_C"
+    echo "$KIND_VERSION $KUBE_VERSION ${PACKAGES[*]} $MIRROR $RELEASE $("$GO" version)"; echo "$SYSCTLS"; echo "$PAUSE_C"
   } | sha256sum | cut -c1-12
 }
 HASH="$(hash_inputs)"
 TAG="kafka-eventing-kind-node:$KUBE_VERSION-$HASH"
 mkdir -p "$WORK"
-# shellcheck source=hack/image-cache.sh
-source "$ROOT/hack/image-cache.sh"
 t_all=$SECONDS
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   log "cached: $TAG"
@@ -83,7 +84,7 @@ log "building $TAG"
 
 # ---- 1 + 2: debootstrap (network-bound) beside the Go builds (CPU-bound) ------------------------------------------
 DEBOOTSTRAP="$WORK/debootstrap"
-PKG_KEY="$(echo "${PACKAGES[*]} $MIRROR" | sha256sum | cut -c1-16)"
+PKG_KEY="$(echo "${PACKAGES[*]} $MIRROR $RELEASE" | sha256sum | cut -c1-16)"
 bootstrap() {
   if [[ -f $DEBOOTSTRAP/.stamp && "$(cat "$DEBOOTSTRAP/.stamp")" == "$PKG_KEY" ]]; then
     log "debootstrap: cached"
