@@ -69,6 +69,12 @@ NAME = os.environ.get("BENCH_NAME", "receiver")
 FIXED_RATES = (1000, 3000)
 #: warm-up at saturation before the measured runs: long enough for the peer's JIT compiler (and our caches)
 WARMUP_SECONDS = 4
+#: Before each size's first measured round, the receiver writes to the broker this long, unmeasured: the broker's
+#: JIT warms on the receiver's pattern of produce requests (many producers, small batches), which the raw producer's
+#: big batches leave cold. Without it, whichever receiver run came first met a broker spending 40-120 µs of CPU per
+#: event instead of 8-20 (the bare endpoint, which writes nothing, never pays it), and the median moved with the
+#: order of the runs.
+BROKER_WARMUP_SECONDS = int(os.environ.get("BENCH_BROKER_WARMUP_SECONDS", "30"))
 WORKERS = 2
 # Enough connections that the servers, not the client, set the pace: a request waits ~tens of ms for Kafka's
 # acknowledgement, so by Little's law the rate is capped at connections / latency. 256 left ~20 % of the CPU
@@ -359,6 +365,17 @@ def measure_server(model: str, kind: str, size: int, env: dict[str, str], workdi
         stop(proc)
 
 
+def warm_broker(size: int, env: dict[str, str], workdir: Path, *, broker_pid: int) -> dict[str, Any]:
+    """The receiver at saturation for ``BROKER_WARMUP_SECONDS``, unmeasured: the broker's JIT warm-up."""
+    proc, url = start_server("uvicorn", "receiver", env, workdir)
+    try:
+        script = lua_script(workdir / f"warm-{size}.lua", size)
+        return run_wrk(url + "/bench/events", script, SATURATION_CONNECTIONS, BROKER_WARMUP_SECONDS, proc.pid,
+                       broker_pid=broker_pid)
+    finally:
+        stop_server(proc)
+
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median saturated rate (a real run, so its numbers belong together), plus all rates."""
     ordered = sorted(runs, key=lambda r: r["saturated"]["events_per_s"])
@@ -464,6 +481,7 @@ def main() -> None:
                           peer=None if missing else peer.build_info())
     results: dict[str, Any] = {"machine": facts, "config": {
         "workers": WORKERS, "saturation_connections": SATURATION_CONNECTIONS,
+        "broker_warmup_s": BROKER_WARMUP_SECONDS,
         "half_connections": HALF_CONNECTIONS, "duration_s": DURATION, "sizes": list(SIZES), "repeats": REPEATS,
         "producer": "acks=all, idempotent, linger.ms=5, compression none",
         "topic": f"3 partitions, segment.bytes {SEGMENT_BYTES} (recreated before each run that writes)"},
@@ -495,6 +513,12 @@ def main() -> None:
                 repeats: dict[str, list[dict[str, Any]]] = {}
                 floors: list[dict[str, Any]] = []
                 fixed_floors: dict[str, list[dict[str, Any]]] = {}
+                if BROKER_WARMUP_SECONDS and any(k.startswith("receiver") or k == "peer" for k in kinds_for(size)):
+                    print(f"[{time.monotonic() - began:5.0f}s] broker warm-up {label}", flush=True)
+                    fresh_topic(admin)
+                    warm = warm_broker(size, env, workdir, broker_pid=node.pid)
+                    results.setdefault("broker_warmup", {})[label] = {
+                        k: warm[k] for k in ("events_per_s", "cpu_s_per_1000", "broker_cpu_s_per_1000")}
                 for rep in range(REPEATS):
                     for model in MODELS:
                         for kind in kinds_for(size, rep):
@@ -538,7 +562,7 @@ def main() -> None:
     path = write_json(NAME, results)
     plot(results)
     print_table(results)
-    print(f"wrote {path} and receiver.png in {results['elapsed_s']} s")
+    print(f"wrote {path} and {NAME}.png in {results['elapsed_s']} s")
 
 
 # Segments that do not roll within a run: with Kafka's 1 GiB default each 20 KB run rolled the partitions'
