@@ -51,8 +51,9 @@ SINK_POD = "spark-sink"
 EXECUTOR = "spark-role=executor"
 PARTITIONS = 3
 EVENTS = 60
-#: Records per micro-batch of the killed archive: 20 batches.
-BATCH = 3
+#: Records per micro-batch of the killed archive: 60 batches, so the run outlives the killed executor's replacement
+#: starting (with 3 records a batch, 20 batches once ended on the surviving executor before the new pod ran).
+BATCH = 1
 #: The chart's reprocessing objects: everything a reprocess Job needs, and nothing of the service roles. The driver's
 #: Role and the executors' template exist only in cluster mode.
 SHOW_ONLY = ("templates/config.yaml", "templates/reprocess/serviceaccount.yaml", "templates/reprocess/rbac.yaml",
