@@ -52,7 +52,8 @@ EXECUTOR = "spark-role=executor"
 PARTITIONS = 3
 EVENTS = 60
 #: Records per micro-batch of the killed archive: 60 batches, so the run outlives the killed executor's replacement
-#: starting (with 3 records a batch, 20 batches once ended on the surviving executor before the new pod ran).
+#: (on kind: Pending 5 s after the kill and Running at 7 s, 39 s before the archive ended, with the driver's 5 s pod
+#: poll; with Spark's 30 s poll the replacement came 20 s after the kill, and in one CI run not before the end).
 BATCH = 1
 #: The chart's reprocessing objects: everything a reprocess Job needs, and nothing of the service roles. The driver's
 #: Role and the executors' template exist only in cluster mode.
@@ -167,8 +168,12 @@ def install(tier: Tier, shared: Path, *, cluster: bool = True, archive: list[str
             "extraVolumeMounts": [{"name": "out", "mountPath": str(shared)}],
             "cluster": {"enabled": cluster, "executors": 2,
                         **({"master": tier.master} if tier.master else {}),
-                        # Two executors' whole cores would fill a 2-core node's allocatable CPU.
-                        "conf": {"spark.kubernetes.executor.request.cores": "250m"}},
+                        # Two executors' whole cores would fill a 2-core node's allocatable CPU. The driver
+                        # learns of a force-deleted executor pod at its next poll of the pods ("the driver
+                        # missed the deletion event", its log says): every 5 s, not Spark's 30, so the killed
+                        # executor's replacement starts well before the archive ends.
+                        "conf": {"spark.kubernetes.executor.request.cores": "250m",
+                                 "spark.kubernetes.executor.apiPollingInterval": "5s"}},
             # The CronJob is started by hand (a Job from it), never by its schedule during the test.
             "archive": {"enabled": archive is not None, "args": [*archive, *local] if archive else [],
                         "schedule": "0 0 1 1 *", "backoffLimit": 0},
@@ -273,6 +278,12 @@ def manifest(run_dir: Path, target: str) -> dict[str, Any]:
     return {k: v for k, v in written.items() if k not in RUN_FIELDS}
 
 
+def driver_log_lines(tier: Tier, job: str, word: str) -> list[str]:
+    """The driver's log lines holding ``word`` (what it said about its executors, when a check on them fails)."""
+    logs = tier.kube.kubectl("logs", f"job/{job}", "-n", NS, check=False).stdout
+    return [line for line in logs.splitlines() if word in line][-40:]
+
+
 def force_delete(tier: Tier, pod: str) -> None:
     """Its containers killed at once, as a lost node's are."""
     tier.kube.kubectl("delete", "pod", pod, "-n", NS, "--grace-period=0", "--force", "--wait=false")
@@ -343,20 +354,30 @@ def killed_executor_mid_archive(tier: Tier, spark: Any) -> None:
     job = start_archive(tier, install(tier, shared, archive=[
         "archive", "--topic", topic, "--output", f"{shared}/archive", "--max-offsets-per-trigger", str(BATCH)]))
     killed: list[str] = []
+    began = time.monotonic()
+    phases: dict[str, str] = {}
+    timeline: list[str] = []  # when each executor pod changed phase, for the failure message
 
     def kill_one(pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
+            name, phase = pod["metadata"]["name"], pod["status"].get("phase", "?")
+            if phases.get(name) != phase:
+                phases[name] = phase
+                timeline.append(f"{time.monotonic() - began:.1f}s {name} {phase}")
         if killed or not (shared / "archive" / "_checkpoint" / "commits" / "0").exists():
             return
         victims = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
         if victims:
             force_delete(tier, victims[0])
             killed.append(victims[0])
+            timeline.append(f"{time.monotonic() - began:.1f}s {victims[0]} force-deleted")
 
     running = run(tier, job, during=kill_one)
+    timeline.append(f"{time.monotonic() - began:.1f}s job complete")
     assert killed, "the archive ended before an executor could be killed"
     # Spark asked for an executor in the killed one's place: a third executor pod ran.
     ids = sorted(int(p["metadata"]["labels"]["spark-exec-id"]) for p in running.values())
-    assert len(ids) >= 3 and killed[0] in running, (ids, killed, sorted(running))
+    assert len(ids) >= 3 and killed[0] in running, (ids, killed, timeline, driver_log_lines(tier, job, "xecutor"))
     wait("the executor pods gone", lambda: not executor_pods(tier), timeout=120, interval=2)
 
     archived = rows(spark, shared / "archive")
