@@ -155,7 +155,8 @@ def dribble(url: str, head: bytes, then: bytes, every: float, limit: float) -> f
     return None
 
 
-def test_slow_clients_are_cut_off_and_others_served(abused: tuple[Receiver, set[int]]) -> None:
+def test_slow_clients_are_cut_off_and_others_served(abused: tuple[Receiver, set[int]], kafka_running: KafkaNode,
+                                                    topic: str) -> None:
     receiver, _ = abused
     head = b"POST /ns/a HTTP/1.1\r\nHost: localhost\r\n"
     body_head = (b"POST /ns/a HTTP/1.1\r\nHost: localhost\r\nce-specversion: 1.0\r\nce-id: slow\r\nce-source: /s\r\n"
@@ -188,6 +189,32 @@ def test_slow_clients_are_cut_off_and_others_served(abused: tuple[Receiver, set[
     for kind, cut in results.items():
         assert len(cut) == 20 and all(c is not None and c < 3 * REQUEST_TIMEOUT for c in cut), (kind, cut)
     assert all(c < 3 * REQUEST_TIMEOUT for c in idle_cut), idle_cut
+    # A body cut off at the deadline is a part of an event: never written.
+    ids = {dict(m.headers()).get("ce_id") for m in read_all(kafka_running, topic)}
+    assert b"slow" not in ids
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_client_that_leaves_mid_body_gets_nothing_written(abused: tuple[Receiver, set[int]],
+                                                            kafka_running: KafkaNode, topic: str,
+                                                            framing: str) -> None:
+    receiver, _ = abused
+    head = (b"POST /ns/a HTTP/1.1\r\nHost: localhost\r\nce-specversion: 1.0\r\nce-id: %s\r\nce-source: /s\r\n"
+            b"ce-type: t\r\n")
+    for i in range(10):
+        sock = connect(receiver.url)
+        if framing == "chunked":
+            sock.sendall(head % (b"left-%d" % i) + b"Transfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n")
+        else:
+            sock.sendall(head % (b"left-%d" % i) + b"Content-Length: 100\r\n\r\n" + b"x" * 50)
+        time.sleep(0.05)  # the part is read before the close
+        sock.close()
+    # A whole event after them, on a new connection: it is written, and by then the others were decided.
+    assert receiver.post("/ns/a", b"whole", binary_headers("whole")).status_code == 202
+    time.sleep(0.5)
+    ids = {dict(m.headers()).get("ce_id") for m in read_all(kafka_running, topic)}
+    assert b"whole" in ids
+    assert not {i for i in ids if i and i.startswith(b"left-")}, sorted(ids)
 
 
 def test_header_and_url_floods_are_refused(abused: tuple[Receiver, set[int]]) -> None:

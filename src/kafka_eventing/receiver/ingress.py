@@ -86,6 +86,7 @@ class Answer:
 
 
 _ACCEPTED = Answer(falcon.HTTP_202)  # never mutated: one for every accepted request
+_CLIENT_CLOSED = "499 Client Closed Request"
 
 
 class BodyTooLarge(Exception):
@@ -169,6 +170,11 @@ class Ingress:
 
     def too_large(self) -> Answer:
         return Answer(falcon.HTTP_413, {"error": f"event larger than {self.max_body} bytes"})
+
+    @staticmethod
+    def client_gone() -> Answer:
+        # Nobody reads it; it is counted (nginx's code for a client that closed its request).
+        return Answer(_CLIENT_CLOSED, {"error": "the client closed the connection before its body was complete"})
 
     def to_sink(self, req: falcon.asgi.Request) -> bool:
         """Whether a ``/<namespace>/<name>`` request is addressed to the sink ingress Service (its Host); asked
@@ -258,10 +264,14 @@ class Ingress:
 
 
 class JsonErrors:
-    """Falcon's own errors (405, 404 for other paths, bad headers) as JSON like ours."""
+    """Falcon's own errors (405, 404 for other paths, bad headers) as JSON like ours; any other exception is logged
+    and answered as falcon would, with a 500, in the same JSON."""
 
-    async def __call__(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, ex: falcon.HTTPError,
+    async def __call__(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, ex: Exception,
                        params: dict[str, Any], **_kwargs: Any) -> None:
+        if not isinstance(ex, falcon.HTTPError):
+            log.error("request failed", exc_info=ex)
+            ex = falcon.HTTPInternalServerError()
         resp.status = ex.status
         resp.data = _media_json({"error": ex.title + (f": {ex.description}" if ex.description else "")})
         resp.content_type = falcon.MEDIA_JSON

@@ -16,7 +16,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from kafka_eventing.core import tracing as t
 from kafka_eventing.core.binding import TRACE_HEADERS, KafkaRecord
 from kafka_eventing.core.channels import Channel
-from kafka_eventing.receiver.app import ChannelResource
+from kafka_eventing.receiver.app import ChannelResource, Request
 from kafka_eventing.receiver.ingress import Answer, Ingress
 from kafka_eventing.receiver.sender import Result
 
@@ -79,7 +79,7 @@ class TracedChannelResource(ChannelResource):
         super().__init__(ingress)
         ingress.tracer = self.tracer = tracer
 
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+    async def on_post(self, req: Request, resp: falcon.asgi.Response,
                       namespace: str | None = None, name: str | None = None) -> None:
         carrier = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
         route = req.uri_template or req.path

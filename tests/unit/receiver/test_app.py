@@ -392,6 +392,51 @@ def test_chunked_body_within_limit(producer: FakeProducer) -> None:
     assert producer.produced[0].value == b"y" * 3000
 
 
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_client_that_leaves_mid_body_gets_nothing_written(producer: FakeProducer, declared: bool) -> None:
+    # falcon's stream ends at the disconnect as at a body's end; the part read must not become a record.
+    app, sender = make_app(producer, ORDERS)
+    headers = {**BINARY, "Host": HOST, **({"Content-Length": "100"} if declared else {})}
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/", "raw_path": b"/", "query_string": b"",
+             "root_path": "", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    events = iter([{"type": "http.request", "body": b"x" * 50, "more_body": True}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(events, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    try:
+        asyncio.run(app(scope, receive, send))
+        assert producer.produced == []
+        assert sent[0]["status"] == 499  # to nobody (a server drops what is sent after a disconnect); counted
+        assert post(Client(app), body=b"whole").status_code == 202  # the next client's event is written
+        assert [p.value for p in producer.produced] == [b"whole"]
+    finally:
+        sender.close(0.5)
+
+
+def test_an_unexpected_error_is_a_logged_500_in_the_receivers_json(producer: FakeProducer,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    class Failing(KafkaSender):  # a bug, not the request's fault nor Kafka's
+        def submit_async(self, *_args: Any, **_kwargs: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    sender = Failing(producer, timeout=1.0)
+    try:
+        res = post(Client(create_app(producer, FakeChannels(ORDERS), Settings(), sender=sender)))
+    finally:
+        sender.close(0.5)
+    assert res.status_code == 500
+    assert res.json == {"error": "500 Internal Server Error"}
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["request failed"]
+    assert producer.produced == []
+
+
 def test_limit_capped_by_message_max_bytes(producer: FakeProducer) -> None:
     app, sender = make_app(producer, ORDERS, message_max_bytes=1000)
     try:
