@@ -234,7 +234,7 @@ def run(tier: Tier, job: str, during: Callable[[list[dict[str, Any]]], None] | N
         if status:
             break
         time.sleep(interval)
-    logs = tier.kube.kubectl("logs", f"job/{job}", "-n", NS, check=False).stdout
+    logs = driver_logs(tier, job)
     assert status == "Complete", f"job {job}: {status or 'still running'} after the wait\n{logs[-6000:]}"
     # The driver's Role is all it needs: nothing it asked the API server for was refused (at the end, either).
     assert " is forbidden" not in logs, logs[-6000:]
@@ -278,10 +278,9 @@ def manifest(run_dir: Path, target: str) -> dict[str, Any]:
     return {k: v for k, v in written.items() if k not in RUN_FIELDS}
 
 
-def driver_log_lines(tier: Tier, job: str, word: str) -> list[str]:
-    """The driver's log lines holding ``word`` (what it said about its executors, when a check on them fails)."""
-    logs = tier.kube.kubectl("logs", f"job/{job}", "-n", NS, check=False).stdout
-    return [line for line in logs.splitlines() if word in line][-40:]
+def driver_logs(tier: Tier, job: str) -> str:
+    """What the Job's pod (the driver, in cluster mode) logged."""
+    return str(tier.kube.kubectl("logs", f"job/{job}", "-n", NS, check=False).stdout)
 
 
 def force_delete(tier: Tier, pod: str) -> None:
@@ -377,7 +376,8 @@ def killed_executor_mid_archive(tier: Tier, spark: Any) -> None:
     assert killed, "the archive ended before an executor could be killed"
     # Spark asked for an executor in the killed one's place: a third executor pod ran.
     ids = sorted(int(p["metadata"]["labels"]["spark-exec-id"]) for p in running.values())
-    assert len(ids) >= 3 and killed[0] in running, (ids, killed, timeline, driver_log_lines(tier, job, "xecutor"))
+    assert len(ids) >= 3 and killed[0] in running, (
+        ids, killed, timeline, [line for line in driver_logs(tier, job).splitlines() if "xecutor" in line][-40:])
     wait("the executor pods gone", lambda: not executor_pods(tier), timeout=120, interval=2)
 
     archived = rows(spark, shared / "archive")

@@ -337,22 +337,32 @@ def test_batch_is_202_only_if_every_report_succeeded(producer: FakeProducer, mod
 # -- size limits -------------------------------------------------------------------------------------------
 
 
-def _chunked_post(app: Any, chunks: Iterator[bytes]) -> tuple[int, bytes]:
-    """POST a body without Content-Length (as a chunked request arrives), straight through ASGI."""
+def _asgi_post(app: Any, chunks: Iterator[bytes], headers: dict[str, str],
+               last: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """POST the chunks to ``/`` straight through ASGI, then ``last`` (default: the end of the body); what the app
+    sent."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": "/", "raw_path": b"/", "query_string": b"",
              "root_path": "", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in {**BINARY, "Host": HOST}.items()]}
+             "headers": [(k.lower().encode(), v.encode()) for k, v in {**BINARY, "Host": HOST, **headers}.items()]}
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         chunk = next(chunks, None)
+        if chunk is None and last is not None:
+            return last
         return {"type": "http.request", "body": chunk or b"", "more_body": chunk is not None}
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
     asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def _chunked_post(app: Any, chunks: Iterator[bytes]) -> tuple[int, bytes]:
+    """POST a body without Content-Length (as a chunked request arrives), straight through ASGI."""
+    sent = _asgi_post(app, chunks, {})
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
 
@@ -396,22 +406,9 @@ def test_chunked_body_within_limit(producer: FakeProducer) -> None:
 def test_a_client_that_leaves_mid_body_gets_nothing_written(producer: FakeProducer, declared: bool) -> None:
     # falcon's stream ends at the disconnect as at a body's end; the part read must not become a record.
     app, sender = make_app(producer, ORDERS)
-    headers = {**BINARY, "Host": HOST, **({"Content-Length": "100"} if declared else {})}
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/", "raw_path": b"/", "query_string": b"",
-             "root_path": "", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
-    events = iter([{"type": "http.request", "body": b"x" * 50, "more_body": True}])
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return next(events, {"type": "http.disconnect"})
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
     try:
-        asyncio.run(app(scope, receive, send))
+        sent = _asgi_post(app, iter([b"x" * 50]), {"Content-Length": "100"} if declared else {},
+                          last={"type": "http.disconnect"})
         assert producer.produced == []
         assert sent[0]["status"] == 499  # to nobody (a server drops what is sent after a disconnect); counted
         assert post(Client(app), body=b"whole").status_code == 202  # the next client's event is written
