@@ -31,7 +31,6 @@ from kafka_eventing.receiver.auth import AuthMiddleware, PolicyCheck, TokenVerif
 from kafka_eventing.receiver.connections import Connections, ConnectionUnavailable
 from kafka_eventing.receiver.ingress import (
     DEFAULT_MESSAGE_MAX_BYTES,
-    READ_CHUNK,
     TALLY,
     Answer,
     BodyTooLarge,
@@ -50,40 +49,22 @@ if TYPE_CHECKING:
     from kafka_eventing.core.tracing import Tracing
 
 
-class WatchedReceive:
-    """An ASGI ``receive`` that remembers whether the client disconnected."""
-
-    __slots__ = ("gone", "receive")
-
-    def __init__(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-        self.receive = receive
-        self.gone = False
-
-    async def __call__(self) -> dict[str, Any]:
-        message = await self.receive()
-        if message["type"] == "http.disconnect":
-            self.gone = True
-        return message
-
-
 class Request(falcon.asgi.Request):
-    """falcon's request, whose body is read through a :class:`WatchedReceive`: falcon's stream ends at a disconnect
-    as it ends at the body's end, and a body cut short must never become a Kafka record."""
+    """falcon's request, keeping the ASGI events the body comes in: the receiver reads them itself
+    (``ChannelResource._read_body``). A small body is whole in the first event, which falcon has already received,
+    so it is taken with no stream at all; and falcon's stream ends at a disconnect as it ends at the body's end,
+    where a body cut short must never become a Kafka record."""
 
-    __slots__ = ("_watched",)
+    __slots__ = ("first_event", "receive")
 
     def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                  first_event: dict[str, Any] | None = None, options: falcon.request.RequestOptions | None = None,
                  ) -> None:
-        self._watched = watched = WatchedReceive(receive)
-        super().__init__(scope, watched, first_event=first_event, options=options)  # type: ignore[arg-type]
-
-    @property
-    def client_gone(self) -> bool:
-        """The client disconnected before its body was complete (what was read of it is not all it sent)."""
-        return self._watched.gone
+        _REQUEST_INIT(self, scope, receive, first_event, options)  # type: ignore[arg-type]
+        self.first_event, self.receive = first_event, receive
 
 
+_REQUEST_INIT = falcon.asgi.Request.__init__
 AsgiApp = falcon.asgi.App[Request, falcon.asgi.Response]
 
 
@@ -147,18 +128,18 @@ class ChannelResource:
         if isinstance(channel, Answer):
             return channel
         length = req.content_length
-        if length is None:
+        if length is not None and length > ingress.max_body:
+            return ingress.too_large()
+        first = req.first_event
+        if first is not None and not first.get("more_body", False):
+            body = first.get("body", b"")  # the whole body came in the first event, as every small one does
+        else:
             try:
-                body = await self._read_chunked(req)
+                body = await self._read_body(req)
             except BodyTooLarge:
                 return ingress.too_large()
-        elif length > ingress.max_body:
-            return ingress.too_large()
-        else:
-            # The stream is bounded by Content-Length (the server enforces it): one read, no chunk loop.
-            body = await req.stream.read()
-        if req.client_gone:  # the body ended because its client left: a part of an event
-            return ingress.client_gone()
+            if body is None:  # the client left before its body's end: a part of an event
+                return ingress.client_gone()
         records = ingress.decode(channel, req, body)
         if isinstance(records, Answer):
             return records
@@ -189,19 +170,25 @@ class ChannelResource:
             result = pending
         return ingress.finish(result, channel, len(records), started)
 
-    async def _read_chunked(self, req: Request) -> bytes:
-        """A body without Content-Length, never buffering more than the limit + 1 byte."""
+    async def _read_body(self, req: Request) -> bytes | None:
+        """The body from the request's ASGI events, read no further than the first event past the limit (a chunked
+        body has no length to be refused by beforehand); None when the client disconnected before the body's end."""
         limit = self.ingress.max_body
+        event = req.first_event or await req.receive()
         parts: list[bytes] = []
         size = 0
         while True:
-            chunk = await req.stream.read(min(READ_CHUNK, limit + 1 - size))
-            if not chunk:
+            if event["type"] == "http.disconnect":
+                return None
+            chunk = event.get("body", b"")
+            if chunk:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge
+            if not event.get("more_body", False):
                 return b"".join(parts)
-            parts.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge
+            event = await req.receive()
 
 
 class HealthResource:

@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 #: librdkafka's default ``message.max.bytes``; the body limit never exceeds what the producer will send.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
-READ_CHUNK = 64 * 1024
 #: Distinct Host values whose sink-or-not answer is remembered: a Service is reached by a handful of names; past
 #: this many (a client making Hosts up) each is worked out per request again.
 _SINK_HOSTS_MAX = 1024
