@@ -50,10 +50,10 @@ if TYPE_CHECKING:
 
 
 class Request(falcon.asgi.Request):
-    """falcon's request, keeping the ASGI events the body comes in: the receiver reads them itself
-    (``ChannelResource._read_body``). A small body is whole in the first event, which falcon has already received,
-    so it is taken with no stream at all; and falcon's stream ends at a disconnect as it ends at the body's end,
-    where a body cut short must never become a Kafka record."""
+    """falcon's request, keeping what its body comes in: the ASGI events, which the receiver reads itself rather than
+    through falcon's stream. A small body is whole in the first event, which falcon has already received, so it
+    needs no stream at all; and falcon's stream ends at a disconnect as at the body's end, where a body cut short
+    must never become a Kafka record."""
 
     __slots__ = ("first_event", "receive")
 
@@ -133,6 +133,8 @@ class ChannelResource:
         first = req.first_event
         if first is not None and not first.get("more_body", False):
             body = first.get("body", b"")  # the whole body came in the first event, as every small one does
+            if len(body) > ingress.max_body:  # a chunked one: no length to refuse it by before
+                return ingress.too_large()
         else:
             try:
                 body = await self._read_body(req)

@@ -337,10 +337,10 @@ def test_batch_is_202_only_if_every_report_succeeded(producer: FakeProducer, mod
 # -- size limits -------------------------------------------------------------------------------------------
 
 
-def _asgi_post(app: Any, chunks: Iterator[bytes], headers: dict[str, str],
+def _asgi_post(app: Any, chunks: Iterator[bytes | dict[str, Any]], headers: dict[str, str],
                last: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """POST the chunks to ``/`` straight through ASGI, then ``last`` (default: the end of the body); what the app
-    sent."""
+    sent. A dict among the chunks is sent as the event it is (a body whose last event carries data)."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": "/", "raw_path": b"/", "query_string": b"",
              "root_path": "", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
@@ -349,6 +349,8 @@ def _asgi_post(app: Any, chunks: Iterator[bytes], headers: dict[str, str],
 
     async def receive() -> dict[str, Any]:
         chunk = next(chunks, None)
+        if isinstance(chunk, dict):
+            return chunk
         if chunk is None and last is not None:
             return last
         return {"type": "http.request", "body": chunk or b"", "more_body": chunk is not None}
@@ -360,7 +362,7 @@ def _asgi_post(app: Any, chunks: Iterator[bytes], headers: dict[str, str],
     return sent
 
 
-def _chunked_post(app: Any, chunks: Iterator[bytes]) -> tuple[int, bytes]:
+def _chunked_post(app: Any, chunks: Iterator[bytes | dict[str, Any]]) -> tuple[int, bytes]:
     """POST a body without Content-Length (as a chunked request arrives), straight through ASGI."""
     sent = _asgi_post(app, chunks, {})
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
@@ -390,6 +392,17 @@ def test_413_on_chunked_body_without_reading_it_all(producer: FakeProducer) -> N
     assert status == 413
     assert given == 5000  # the first chunk past 4096 bytes, no more
     assert producer.produced == []
+
+
+def test_413_on_chunked_body_that_comes_in_one_event(producer: FakeProducer) -> None:
+    app, sender = make_app(producer, ORDERS)
+    try:
+        status, _ = _chunked_post(app, iter([{"type": "http.request", "body": b"x" * 4097, "more_body": False}]))
+        assert _chunked_post(app, iter([{"type": "http.request", "body": b"x" * 4096}]))[0] == 202
+    finally:
+        sender.close(0.5)
+    assert status == 413
+    assert [len(p.value or b"") for p in producer.produced] == [4096]
 
 
 def test_chunked_body_within_limit(producer: FakeProducer) -> None:
