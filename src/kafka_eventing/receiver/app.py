@@ -49,6 +49,10 @@ if TYPE_CHECKING:
     from kafka_eventing.core.tracing import Tracing
 
 
+#: falcon's own, called directly by the subclass: a call less per request than through super().
+_REQUEST_INIT = falcon.asgi.Request.__init__
+
+
 class Request(falcon.asgi.Request):
     """falcon's request, keeping what its body comes in: the ASGI events, which the receiver reads itself rather than
     through falcon's stream. A small body is whole in the first event, which falcon has already received, so it
@@ -64,7 +68,6 @@ class Request(falcon.asgi.Request):
         self.first_event, self.receive = first_event, receive
 
 
-_REQUEST_INIT = falcon.asgi.Request.__init__
 AsgiApp = falcon.asgi.App[Request, falcon.asgi.Response]
 
 
@@ -133,7 +136,7 @@ class ChannelResource:
         first = req.first_event
         if first is not None and not first.get("more_body", False):
             body = first.get("body", b"")  # the whole body came in the first event, as every small one does
-            if len(body) > ingress.max_body:  # a chunked one: no length to refuse it by before
+            if len(body) > ingress.max_body:  # a chunked body: it had no Content-Length to be refused by
                 return ingress.too_large()
         else:
             try:
