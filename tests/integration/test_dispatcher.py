@@ -573,11 +573,13 @@ def test_rate_limit_spaces_deliveries(
     channels = tmp_path / "channels.yaml"
     write_channel(channels, "rate", topic, [sub_doc("u1", http.url("/s"), rateLimit=20)], ordered=False)
     dispatch("rate", channels)
-    produce(kafka_running, topic, 40)
-    wait_for(lambda: len(http.at("/s")) >= 40, 20, "40 deliveries")
+    produce(kafka_running, topic, 80)
+    wait_for(lambda: len(http.at("/s")) >= 80, 30, "80 deliveries")
     times = sorted(r.at for r in http.at("/s"))
-    # A burst of 20 (one second's worth), then 20 more at 20/s: about a second, never much less.
-    assert times[-1] - times[0] >= 0.85, times[-1] - times[0]
+    # A burst of 20 (one second's worth), then 60 more at 20/s: the dispatcher starts the last one at least 3 s
+    # after the first. What the subscriber sees differs from that by how much later the first arrives than the
+    # last (a cold connection on a loaded host): half a second is allowed; no limit at all would take ~0.1 s.
+    assert times[-1] - times[0] >= 2.5, times[-1] - times[0]
 
 
 def test_subscribers_added_changed_and_removed_at_runtime(

@@ -48,6 +48,16 @@ class TokenBucket:
         return (1.0 - self.tokens) / self.rate
 
 
+def bucket_for(rate: float | None, current: TokenBucket | None = None) -> TokenBucket | None:
+    """The bucket for ``rate`` events per second (None: unlimited). An unchanged rate keeps ``current``, so a
+    change to anything else (URI, retries, filter) does not refill the burst."""
+    if not rate:
+        return None
+    if current is not None and current.rate == rate:
+        return current
+    return TokenBucket(rate)
+
+
 class FlowControl:
     """The byte budget of one subscription's local queues (all partitions together)."""
 

@@ -26,7 +26,7 @@ from kafka_eventing.core.binding import BindingError
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
-from kafka_eventing.dispatcher.flow import FlowControl, TokenBucket
+from kafka_eventing.dispatcher.flow import FlowControl, bucket_for
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.partition import Partition
 from kafka_eventing.dispatcher.rebalance import attempts_from, commit_point
@@ -111,7 +111,7 @@ class TriggerLane:
         self._match = matcher(subscriber)
         self.scheduler = scheduler_for(subscriber, self.max_in_flight, max_outstanding)
         self.flow = FlowControl(queue_bytes)
-        self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
+        self._bucket = bucket_for(subscriber.rate_limit)
         self._rate_timer: asyncio.TimerHandle | None = None
         self._deliverer = deliverer
         self._metrics = metrics
@@ -147,7 +147,7 @@ class TriggerLane:
         self._match = matcher(subscriber)
         if subscriber.ordered != self.scheduler.ordered:
             self.scheduler = scheduler_for(subscriber, self.max_in_flight, self._max_outstanding)
-        self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
+        self._bucket = bucket_for(subscriber.rate_limit, self._bucket)
         self.flow.resize(self.parts.values(), self.scheduler)
         self.pump()
 

@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
-from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, TokenBucket, WakeableSleep
+from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, WakeableSleep, bucket_for
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
@@ -113,7 +113,7 @@ class SubscriptionConsumer:
         self._in_flight = 0
         self._stopping = False
         self._alarm = WakeableSleep()
-        self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
+        self._bucket = bucket_for(subscriber.rate_limit)
         self._rate_timer: asyncio.TimerHandle | None = None
         self._joined = False
         self._next_lag = 0.0
@@ -149,7 +149,7 @@ class SubscriptionConsumer:
         self._subscriber = subscriber
         if subscriber.ordered != self._scheduler.ordered:
             self._scheduler = scheduler_for(subscriber, self.max_in_flight, self._max_outstanding)
-        self._bucket = TokenBucket(subscriber.rate_limit) if subscriber.rate_limit else None
+        self._bucket = bucket_for(subscriber.rate_limit, self._bucket)
         self._flow.resize(self._parts.values(), self._scheduler)
         current = self._board.get(subscriber.uid)
         if current is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import TopicPartition
 
-from kafka_eventing.dispatcher.flow import FlowControl, TokenBucket
+from kafka_eventing.dispatcher.flow import FlowControl, TokenBucket, bucket_for
 from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
 from kafka_eventing.dispatcher.scheduler import Scheduler
@@ -19,6 +19,16 @@ def test_token_bucket() -> None:
     assert bucket.take() == pytest.approx(0.5)
     now[0] = 0.5
     assert bucket.take() == 0.0
+
+
+def test_a_spec_change_that_keeps_the_rate_keeps_the_drained_bucket() -> None:
+    bucket = TokenBucket(2.0, clock=lambda: 0.0)
+    bucket.take(), bucket.take()
+    kept = bucket_for(2.0, bucket)
+    assert kept is bucket and kept.take() == pytest.approx(0.5)  # no fresh burst
+    changed = bucket_for(5.0, bucket)
+    assert changed is not None and changed is not bucket and changed.rate == 5.0
+    assert bucket_for(None, bucket) is None and bucket_for(0.0) is None
 
 
 class _PausingConsumer:
