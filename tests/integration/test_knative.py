@@ -448,8 +448,10 @@ def _paced(http: Subscriber, path: str, post: Callable[[str], None], prefix: str
     least = (EVENTS - BURST) / RATE  # 2 s
     # Sent faster than the limit allows, so any pacing seen is the dispatcher's; each arrival conforms to the bucket.
     assert sent_in < least, f"sending took {sent_in:.2f} s: too slow to show a limit of {RATE}/s"
+    # Measured where they arrive, so a first delivery slowed by a loaded host (a cold connection) shortens the
+    # spans: up to half a second of that is allowed. Without the limit all would come within ~0.1 s.
     for i, at in enumerate(arrivals):
-        assert at - arrivals[0] >= (i - BURST) / RATE * 0.9, f"event {i} at {at - arrivals[0]:.2f} s: over {RATE}/s"
+        assert at - arrivals[0] >= (i - BURST) / RATE - 0.5, f"event {i} at {at - arrivals[0]:.2f} s: over {RATE}/s"
 
 
 def test_rate_limits_of_subscriptions_and_triggers_on_knatives_controller(
