@@ -669,10 +669,16 @@ def _cmdline(pid: int) -> str:
 
 def _workdir_processes() -> set[int]:
     """Processes of this cluster but this one: containerd, its shims and the kubelet name the cluster's folder in
-    their arguments (config, socket); other engines' containerd (a Docker engine's) do not."""
-    folder = str(workdir())
-    return {int(e.name) for e in Path("/proc").iterdir()
-            if e.name.isdigit() and int(e.name) != os.getpid() and folder in _cmdline(int(e.name))}
+    their arguments (config, socket); other engines' containerd (a Docker engine's) do not. The folder is looked
+    for as given and resolved: a cache reached through a symbolic link appears in arguments by either path."""
+    folders = {str(workdir()), str(workdir().resolve())}
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            cmdline = _cmdline(int(entry.name))
+            if any(folder in cmdline for folder in folders):
+                found.add(int(entry.name))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
