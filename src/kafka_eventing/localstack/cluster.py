@@ -669,14 +669,19 @@ def _cmdline(pid: int) -> str:
 
 def _workdir_processes() -> set[int]:
     """Processes of this cluster but this one: containerd, its shims and the kubelet name the cluster's folder in
-    their arguments (config, socket); other engines' containerd (a Docker engine's) do not. The folder is looked
-    for as given and resolved: a cache reached through a symbolic link appears in arguments by either path."""
-    folders = {str(workdir()), str(workdir().resolve())}
+    their arguments (config, socket); other engines' containerd (a Docker engine's) do not."""
+    return processes_naming(workdir())
+
+
+def processes_naming(folder: Path) -> set[int]:
+    """Processes but this one whose arguments name ``folder``, by the path as given or resolved: a cache reached
+    through a symbolic link appears in arguments by either."""
+    names = {str(folder), str(folder.resolve())}
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             cmdline = _cmdline(int(entry.name))
-            if any(folder in cmdline for folder in folders):
+            if any(name in cmdline for name in names):
                 found.add(int(entry.name))
     return found
 

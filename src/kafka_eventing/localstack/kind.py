@@ -49,6 +49,7 @@ from kafka_eventing.localstack.cluster import (
     kill_cgroup_tree,
     kill_netns_processes,
     netns_command,
+    processes_naming,
     remove_cgroup_tree,
 )
 from kafka_eventing.localstack.tools import cache_dir
@@ -285,9 +286,7 @@ def down(timeout: float = 240.0) -> None:
 
 
 def _engine_processes() -> set[int]:
-    folder = str(docker_dir())
-    return {int(e.name) for e in Path("/proc").iterdir()
-            if e.name.isdigit() and int(e.name) != os.getpid() and folder in _cmdline(int(e.name))}
+    return processes_naming(docker_dir())
 
 
 def _netns_processes(inode: int) -> set[int]:

@@ -24,6 +24,8 @@ def test_a_process_naming_the_folder_by_either_path_is_found(
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--config", str(folder)])
     try:
         assert proc.pid in kc._workdir_processes()
+        assert proc.pid in kc.processes_naming(link / "cluster")
+        assert proc.pid not in kc.processes_naming(tmp_path / "elsewhere")
     finally:
         proc.kill()
         proc.wait()
