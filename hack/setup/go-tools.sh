@@ -2,8 +2,9 @@
 # Builds every Go-based tool the project uses from the Go module proxy (the only place these
 # machines can get them from) into ${KE_CACHE:-<repo>/.cache}/bin.
 #
-#   hack/setup/go-tools.sh            # all tools
-#   hack/setup/go-tools.sh helm kubectl   # only some
+#   hack/setup/go-tools.sh              # all tools
+#   hack/setup/go-tools.sh test|e2e     # the tools `make test` / `make e2e` needs (the lists below)
+#   hack/setup/go-tools.sh helm kubectl # only some
 #
 # Idempotent: each tool has a stamp keyed by its version and build inputs; a warm re-run only
 # checks the stamp and runs the binary's version command. Build output goes to .cache/logs/.
@@ -295,11 +296,21 @@ check_pinned() {
   fi
 }
 
-ALL=(helm ct kustomize kubeconform helm-docs kind promtool kube-apiserver kube-controller-manager kubectl etcd kube-scheduler
-  kubelet kubeadm kube-proxy coredns knative-eventing-controller wathola-sender wathola-receiver wathola-fetcher otelcol
-  cloudevents)
-WANT=("$@")
-[[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
+# `test`: what the host tiers of `make test` run (lint-charts, integration: the API server, Knative's controller, the
+# collector, the conformance tool). `e2e`: what only the pod and kind tiers of `make e2e` run.
+TEST=(helm ct kustomize kubeconform helm-docs promtool kube-apiserver kube-controller-manager kubectl etcd
+  knative-eventing-controller otelcol cloudevents)
+E2E=(kind kube-scheduler kubelet kubeadm kube-proxy coredns wathola-sender wathola-receiver wathola-fetcher)
+ALL=("${TEST[@]}" "${E2E[@]}")
+WANT=()
+for arg in "${@:-all}"; do
+  case $arg in
+    all) WANT+=("${ALL[@]}") ;;
+    test) WANT+=("${TEST[@]}") ;;
+    e2e) WANT+=("${E2E[@]}") ;;
+    *) WANT+=("$arg") ;;
+  esac
+done
 
 check_pinned "$KUBE_MOD" k8s.io/kubernetes "$KUBE_VERSION"
 # etcd is built at the version kube-apiserver's own module requires.
