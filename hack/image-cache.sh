@@ -2,7 +2,8 @@
 # The per-user image cache, sourced by hack/base-image.sh, hack/images.sh and hack/kind/node-image.sh: `docker save`
 # archives of images whose content is fixed by their inputs (the Debian OS bases, the role bases' dependency stages,
 # the kind node image), kept outside the clone like Go's build cache, so a fresh clone (CI) loads them into its
-# engine instead of rebuilding them. Never an image that holds this repository's source.
+# engine instead of rebuilding them. The archives the e2e tiers import, which hold this repository's source, are
+# kept beside them by hack/cluster-images.sh, keyed by a hash of that source.
 #
 #   $KE_IMAGE_CACHE/<name>/<key>.tar   key: a hash of exactly the image's inputs, computed by the caller
 #
