@@ -46,8 +46,8 @@ CLUSTER_IMAGES := $(KE_CACHE)/cluster/images/kafka-eventing-roles.tar
 cluster-images: ## Build the receiver, dispatcher and controller images and save them for the cluster (no registry).
 	KE_SAVE_IMAGES=$(CLUSTER_IMAGES) nice hack/images.sh $(GIT_SHA) receiver dispatcher controller
 
-# The spark image for the real-pod cluster's Spark test (tests/e2e/test_cluster_spark.py), in an archive of its own:
-# the other cluster tiers do not import its ~1 GB. Rebuilt only when an input of the image changes (the stamp beside
+# The spark image for kind's Spark tests (the test_spark_… tests of tests/e2e/test_kind.py), in an archive of its own:
+# the real-pod cluster does not import its ~1 GB. Rebuilt only when an input of the image changes (the stamp beside
 # the archive is a hash of them); otherwise a no-op that starts no engine.
 CLUSTER_SPARK_IMAGE := $(KE_CACHE)/cluster/spark/kafka-eventing-spark.tar
 SPARK_IMAGE_INPUTS := .dockerignore pyproject.toml requirements.lock src images/base images/spark hack/images.sh \
@@ -114,12 +114,12 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 	  -v -m reliability $(ARGS)
 
 .PHONY: test-cluster
-test-cluster: cluster-images cluster-spark-image ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py), the reprocess jobs on executor pods (test_cluster_spark.py); fails if the cluster cannot start.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_life.py tests/e2e/test_cluster_crash.py \
-	  tests/e2e/test_cluster_spark.py -q --durations=15 -m cluster
+test-cluster: cluster-images ## What kind cannot show, on a real kubelet: a killed cluster supervisor (test_cluster_crash.py, first: a cluster of its own), then on one shared cluster the overlay and the chart's auth and TLS (test_cluster.py) and leader kills (test_cluster_life.py); fails if a cluster cannot start.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster_crash.py tests/e2e/test_cluster.py \
+	  tests/e2e/test_cluster_life.py -q --durations=15 -m cluster
 
 .PHONY: test-kind
-test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
+test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the channel, Broker and KafkaSink/KafkaSource scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q --durations=15 -m kind
 
 .PHONY: test-e2e
