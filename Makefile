@@ -115,12 +115,12 @@ chaos: setup ## The whole fault suite with the 10-minute soak; writes docs/relia
 	  -v -m reliability $(ARGS)
 
 .PHONY: test-cluster
-test-cluster: cluster-images ## The chart and the overlay on a real kubelet (tests/e2e/test_cluster.py), upgrade/rollback under Knative's prober and leader kills (test_cluster_life.py), the reprocess jobs on executor pods (test_cluster_spark.py); fails if the cluster cannot start.
-	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster.py tests/e2e/test_cluster_life.py tests/e2e/test_cluster_crash.py \
-	  tests/e2e/test_cluster_spark.py -q -m cluster
+test-cluster: cluster-images ## What kind cannot show, on a real kubelet: a killed cluster supervisor (test_cluster_crash.py, first: a cluster of its own), then on one shared cluster the overlay and the chart's auth and TLS (test_cluster.py) and leader kills (test_cluster_life.py); fails if a cluster cannot start.
+	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_cluster_crash.py tests/e2e/test_cluster.py \
+	  tests/e2e/test_cluster_life.py -q -m cluster
 
 .PHONY: test-kind
-test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the shared scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
+test-kind: cluster-images cluster-spark-image kind-image ## The chart on kind: helm install/upgrade/test/uninstall, the channel, Broker and KafkaSink/KafkaSource scenario, Knative's upgrade prober across upgrade and rollback, the reprocess jobs on executor pods, ct install (tests/e2e/test_kind*.py); fails, never skips.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/e2e/test_kind.py tests/e2e/test_kind_crash.py -q -m kind
 
 .PHONY: test-e2e

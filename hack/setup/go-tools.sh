@@ -33,7 +33,7 @@ KUBE_VERSION=v1.34.10
 # v0.47.0 = Knative Eventing 1.20.0. The proxy refuses this module's version list, so `go install ...@version` fails;
 # building inside a module that pins it needs no list. To bump: `go get -tool knative.dev/eventing/cmd/controller@vX`
 # in hack/tools/knative, `go mod tidy`, commit go.mod + go.sum. The same module builds Knative's upgrade prober,
-# wathola-sender/-receiver/-fetcher (test/test_images/wathola-*; tests/e2e/test_cluster_life.py runs them as pods),
+# wathola-sender/-receiver/-fetcher (test/test_images/wathola-*; tests/e2e/test_kind.py runs them as pods),
 # static (CGO_ENABLED=0) so that a one-file image holds each.
 KNATIVE_EVENTING_VERSION=v0.47.0
 # A minimal OpenTelemetry Collector (the OTLP receiver and the file exporter; tests/integration/test_tracing.py) from
@@ -142,7 +142,7 @@ knative_build() {
   mv -f "$out.tmp" "$out"
 }
 
-# The wathola tools: static, for one-file images (tests/e2e/test_cluster_life.py).
+# The wathola tools: static, for one-file images (the prober of tests/e2e/test_kind.py).
 build_wathola() {
   local name=$1
   (cd "$KNATIVE_MOD" && CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -ldflags "-s -w" -o "$BIN/$name.tmp" \

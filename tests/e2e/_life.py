@@ -1,11 +1,11 @@
-"""Knative's upgrade prober across an install's life, as both cluster tiers run it (tests/e2e/test_cluster_life.py on
-this machine's real pods, tests/e2e/test_kind.py on kind).
+"""Knative's upgrade prober across an install's life, on kind (tests/e2e/test_kind.py: the one tier that runs it, the
+one where users meet the chart).
 
 Knative's wathola sender, receiver and fetcher (``knative.dev/eventing/test/test_images/wathola-*`` at the Knative
 version `make setup` pins, built static by hack/setup/go-tools.sh) run as pods from one image (:func:`wathola_archive`;
-each tier puts it into its nodes as it does its own images): two pipelines, sender → KafkaChannel → receiver and
-sender → Kafka Broker → Trigger → receiver, each sender posting numbered step events one after another every 10 ms,
-through the whole of:
+loaded into the node as the role images are): two pipelines, sender → KafkaChannel → receiver and
+sender → Kafka Broker → Trigger → receiver, each sender posting numbered step events one after another every 10 ms to
+the channel's or the Broker's ``status.address.url`` (a Service name), through the whole of:
 
 1. `helm install` of the previous released chart version (from git history, :func:`previous_chart`),
 2. `helm upgrade` to this tree's chart,
@@ -16,9 +16,8 @@ Then the senders are stopped (SIGTERM: each sends its "finished" event with the 
 each receiver's report. Pass, as upstream's prober: state ``success`` (every step received), nothing missing,
 unexpected or unavailable for longer than the prober's limit; duplicates are counted and reported.
 
-What differs between the tiers — the chart's values, how a test client reaches a pod, what the senders address (a
-Service on kind, a relay standing in for one on the real-pod cluster) — is the :class:`Tier` a test passes in.
-Nothing here imports pytest.
+The chart's values and how a test client reaches a pod are the :class:`Tier` the test passes in. Nothing here imports
+pytest.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,23 +66,14 @@ class Helm(Kube, Protocol):
     def apply(self, *docs: dict[str, Any]) -> None: ...
 
 
-@dataclass(frozen=True)
-class Sender:
-    """Where a pipeline's wathola sender posts, and the host names its pod must resolve to get there."""
-
-    address: str
-    host_aliases: tuple[tuple[str, str], ...] = ()  # (ip, host name)
-
-
 @dataclass
 class Tier:
-    """How one cluster tier installs the chart and reaches the prober's pods."""
+    """How the test installs the chart and reaches the prober's pods."""
 
     kube: Helm
     chart_args: Callable[[Path], list[str]]  # helm's values arguments for a chart directory
     send: Callable[[str, str, str], list[str]]  # (address URL, event id, type) → the ids answered 202
     report: Callable[[str], dict[str, Any]]  # a wathola receiver pod's IP → its /report
-    senders: Callable[[], AbstractContextManager[dict[str, Sender]]]  # pipeline → where its sender posts
 
 
 def wathola_archive(path: Path) -> None:
@@ -130,8 +119,7 @@ def _config(name: str, toml: str) -> dict[str, Any]:
             "data": {"config.toml": toml}}
 
 
-def _wathola_pod(name: str, tool: str, config: str, *, restart: str = "Always",
-                 host_aliases: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+def _wathola_pod(name: str, tool: str, config: str, *, restart: str = "Always") -> dict[str, Any]:
     """A pod running one wathola tool; its configuration is read from ``$HOME/.config/wathola/config.toml``."""
     container: dict[str, Any] = {
         "name": "wathola", "image": WATHOLA_IMAGE, "imagePullPolicy": "Never", "command": [f"/{tool}"],
@@ -140,11 +128,9 @@ def _wathola_pod(name: str, tool: str, config: str, *, restart: str = "Always",
         "resources": {"limits": {"memory": "128Mi"}}}
     if tool == "wathola-receiver":
         container["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": WATHOLA_PORT}, "periodSeconds": 2}
-    aliases = [{"ip": ip, "hostnames": [host]} for ip, host in host_aliases]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": APP_NS},
             "spec": {"securityContext": RESTRICTED_POD, "automountServiceAccountToken": False,
                      "restartPolicy": restart, "terminationGracePeriodSeconds": 60,
-                     **({"hostAliases": aliases} if aliases else {}),
                      "containers": [container],
                      "volumes": [{"name": "config", "configMap": {"name": config}}]}}
 
@@ -204,11 +190,12 @@ def _warm_up(tier: Tier) -> None:
         wait(f"the {pipeline} subscription's consumer joined", arrived, timeout=300, interval=2)
 
 
-def _senders(kube: Helm, senders: dict[str, Sender]) -> None:
-    kube.apply(*(_config(f"sender-{p}", f"[sender]\naddress = '{s.address}'\ninterval = 10000000\n")
-                 for p, s in senders.items()),
-               *(_wathola_pod(f"sender-{p}", "wathola-sender", f"sender-{p}", host_aliases=s.host_aliases)
-                 for p, s in senders.items()))
+def _senders(kube: Helm) -> None:
+    """A wathola sender per pipeline, posting to the address the channel's or the Broker's status gives, as users'
+    senders do."""
+    kube.apply(*(_config(f"sender-{p}", f"[sender]\naddress = '{url}'\ninterval = 10000000\n")
+                 for p, url in addresses(kube).items()),
+               *(_wathola_pod(f"sender-{p}", "wathola-sender", f"sender-{p}") for p in PIPELINES))
 
 
 def _progress(tier: Tier, receivers: dict[str, str], after: str) -> dict[str, int]:
@@ -275,38 +262,37 @@ def upgrade_values_roll_and_rollback(tier: Tier, work: Path) -> dict[str, dict[s
     _targets(kube, receivers)
     _warm_up(tier)
     steps: list[tuple[str, dict[str, int]]] = []
-    with tier.senders() as senders:
-        _senders(kube, senders)
-        steps.append(("install", _progress(tier, receivers, f"helm install of {previous_version}")))
+    _senders(kube)
+    steps.append(("install", _progress(tier, receivers, f"helm install of {previous_version}")))
 
-        helm(kube, "upgrade", RELEASE, str(CHART), *tier.chart_args(CHART))
-        now = release(kube)
-        assert (now["chart"], now["revision"]) == (f"kafka-eventing-{current_version}", "2"), now
-        pods_ready(kube, SYSTEM_NS)
-        steps.append(("upgrade", _progress(tier, receivers, f"helm upgrade to {current_version}")))
+    helm(kube, "upgrade", RELEASE, str(CHART), *tier.chart_args(CHART))
+    now = release(kube)
+    assert (now["chart"], now["revision"]) == (f"kafka-eventing-{current_version}", "2"), now
+    pods_ready(kube, SYSTEM_NS)
+    steps.append(("upgrade", _progress(tier, receivers, f"helm upgrade to {current_version}")))
 
-        rolled_from = _release_pods(kube)
-        helm(kube, "upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "logFormat=json")
-        pods_ready(kube, SYSTEM_NS)
-        kept = rolled_from & _release_pods(kube)
-        assert rolled_from and not kept, f"the values change did not roll every pod of the release: {sorted(kept)}"
-        steps.append(("values roll", _progress(tier, receivers, "a values change rolling every pod")))
+    rolled_from = _release_pods(kube)
+    helm(kube, "upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "logFormat=json")
+    pods_ready(kube, SYSTEM_NS)
+    kept = rolled_from & _release_pods(kube)
+    assert rolled_from and not kept, f"the values change did not roll every pod of the release: {sorted(kept)}"
+    steps.append(("values roll", _progress(tier, receivers, "a values change rolling every pod")))
 
-        helm(kube, "rollback", RELEASE, "1")
-        now = release(kube)
-        assert (now["chart"], now["revision"]) == (f"kafka-eventing-{previous_version}", "4"), now
-        pods_ready(kube, SYSTEM_NS)
-        steps.append(("rollback", _progress(tier, receivers, f"helm rollback to {previous_version}")))
+    helm(kube, "rollback", RELEASE, "1")
+    now = release(kube)
+    assert (now["chart"], now["revision"]) == (f"kafka-eventing-{previous_version}", "4"), now
+    pods_ready(kube, SYSTEM_NS)
+    steps.append(("rollback", _progress(tier, receivers, f"helm rollback to {previous_version}")))
 
-        # SIGTERM: each sender sends its "finished" event with the count of steps it got a 2xx for.
-        kube.kubectl("delete", "pod", *(f"sender-{p}" for p in PIPELINES), "-n", APP_NS, "--timeout=120s",
-                     timeout=180)
-        for p, ip in receivers.items():
-            def decided(ip: str = ip) -> bool:
-                return str(tier.report(ip)["state"]) != "active"
+    # SIGTERM: each sender sends its "finished" event with the count of steps it got a 2xx for.
+    kube.kubectl("delete", "pod", *(f"sender-{p}" for p in PIPELINES), "-n", APP_NS, "--timeout=120s",
+                 timeout=180)
+    for p, ip in receivers.items():
+        def decided(ip: str = ip) -> bool:
+            return str(tier.report(ip)["state"]) != "active"
 
-            wait(f"the {p} receiver's verdict", decided, timeout=300, interval=3)
-        reports = {p: _fetch(kube, p, ip) for p, ip in receivers.items()}
+        wait(f"the {p} receiver's verdict", decided, timeout=300, interval=3)
+    reports = {p: _fetch(kube, p, ip) for p, ip in receivers.items()}
 
     summary = {p: {"state": r["state"], "steps": r["eventsSent"], "requests": r["totalRequests"],
                    "duplicated": len(r["thrown"]["duplicated"]), "missing": len(r["thrown"]["missing"])}

@@ -1,4 +1,5 @@
-"""Test clients that run inside the cluster's network namespace (tests/e2e/test_cluster.py).
+"""Test clients that run inside the real-pod cluster's network namespace (tests/e2e/test_cluster.py,
+test_cluster_life.py).
 
 Each entry point first moves its fresh "spawn" process into the namespace (``enter_netns``), so every socket it
 opens — HTTP to pods, Kafka on the node address — stays inside it. Nothing here imports pytest.
@@ -11,7 +12,6 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -93,91 +93,11 @@ def topics(bootstrap_servers: str) -> list[str]:
     return sorted(admin.list_topics(timeout=15).topics)
 
 
-def run_service(pid: int, host: str, port: int, kubectl: list[str], namespace: str, stop_after: float) -> None:
-    """What a Service and kube-proxy would be for the receiver pods, which this cluster has neither of: a TCP relay
-    on the node address that sends each new connection to a ready, not terminating receiver pod (the endpoints
-    re-read every second). A connection stays with its pod until either side closes it, as with kube-proxy, so a
-    client sees a pod's going as a closed connection and reconnects to another."""
-    enter_netns(pid)
-    endpoints: list[str] = []
-    stop = threading.Event()
-
-    def refresh() -> None:
-        while not stop.is_set():
-            try:
-                endpoints[:] = receiver_ips(kubectl, namespace)
-            except (subprocess.SubprocessError, ValueError, KeyError):
-                pass  # the apiserver answers again in a moment; keep the last endpoints until then
-            stop.wait(1)
-
-    threading.Thread(target=refresh, daemon=True).start()
-    try:
-        relay(host, port, lambda: list(endpoints), 8080, stop_after)
-    finally:
-        stop.set()
-
-
-def relay(host: str, port: int, endpoints: Callable[[], list[str]], target_port: int, stop_after: float) -> None:
-    """Serve ``host:port`` for ``stop_after`` seconds, relaying each connection to one of ``endpoints()`` (in turn)
-    on ``target_port``; a connection that finds no endpoint within 10 s is closed."""
-    import asyncio
-    import itertools
-
-    turn = itertools.count()
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    async def connect(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        for _ in range(40):
-            ips = endpoints()
-            if ips:
-                try:
-                    pod_r, pod_w = await asyncio.wait_for(
-                        asyncio.open_connection(ips[next(turn) % len(ips)], target_port), 2)
-                except (OSError, TimeoutError):
-                    pass
-                else:
-                    await asyncio.gather(pipe(client_r, pod_w), pipe(pod_r, client_w))
-                    return
-            await asyncio.sleep(0.25)
-        client_w.close()
-
-    async def serve() -> None:
-        server = await asyncio.start_server(connect, host, port)
-        async with server:
-            await asyncio.sleep(stop_after)
-
-    asyncio.run(serve())
-
-
-def get_json(url: str) -> object:
-    with httpx.Client(timeout=10) as client:
-        return client.get(url).json()
-
-
 def consumer_groups(bootstrap_servers: str) -> list[str]:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     return sorted(g.group_id for g in admin.list_consumer_groups().result(15).valid)
-
-
-def produce_plain(bootstrap_servers: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    """(key, value) records that are not CloudEvents, written to partition 0 of ``topic``."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap_servers})
-    for key, value in records:
-        producer.produce(topic, key=key, value=value, partition=0)
-    assert producer.flush(30) == 0, "records not acknowledged"
 
 
 def post_tls(ip: str, port: int, server_name: str, path: str, headers: dict[str, str], body: bytes,

@@ -51,6 +51,8 @@ BROKER_OWNER = "kafka.eventing.knative.dev/broker"
 NAMESPACED_KINDS = ("pods,deployments,replicasets,services,configmaps,secrets,serviceaccounts,roles,rolebindings,"
                     "poddisruptionbudgets,networkpolicies")
 CLUSTER_KINDS = "clusterroles,clusterrolebindings"
+#: What marks every object of the chart and of the overlay, cluster-wide ones included.
+PART_OF = "app.kubernetes.io/part-of=kafka-eventing"
 
 
 class Kube(Protocol):

@@ -1,16 +1,18 @@
-"""The reprocessing jobs on Spark-on-Kubernetes executor pods, as both cluster tiers run them
-(tests/e2e/test_cluster_spark.py on this machine's real pods, tests/e2e/test_kind.py on kind).
+"""The reprocessing jobs on Spark-on-Kubernetes executor pods, on kind (the ``test_spark_…`` tests of
+tests/e2e/test_kind.py, the one tier that runs them).
 
 The chart is rendered with ``helm template`` and only its reprocessing objects are applied (the settings ConfigMap,
 the ServiceAccount and driver Role, the executors' pod template, the CronJob and the Job): the service roles play no
 part in these jobs. With ``reprocess.cluster`` on, the job's pod is the driver of two executor pods from the
-project's Spark image (`make cluster-spark-image`); the driver reaches the API server at the tier's master address
-(the ``kubernetes`` Service), the executors reach the driver at its pod IP, as the chart sets it for every cluster.
+project's Spark image (`make cluster-spark-image`); the driver reaches the API server at the chart's default master
+(the ``kubernetes`` Service by cluster DNS, as in a real install), the executors reach the driver at its pod IP, as
+the chart sets it for every cluster.
 The reference is the same chart job in local mode (``--master local[2]``, the chart's default, one pod). Output and
 run folders are a hostPath volume on the one node, mounted at the same path as on the host (the archive's commit log
 records absolute paths, and the test reads the archive and the journals on the host): the single-node stand-in for
 the ReadWriteMany volume cluster mode needs. Events are produced, and replayed requests received, by a pod of the
-receiver image (the scenario's sink, whose log is the ledger), so no test process talks to a pod's address.
+receiver image (the scenario's sink, whose log is the ledger, reached by its Service), so no test process talks to
+a pod's address.
 
 - archive and replay on 2 executor pods: the same Parquet rows, the same requests (ids, CloudEvent headers, bodies)
   and the same manifest as local mode; both executors were pods Running during the run (restricted, no API token,
@@ -20,8 +22,8 @@ receiver image (the scenario's sink, whose log is the ledger), so no test proces
 - an executor pod killed mid-replay while its task is sending: every event of the window is delivered at least
   once, and each event delivered twice is one the manifest reports as possibly resent.
 
-What differs between the tiers (how the driver addresses the API server, Kafka's address, how the executors address
-the sink pod, the host folder the node shares) is the :class:`Tier` a test passes in. Nothing here imports pytest.
+Kafka's address and the host folder the node shares are the :class:`Tier` the test passes in. Nothing here imports
+pytest.
 """
 
 from __future__ import annotations
@@ -105,22 +107,20 @@ class Cluster(Kube, Protocol):
 
 @dataclass
 class Tier:
-    """How one cluster tier runs the reprocessing jobs."""
+    """Where the reprocessing jobs run."""
 
     kube: Cluster
     spark_image: str  # the spark image's reference in the node
     receiver_image: str  # the sink pod's
     bootstrap_servers: str  # Kafka, as pods reach it
-    master: str | None  # the driver's API server address (``k8s://…``); None: the chart's default (cluster DNS)
     shared: Path  # a host folder the node has at the same path, writable by pods
-    sink_url: Callable[[dict[str, Any]], str]  # the sink pod → its URL as executors reach it
 
 
 # ---------------------------------------------------------------------------------------------- the parts
 
 
 def start_sink(tier: Tier) -> str:
-    """The namespace and the sink pod (and its Service): returns the sink's URL as the jobs' pods reach it."""
+    """The namespace and the sink pod (and its Service): returns the sink's URL (the Service's) for the jobs' pods."""
     labels = {"app": SINK_POD}
     tier.kube.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
@@ -134,7 +134,7 @@ def start_sink(tier: Tier) -> str:
          "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
     )
     tier.kube.kubectl("wait", "--for=condition=Ready", f"pod/{SINK_POD}", "-n", NS, "--timeout=300s", timeout=360)
-    return tier.sink_url(get(tier.kube, "pod", SINK_POD, "-n", NS))
+    return f"http://{SINK_POD}.{NS}.svc.cluster.local"
 
 
 def produce(tier: Tier) -> str:
@@ -167,7 +167,6 @@ def install(tier: Tier, shared: Path, *, cluster: bool = True, archive: list[str
             "extraVolumes": [{"name": "out", "hostPath": {"path": str(shared), "type": "Directory"}}],
             "extraVolumeMounts": [{"name": "out", "mountPath": str(shared)}],
             "cluster": {"enabled": cluster, "executors": 2,
-                        **({"master": tier.master} if tier.master else {}),
                         # Two executors' whole cores would fill a 2-core node's allocatable CPU. The driver
                         # learns of a force-deleted executor pod at its next poll of the pods ("the driver
                         # missed the deletion event", its log says): every 5 s, not Spark's 30, so the killed

@@ -1,7 +1,8 @@
 """`cluster down` after the supervisor died without stopping the cluster (SIGKILL, an OOM kill): containerd, the
 kubelet, the control plane and Kafka outlive it, and `down` must still find and stop them from the state file.
 
-Part of `make test-cluster`; it starts a cluster of its own (no pods), after test_cluster.py has stopped its one.
+Part of `make test-cluster`; it starts a cluster of its own (no pods), before the tier's shared one starts
+(tests/e2e/conftest.py orders the session so, and ``cluster_of_its_own`` fails the test should the shared one be up).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kafka_eventing.localstack import cluster as kc
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 
+@pytest.mark.usefixtures("cluster_of_its_own")
 def test_down_finds_what_a_killed_supervisor_left() -> None:
     try:
         state = kc.up(ttl=900)

@@ -1,13 +1,8 @@
-"""Nothing lost across an install's life on the real-pod cluster (`make test-cluster`).
-
-1. Knative's upgrade prober (wathola sender, receiver and fetcher pods) through a KafkaChannel and a Broker + Trigger
-   across `helm install` of the previous chart version, `helm upgrade` to this one, a values change that rolls every
-   pod and `helm rollback`: the scenario of tests/e2e/_life.py, which test_kind.py runs on kind too. The wathola
-   binaries are one image archive the cluster imports at start. The cluster has no Service routing, so the senders
-   reach the receiver pods through ``run_service`` (tests/e2e/_netns_clients.py), a relay standing in for
-   kube-proxy: a rolled receiver pod closes its connections and the sender reconnects to another, as with a Service.
-2. Leader chaos: the controller's lease holder and one dispatcher pod killed every 20 s while events flow and
-   resources churn; the ledger, readiness and no orphans checked afterwards.
+"""Leader chaos on the real-pod cluster (`make test-cluster`): the controller's lease holder and one dispatcher pod
+killed every 20 s while events flow and resources churn; the ledger, readiness and no orphans checked afterwards.
+The cluster is the tier's one, shared with test_cluster.py (tests/e2e/conftest.py). Knative's upgrade prober across
+an install's life (tests/e2e/_life.py) runs on kind, where users meet the chart (test_kind.py's
+test_prober_across_upgrade_values_roll_and_rollback).
 """
 
 from __future__ import annotations
@@ -16,17 +11,14 @@ import json
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
-from e2e import _life as life
 from e2e import _netns_clients as clients
-from e2e._life import RELEASE, helm
+from e2e._life import CHART, RELEASE, helm
+from e2e._pod_cluster import Cluster
 from e2e._scenario import (
     APP_NS,
     BROKER,
@@ -39,85 +31,12 @@ from e2e._scenario import (
     pods_ready,
     wait,
 )
-from e2e.test_cluster import Cluster, _image_roles
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.localstack import cluster as kc
 from kafka_eventing.localstack._proc import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    images = _image_roles()
-    # The cluster imports every archive of its images folder at start: the prober's goes there for this start only.
-    archive = kc.workdir() / "images" / "wathola.tar"
-    try:
-        life.wathola_archive(archive)
-    except AssertionError as exc:
-        pytest.fail(str(exc))
-    try:
-        state = kc.up(ttl=3600)
-    except kc.ClusterError as exc:
-        kc.down()
-        pytest.fail(f"the cluster did not start: {exc}")
-    finally:
-        archive.unlink(missing_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(1, initializer=clients.init, initargs=(int(state["pid"]),))
-    try:
-        yield Cluster(state, images, pool)
-    finally:
-        pool.terminate()
-        pool.join()
-        kc.down()
-        assert kc.leftovers() == [], "cluster-down left things behind"
-
-
-def _chart_args(cl: Cluster, chart: Path) -> list[str]:
-    return ["-f", str(chart / "ci" / "cluster-values.yaml"),
-            "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
-            "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}",
-            "--set", f"tests.image={cl.images['curl']}", "--set", "crds.brokers=true"]
-
-
-def _tier(cl: Cluster) -> life.Tier:
-    """The prober's clients run in the cluster's namespace (the pool); the senders post to a relay on the node
-    address, the channel's host name pointing there by a host alias (no cluster DNS)."""
-
-    def send(url: str, event_id: str, event_type: str) -> list[str]:
-        # To a receiver pod, the address's host as the Host header (it names the channel) and its path (the Broker).
-        address = urlsplit(url)
-        ids: list[str] = cl.in_netns(clients.send_events, cl.kubectl_cmd, SYSTEM_NS, address.netloc, [event_id],
-                                     0.0, 60.0, address.path or "/", event_type)
-        return ids
-
-    def report(receiver_ip: str) -> dict[str, Any]:
-        found: dict[str, Any] = cl.in_netns(clients.get_json, f"http://{receiver_ip}:{life.WATHOLA_PORT}/report")
-        return found
-
-    @contextmanager
-    def senders() -> Iterator[dict[str, life.Sender]]:
-        port = free_port()
-        relay = multiprocessing.get_context("spawn").Process(
-            target=clients.run_service, args=(cl.pid, kc.NODE_IP, port, cl.kubectl_cmd, SYSTEM_NS, 3000),
-            daemon=True)
-        relay.start()
-        try:
-            yield {"channel": life.Sender(f"http://{life.CHANNEL_HOST}:{port}/", ((kc.NODE_IP, life.CHANNEL_HOST),)),
-                   "broker": life.Sender(f"http://{kc.NODE_IP}:{port}/{APP_NS}/{BROKER}")}
-        finally:
-            relay.terminate()
-            relay.join(10)
-
-    return life.Tier(cl, lambda chart: _chart_args(cl, chart), send, report, senders)
-
-
-def test_upgrade_values_roll_and_rollback_lose_nothing(cluster: Cluster, tmp_path: Path) -> None:
-    life.upgrade_values_roll_and_rollback(_tier(cluster), tmp_path)
-
-
-# ---------------------------------------------------------------------------------------------- leader chaos
 
 CHAOS_PERIOD = 20.0  # upstream's chaos pod kills leaders about every 20 s during its e2e runs
 CHAOS_ROUNDS = 5
@@ -171,7 +90,9 @@ def _ledger(path: Path) -> list[str]:
 
 def test_leader_and_dispatcher_kills_every_20s_lose_nothing(cluster: Cluster, tmp_path: Path) -> None:
     cl = cluster
-    helm(cl, "install", RELEASE, str(life.CHART), "--create-namespace", *_chart_args(cl, life.CHART),
+    helm(cl, "install", RELEASE, str(CHART), "--create-namespace", "-f", str(CHART / "ci" / "cluster-values.yaml"),
+         "--set-string", f"image.tag={cl.images['receiver'].rsplit(':', 1)[1]}",
+         "--set", f"kafka.bootstrapServers={cl.state['bootstrap_servers']}", "--set", "crds.brokers=true",
          "--set", "controller.replicas=2")
     pods_ready(cl, SYSTEM_NS)
     wait("a controller holds the lease", lambda: _leader(cl), timeout=120)
@@ -268,3 +189,4 @@ def test_leader_and_dispatcher_kills_every_20s_lose_nothing(cluster: Cluster, tm
     wait("no consumer group left", lambda: not [g for g in cl.in_netns(clients.consumer_groups, bootstrap)
                                                 if any(o in g for o in ours)], timeout=300, interval=3)
     helm(cl, "uninstall", RELEASE)
+    cl.kubectl("delete", "namespace", SYSTEM_NS, "--timeout=300s", timeout=360)  # the lease goes with it

@@ -1,4 +1,7 @@
-"""The chart on kind, as its users run it (`make test-kind`, part of `make test`): never skipped.
+"""The chart on kind, as its users run it (`make test-kind`, part of `make test`): never skipped. The one tier for the
+chart's channel, Broker and KafkaSink/KafkaSource scenario with `helm test`, Knative's upgrade prober and the Spark
+executor pods; the real-pod tier (tests/e2e/test_cluster*.py) keeps only what kind cannot show (leader kills, a
+crashed cluster supervisor, the Kustomize overlay, auth and TLS on a bare kubelet).
 
 Everything runs on the kind engine (``kafka_eventing.localstack.kind``): a private dockerd in a network namespace
 with no route out, started here and stopped at the end; kind, kubectl, helm and ct run inside that namespace. The
@@ -14,22 +17,25 @@ SASL_SSL + SCRAM-SHA-512 one (Service ``my-cluster-kafka-bootstrap``, the Strimz
 chart version (from git) installed with ``helm install`` and the Strimzi provider preset (``values-strimzi.yaml``,
 its connection Secret made here) → ``helm upgrade`` to this chart → every pod Ready → a KafkaChannel with two
 subscriber Deployments reached by Service name → events POSTed by an in-cluster sender reach both → ``helm test`` →
-a receiver pod and the dispatcher pod deleted mid-load, every 202-accepted event still delivered to both (ledger) →
-channel deleted: dispatcher and topic gone → a Kafka Broker with two Triggers of different filters, fan-out by
-filter → a KafkaSink written through the receiver pods' sink ingress Service and a KafkaSource (2 dispatcher pods)
-reading its topic into a subscriber Deployment, a source pod deleted mid-load (ledger) → ``helm uninstall`` leaves
-none of the release's objects. Then Knative's upgrade prober across a second install's life (tests/e2e/_life.py):
-wathola senders posting a numbered step every 10 ms to the KafkaChannel's and the Broker's addresses (Service names),
-a wathola receiver behind each, through ``helm install`` of the previous chart version with the Strimzi preset →
-``helm upgrade`` → a values change rolling every pod → ``helm rollback``; wathola-fetcher's report must say success,
-nothing missing (duplicates printed), and the uninstall leave nothing. Then ``ct install`` (install, ``helm test``,
-uninstall) of the chart with every ci values file this cluster can serve. Then the reprocess jobs on Spark executor
-pods (tests/e2e/_spark_pods.py, shared with the real-pod tier): the chart's archive and replay with
-``reprocess.cluster`` on, the driver reaching the API server by the ``kubernetes`` Service's name, equal to local mode;
-an executor pod killed mid-archive and one killed mid-replay (the folder the jobs write is a host folder mounted into
-the node at the same path, so the test reads the archive and the journals). ``kind delete cluster``; the engine
-stopped; the test itself checks that the host keeps its sysctls and has no new mount, process, cgroup, network
-interface or network namespace, also after a failure (tests/e2e/test_kind_crash.py: after a crashed engine too).
+the dispatcher scaled to the partition count and back by ``helm upgrade`` of ``dispatcher.replicas``, delivery at
+each size → a receiver pod and the dispatcher pod deleted mid-load, every 202-accepted event still delivered to both
+(ledger) → channel deleted: dispatcher and topic gone → a Kafka Broker with two Triggers of different filters,
+fan-out by filter → a KafkaSink written through the receiver pods' sink ingress Service (its status address) and a
+KafkaSource (2 dispatcher pods) reading its topic into a subscriber Deployment: events arrive with their type and
+data as sent, plain records converted as upstream converts them, a source pod deleted mid-load (ledger) →
+``helm uninstall`` leaves none of the release's objects. Then Knative's upgrade prober across a second install's life
+(tests/e2e/_life.py): wathola senders posting a numbered step every 10 ms to the KafkaChannel's and the Broker's
+addresses (Service names), a wathola receiver behind each, through ``helm install`` of the previous chart version
+with the Strimzi preset → ``helm upgrade`` → a values change rolling every pod → ``helm rollback``;
+wathola-fetcher's report must say success, nothing missing (duplicates printed), and the uninstall leave nothing.
+Then ``ct install`` (install, ``helm test``, uninstall) of the chart with every ci values file this cluster can
+serve. Then the reprocess jobs on Spark executor pods (tests/e2e/_spark_pods.py): the chart's archive and replay
+with ``reprocess.cluster`` on, the driver reaching the API server by the ``kubernetes`` Service's name, equal to
+local mode; an executor pod killed mid-archive and one killed mid-replay (the folder the jobs write is a host folder
+mounted into the node at the same path, so the test reads the archive and the journals). ``kind delete cluster``;
+the engine stopped; the test itself checks that the host keeps its sysctls and has no new mount, process, cgroup,
+network interface or network namespace, also after a failure (tests/e2e/test_kind_crash.py: after a crashed engine
+too).
 """
 
 from __future__ import annotations
@@ -60,9 +66,12 @@ from e2e._scenario import (
     CREATED,
     KAFKA_SINK,
     KAFKA_SOURCE,
+    PART_OF,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     SHIPPED,
+    SINK_HOST,
+    SINK_TOPIC,
     SYSTEM_NS,
     assert_release_objects,
     assert_uninstalled,
@@ -78,11 +87,13 @@ from e2e._scenario import (
     pods_ready,
     role_images,
     sink_container,
+    sink_events,
     sink_ids,
     source_dispatcher,
     wait,
 )
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core import kafkasources as ksrc
 from kafka_eventing.localstack import cluster as kc
 from kafka_eventing.localstack import kind as engine_mod
 from kafka_eventing.localstack.tls import CertificateAuthority
@@ -400,9 +411,6 @@ def _chart_args(cl: Kind, chart: Path) -> list[str]:
             "--set", "crds.sources=true", "--set", "receiver.workers=1", "--set", "logFormat=console"]
 
 
-PART_OF = "app.kubernetes.io/part-of=kafka-eventing"
-
-
 def _chart_objects(cl: Kind) -> list[str]:
     """Every object of every listable kind, in every namespace and cluster-wide, that carries the chart's labels,
     but the CRDs it keeps on purpose (``crds.keep``, ``helm.sh/resource-policy: keep``): after an uninstall, what
@@ -507,6 +515,16 @@ def _channel_scenario(cl: Kind) -> None:
     out = cl.helm("test", RELEASE, "-n", SYSTEM_NS, "--timeout=10m")
     assert "Phase:          Succeeded" in out.stdout, out.stdout
 
+    # The dispatcher up to the partition count and back by `helm upgrade` of dispatcher.replicas (a new settings
+    # checksum rolls the controller, which rescales); delivery goes on at each size.
+    for replicas in (PARTITIONS, 1):
+        cl.helm("upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, "--reuse-values", "--set",
+                f"dispatcher.replicas={replicas}", "--wait", "--timeout=10m")
+        wait(f"dispatcher at {replicas} ready replicas", lambda r=replicas: dispatcher_ready(cl, r), timeout=600,
+             interval=2)
+        _delivered(cl, _send(cl, CHANNEL_URL, 10))
+    pods_ready(cl, SYSTEM_NS)  # the scaled-down dispatcher pods gone: the one deleted below is the live one
+
     # Mid-load: a receiver pod and the dispatcher pod are deleted; whatever got a 202 must arrive at both.
     job, _ = _start_sender(cl, CHANNEL_URL, 300, pace=0.02)
     wait("sender started", lambda: cl.kubectl("logs", f"job/{job}", "-n", APP_NS, check=False).stdout.count(
@@ -554,13 +572,22 @@ def _broker_scenario(cl: Kind) -> None:
     wait("Broker topic gone", lambda: kb.broker_topic(APP_NS, BROKER) not in _topics(cl), interval=2)
 
 
-SINK_URL = f"http://kafka-sink-ingress.{SYSTEM_NS}.svc.cluster.local/{APP_NS}/{KAFKA_SINK}"
+SINK_URL = f"http://{SINK_HOST}/{APP_NS}/{KAFKA_SINK}"
+# Run in sink-a's pod (the receiver image): records that are not CloudEvents, written to partition 0 of a topic.
+PRODUCE_PLAIN = """
+import sys
+from confluent_kafka import Producer
+producer = Producer({"bootstrap.servers": sys.argv[1]})
+for n, value in enumerate(sys.argv[3:]):
+    producer.produce(sys.argv[2], key=f"k{n}".encode(), value=value.encode(), partition=0)
+assert producer.flush(30) == 0, "records not acknowledged"
+"""
 
 
 def _source_scenario(cl: Kind) -> None:
-    """A KafkaSink written through the receiver pods' sink ingress Service, and a KafkaSource (2 dispatcher pods)
-    reading its topic into sink-a; a source pod deleted mid-load loses nothing (ledger); deleting the source removes
-    its dispatcher."""
+    """A KafkaSink written through the receiver pods' sink ingress Service (its address in its status), and a
+    KafkaSource (2 dispatcher pods) reading its topic into sink-a: events arrive as sent, plain records converted; a
+    source pod deleted mid-load loses nothing (ledger); deleting the source removes its dispatcher."""
     bootstrap = f"kafka.{KAFKA_NS}.svc:9092"
     cl.apply(kafka_sink(bootstrap))
     cl.kubectl("wait", "--for=condition=Ready", f"kafkasink/{KAFKA_SINK}", "-n", APP_NS, "--timeout=600s",
@@ -568,9 +595,29 @@ def _source_scenario(cl: Kind) -> None:
     cl.apply(kafka_source(bootstrap, _sink_uri("sink-a")))  # its topic exists now
     cl.kubectl("wait", "--for=condition=Ready", f"kafkasource/{KAFKA_SOURCE}", "-n", APP_NS, "--timeout=600s",
                timeout=660)
+    sink = get(cl, "kafkasink", KAFKA_SINK, "-n", APP_NS)
+    assert sink["status"]["address"]["url"] == SINK_URL, sink["status"]
+    source = get(cl, "kafkasource", KAFKA_SOURCE, "-n", APP_NS)
+    assert source["status"]["sinkUri"] == _sink_uri("sink-a") and source["status"]["consumers"] == 2, source["status"]
     wait("source dispatcher pods ready", lambda: [d for d in source_dispatcher(cl)
                                                   if d["status"].get("readyReplicas") == 2], timeout=600, interval=2)
-    _delivered(cl, _send(cl, SINK_URL, 20), sinks=("sink-a",))
+
+    # Written through the receiver pods, read by the source's pods: every id, with its type and data as sent.
+    first = _send(cl, SINK_URL, 20, "com.example.sink")
+    _delivered(cl, first, sinks=("sink-a",))
+    got = {e["id"]: e for e in sink_events(cl, "deployment/sink-a")}
+    assert {got[i]["type"] for i in first} == {"com.example.sink"}
+    assert [json.loads(got[i]["data"]) for i in first] == [{"n": n} for n in range(len(first))]
+
+    # Records that are not CloudEvents arrive converted, as upstream converts them.
+    plain = [f"plain-{n}-{uuid.uuid4()}" for n in range(5)]
+    cl.kubectl("exec", "-n", APP_NS, "deployment/sink-a", "--", "python", "-c", PRODUCE_PLAIN, bootstrap, SINK_TOPIC,
+               *plain, timeout=120)
+    wait("plain records at sink-a", lambda: set(plain) <= {e["data"] for e in sink_events(cl, "deployment/sink-a")},
+         timeout=300, interval=2)
+    converted = [e for e in sink_events(cl, "deployment/sink-a") if e["data"] in plain]
+    assert {e["type"] for e in converted} == {ksrc.EVENT_TYPE}, converted
+    assert all(e["id"].startswith("partition:0/offset:") for e in converted), converted
 
     job, _ = _start_sender(cl, SINK_URL, 200, pace=0.02)
     wait("sink sender started", lambda: cl.kubectl("logs", f"job/{job}", "-n", APP_NS, check=False).stdout.count(
@@ -657,11 +704,7 @@ def _prober_tier(cl: Kind) -> life.Tier:
         found: dict[str, Any] = json.loads(exec_python(GET, f"http://{receiver_ip}:{life.WATHOLA_PORT}/report"))
         return found
 
-    @contextlib.contextmanager
-    def senders() -> Iterator[dict[str, life.Sender]]:
-        yield {pipeline: life.Sender(url) for pipeline, url in life.addresses(cl).items()}
-
-    return life.Tier(cl, lambda chart: _chart_args(cl, chart), send, report, senders)
+    return life.Tier(cl, lambda chart: _chart_args(cl, chart), send, report)
 
 
 def test_prober_across_upgrade_values_roll_and_rollback(kind: Kind, kafka: dict[str, str], tmp_path: Path) -> None:
@@ -725,8 +768,8 @@ def test_ct_install(kind: Kind, kafka: dict[str, str], tmp_path: Path) -> None:
 def spark_tier(kind: Kind, kafka: dict[str, str]) -> spark_pods.Tier:
     """The reprocess jobs on kind (tests/e2e/_spark_pods.py): the chart's default master (the ``kubernetes`` Service
     by cluster DNS, as in a real install), Kafka and the sink pod by Service name."""
-    return spark_pods.Tier(kind, kind.images["spark"], kind.images["receiver"], f"kafka.{KAFKA_NS}.svc:9092", None,
-                           kind.shared, lambda pod: f"http://{spark_pods.SINK_POD}.{spark_pods.NS}.svc.cluster.local")
+    return spark_pods.Tier(kind, kind.images["spark"], kind.images["receiver"], f"kafka.{KAFKA_NS}.svc:9092",
+                           kind.shared)
 
 
 def test_spark_archive_and_replay_on_executor_pods_match_local_mode(spark_tier: spark_pods.Tier, spark: Any) -> None:

@@ -5,7 +5,8 @@ ServiceAccount may not create pods (a Role without pods/create), or no API serve
 
 Each fails with one line and a non-zero exit, writes no archive and no checkpoint a later incremental run would
 resume from, and leaves no executor pod (nor the executors' ConfigMap) behind: the driver deletes what it created.
-Executors that do start are the real-pod tier's (``make test-cluster``, tests/e2e/test_cluster_spark.py).
+Executors that do start are the kind tier's (``make test-kind``, the ``test_spark_…`` tests of
+tests/e2e/test_kind.py).
 """
 
 from __future__ import annotations

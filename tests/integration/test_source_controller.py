@@ -528,7 +528,7 @@ def test_the_dispatcher_process_runs_as_the_deployment_says(sources: Sources, ht
     """``python -m kafka_eventing.dispatcher`` with exactly the environment of the source's Deployment (plus the
     kubeconfig a pod gets from its ServiceAccount, and a free metrics port): it answers its liveness probe and
     delivers. (Its start once asked the API about ResetOffsets through a client it never made, so the pod
-    crash-looped; only the real-pod tier ran it this way.)"""
+    crash-looped; only the cluster tiers ran it this way.)"""
     s = sources
     topic = s.topic(1)
     s.create("proc", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic],

@@ -85,13 +85,14 @@ def render(rows: list[tuple[str, Row]], outcomes: dict[str, tuple[bool, str]], f
         "answering in 3–4 s) further needs every Trigger's consumer group committed to the end of the topic (lag "
         "0) and the dispatcher's RSS flat: sampled every 5 s, the mean of the last minute at most 10 % above the "
         "mean of the first minute after 2 minutes of warm-up.",
-        "- The life of an install on real pods is proven by `make test-cluster` (tests/e2e/test_cluster_life.py), "
-        "not here: Knative's own upgrade prober (wathola sender, receiver and fetcher pods) through a KafkaChannel "
-        "and a Broker across `helm install` of the previous chart version, `helm upgrade` to this one, a values "
-        "change that rolls every pod and `helm rollback` (pass: state success, no step missing, duplicates "
-        "reported); and the controller's leader plus one dispatcher pod killed every 20 s while channels and "
+        "- The life of an install is proven on pods, not here: Knative's own upgrade prober (wathola sender, "
+        "receiver and fetcher pods) through a KafkaChannel and a Broker across `helm install` of the previous chart "
+        "version, `helm upgrade` to this one, a values change that rolls every pod and `helm rollback` (pass: state "
+        "success, no step missing, duplicates reported) by `make test-kind` on kind (tests/e2e/test_kind.py, "
+        "tests/e2e/_life.py); the controller's leader plus one dispatcher pod killed every 20 s while channels and "
         "Triggers are created and deleted (pass: lost = 0 by the ledger, everything Ready afterwards, no "
-        "dispatcher Deployment, topic or consumer group left once the namespace is gone).",
+        "dispatcher Deployment, topic or consumer group left once the namespace is gone) by `make test-cluster` on "
+        "this machine's real pods (tests/e2e/test_cluster_life.py).",
         "- Not proven: a CRD storage-version move under the prober, because no CRD of this chart can move without a "
         "version upstream does not have. KafkaChannel is stored as `messaging.knative.dev/v1beta1`, Knative's only "
         "version of it (this CRD also serves `v1`, same schema). Stored as `v1`, every user's KafkaChannel would sit "
