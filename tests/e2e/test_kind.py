@@ -1,4 +1,4 @@
-"""The chart on kind, as its users run it (`make test-kind`, part of `make test`): never skipped. The one tier for the
+"""The chart on kind, as its users run it (`make test-kind`, part of `make e2e`): never skipped. The one tier for the
 chart's channel, Broker and KafkaSink/KafkaSource scenario with `helm test`, Knative's upgrade prober and the Spark
 executor pods; the real-pod tier (tests/e2e/test_cluster*.py) keeps only what kind cannot show (leader kills, a
 crashed cluster supervisor, the Kustomize overlay, auth and TLS on a bare kubelet).
