@@ -35,6 +35,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.session.stash.setdefault(_SKIPPED_REAL, []).append(f"{item.nodeid}: {report.longrepr}")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n N --dist loadgroup``, `make test-integration`): a test file runs whole on one worker,
+    so that its module-scoped real parts (a control plane, a Knative install, receivers) start once; and every file
+    that uses Spark runs on the same worker, one local Spark and one standalone cluster in all. Each worker has a
+    Kafka and an API server of its own (the session fixtures)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     skipped = session.stash.get(_SKIPPED_REAL, [])
     if skipped and os.environ.get("KAFKA_EVENTING_REQUIRE_REAL_TIERS") == "1":
