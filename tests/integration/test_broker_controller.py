@@ -520,12 +520,7 @@ def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(broker
     topic = kb.broker_topic(e.namespace, "b")
     assert e.topic(topic) is not None
     dispatcher = broker_dispatcher_name(e.namespace, "b")
-    dep = e.apps.read_namespaced_deployment(dispatcher, e.system)
-    selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
-    pods = [p.metadata.name for p in e.core.list_namespaced_pod(e.system, label_selector=selector).items]
-    assert pods
-    for pod in pods:
-        e.core.patch_namespaced_pod(pod, e.system, {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}})
+    pods = e.hold_pods(dispatcher)
 
     brokers.delete(kb.BROKERS, "b")
     eventually(lambda: all(e.core.read_namespaced_pod(pod, e.system).metadata.deletion_timestamp for pod in pods),
@@ -538,8 +533,7 @@ def test_deleting_a_broker_stops_its_dispatcher_before_deleting_its_topic(broker
         time.sleep(0.2)
     assert not brokers.gone(kb.BROKERS, "b")
 
-    for pod in pods:
-        e.core.patch_namespaced_pod(pod, e.system, {"metadata": {"finalizers": None}})
+    e.release_pods(pods)
     eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system)),
                what="the dispatcher Deployment gone")
     eventually(lambda: e.topic(topic) is None, what="the topic deleted after the dispatcher")
