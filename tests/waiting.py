@@ -9,19 +9,23 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class NotYet(Exception):
+    """Raised by a check to say "not yet" together with what it saw, which a timeout then reports."""
+
+
 def wait_for(check: Callable[[], T], timeout: float = 30.0, what: str = "condition", *, interval: float = 0.05,
              tolerate: tuple[type[BaseException], ...] = ()) -> T:
     """Poll ``check`` until it returns something truthy, and return that.
 
-    Exceptions of the ``tolerate`` types count as "not yet" (an object not created yet, a field not set yet); the
-    last result or exception is in the failure message, so a timeout says what was seen.
+    Exceptions of the ``tolerate`` types, and :class:`NotYet`, count as "not yet" (an object not created yet, a field
+    not set yet); the last result or exception is in the failure message, so a timeout says what was seen.
     """
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
         try:
             last = result = check()
-        except tolerate as exc:
+        except (NotYet, *tolerate) as exc:
             last = exc
         else:
             if result:

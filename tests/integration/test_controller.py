@@ -32,12 +32,14 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
 from promtool import assert_promtool_passes
-from waiting import wait_for
+from waiting import NotYet, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 GROUP, VERSION, PLURAL = "messaging.knative.dev", "v1beta1", "kafkachannels"
 RECEIVER = "kafka-channel-receiver"
+#: A finalizer of the tests' own: a pod holding it stays, terminating, as one whose process has not exited yet.
+HOLD = "kafka-eventing.test/hold"
 T = TypeVar("T")
 
 FAST = ControllerOptions(workers=2, resync_seconds=2, topic_recheck_seconds=1, watch_timeout_seconds=30,
@@ -138,6 +140,35 @@ class Env:
             self.core.patch_namespaced_pod_status(pod.metadata.name, self.system, {"status": status})
             marked += 1
         return marked
+
+    def hold_pods(self, deployment: str, timeout: float = 60) -> list[str]:
+        """Put a finalizer on every pod of ``deployment``, as a kubelet keeps a terminating pod until its process
+        exits; the held pods' names. Taken once the rollout has settled and checked on the live pods: a pod that the
+        ReplicaSet controller replaced between a listing and the patch would be gone (404) or leave a successor
+        without the finalizer."""
+        def held() -> list[str]:
+            dep = self.apps.read_namespaced_deployment(deployment, self.system)
+            want, status = dep.spec.replicas or 0, dep.status
+            if (status.observed_generation or 0) < dep.metadata.generation or (status.updated_replicas or 0) != want \
+                    or (status.replicas or 0) != want:
+                raise NotYet(f"rollout of {deployment} under way: generation {dep.metadata.generation}, {status}")
+            selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
+            pods = [p for p in self.core.list_namespaced_pod(self.system, label_selector=selector).items
+                    if p.metadata.deletion_timestamp is None]
+            for pod in pods:
+                if HOLD not in (pod.metadata.finalizers or ()):  # a pod replaced meanwhile: 404, not yet
+                    self.core.patch_namespaced_pod(pod.metadata.name, self.system,
+                                                   {"metadata": {"finalizers": [HOLD]}})
+            names = sorted(p.metadata.name for p in pods)
+            if len(names) != want:
+                raise NotYet(f"{len(names)} live pods of {deployment} for {want} replicas: {names}")
+            return names
+
+        return eventually(held, timeout, f"every pod of {deployment} held by {HOLD}")
+
+    def release_pods(self, pods: list[str]) -> None:
+        for pod in pods:
+            self.core.patch_namespaced_pod(pod, self.system, {"metadata": {"finalizers": None}})
 
     def make_available(self, deployment: str, replicas: int = 1, timeout: float = 40) -> None:
         def available() -> bool:
@@ -318,13 +349,8 @@ def test_deleting_a_channel_stops_its_dispatcher_before_deleting_its_topic(env: 
     topic = f"{env.namespace}.held"
     eventually(lambda: env.topic(topic), what="topic created")
     dispatcher = res.dispatcher_name(env.namespace, "held")
-    dep = eventually(lambda: env.apps.read_namespaced_deployment(dispatcher, env.system), what="dispatcher")
-    selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
-    pods = eventually(lambda: [p.metadata.name for p in
-                               env.core.list_namespaced_pod(env.system, label_selector=selector).items] or None,
-                      what="dispatcher pods")
-    for pod in pods:
-        env.core.patch_namespaced_pod(pod, env.system, {"metadata": {"finalizers": ["kafka-eventing.test/hold"]}})
+    eventually(lambda: env.apps.read_namespaced_deployment(dispatcher, env.system), what="dispatcher")
+    pods = env.hold_pods(dispatcher)
 
     env.delete("held")
     eventually(lambda: all(env.core.read_namespaced_pod(pod, env.system).metadata.deletion_timestamp
@@ -337,8 +363,7 @@ def test_deleting_a_channel_stops_its_dispatcher_before_deleting_its_topic(env: 
         time.sleep(0.2)
     assert not env.gone("held")
 
-    for pod in pods:
-        env.core.patch_namespaced_pod(pod, env.system, {"metadata": {"finalizers": None}})
+    env.release_pods(pods)
     eventually(lambda: gone(lambda: env.apps.read_namespaced_deployment(dispatcher, env.system)),
                what="the dispatcher Deployment gone")
     eventually(lambda: env.topic(topic) is None, what="the topic deleted after the dispatcher")

@@ -62,8 +62,7 @@ def groups(so: dict[str, Any]) -> list[str]:
 
 
 def test_keda_scaled_object_lifecycle(env: Env, keda_crds: Any) -> None:
-    keda_crds.uninstall()  # start where KEDA is not installed
-    set_config(env, KEDA_ON)
+    set_config(env, KEDA_ON)  # the fixture starts where KEDA is not installed
     ctl = env.start_controller(keda_discovery_seconds=0.5)
     settings = ctl.settings
     env.create("orders", {"numPartitions": 3, "subscribers": [{"uid": "s1", "subscriberUri": "http://a.example"}]})

@@ -18,6 +18,7 @@ from kafka_eventing.core.group_offsets import GroupOffsets
 from kafka_eventing.core.offsets_cli import main, parser, run
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.localstack.kafka import KafkaNode
+from waiting import NotYet, wait_for
 
 pytestmark = [pytest.mark.kafka]
 
@@ -81,9 +82,13 @@ def test_reset_refuses_a_group_with_members(loaded: tuple[KafkaNode, str], capsy
     thread = threading.Thread(target=poll, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while GroupOffsets(kafka.client_config()).members(GROUP).empty and time.monotonic() < deadline:
-            time.sleep(0.2)
+        def joined() -> object:
+            members = GroupOffsets(kafka.client_config()).members(GROUP)
+            if members.empty:
+                raise NotYet(members)
+            return members
+
+        wait_for(joined, 60, f"a member in {GROUP}")
         assert main(["reset", "--group", GROUP, "--topic", topic, "--to", "latest", "--yes"]) == 3
         assert "refused: the group has 1 active member" in capsys.readouterr().out
     finally:

@@ -34,7 +34,7 @@ from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC, GROUP, KIND,
 from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.kafka import KafkaNode
 from promtool import assert_promtool_passes
-from waiting import wait_for
+from waiting import NotYet, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -199,8 +199,14 @@ def test_binary_structured_and_batch_round_trip(kafka_running: KafkaNode, topic:
 
     # Each worker buffers its counts for a few milliseconds (LoopTally), and either worker may serve the scrape.
     counted = 'kafka_receiver_events_total{channel="ns/bin",code="202"} 2.0'
-    wait_for(lambda: counted in httpx.get(receiver.url + "/metrics", timeout=5).text, 2.0,
-             "both binary events counted")
+
+    def both_counted() -> bool:
+        text = httpx.get(receiver.url + "/metrics", timeout=5).text
+        if counted not in text:
+            raise NotYet([line for line in text.splitlines() if line.startswith("kafka_receiver_events_total")])
+        return True
+
+    wait_for(both_counted, 30, "both binary events counted")
     # What gunicorn's workers serve together (multiprocess mode), after traffic: Prometheus' naming rules hold.
     assert_promtool_passes(httpx.get(receiver.url + "/metrics", timeout=5).text, "the receiver's /metrics")
 

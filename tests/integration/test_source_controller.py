@@ -205,8 +205,7 @@ def sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F
 
 @pytest.fixture
 def keda_sources(env: Env, kafka_running: KafkaNode, keda_crds: Any) -> Iterator[Sources]:  # noqa: F811
-    """KEDA's real CRDs, removed at the start (the test installs them): discovery re-asked every half second."""
-    keda_crds.uninstall()
+    """KEDA's real CRDs, absent at the start (the test installs them): discovery re-asked every half second."""
     yield from _sources(env, kafka_running, keda_discovery_seconds=0.5)
 
 
@@ -390,25 +389,28 @@ def test_delete_removes_the_deployment_then_the_group_while_the_sink_hangs(
         sources: Sources, http: Subscriber, tmp_path: Path) -> None:  # noqa: F811
     s = sources
     topic = s.topic(2)
-    # Hangs longer than the deletion may take (and short enough for the test server to stop after it).
-    http.behaviours["/hang"] = lambda _r, _a: (200, {}, b"", 15.0)
+    # The sink holds the request for HANG s: the deletion must be over before it answers (HANG is short enough for
+    # the test server to stop after it).
+    hang = 30.0
+    http.behaviours["/hang"] = lambda _r, _a: (200, {}, b"", hang)
     s.create("bye", {"bootstrapServers": [s.kafka.bootstrap_servers], "topics": [topic], "consumerGroup": "bye-grp",
                      "sink": {"uri": http.url("/hang")}, "delivery": {"timeout": "PT120S"}})
     s.ready("bye")
     s.run_dispatcher("bye", tmp_path)
     s.produce(topic, [b"stuck"])
     wait_for(lambda: len(http.at("/hang")) >= 1, 30, "the delivery hangs")
+    answers_at = http.at("/hang")[0].at + hang
     assert s.group_exists("bye-grp")
     name = source_dispatcher_name(s.ns, "bye")
-    started = time.monotonic()
     s.delete("bye")
-    # The source, its Deployment and its group are gone while the sink still holds the request.
-    eventually(lambda: gone(lambda: s.get("bye")), 12, "the source gone")
+    # The source, its Deployment and its group are gone while the sink still holds the request: deletion waits for
+    # no delivery (it would take the HANG s, or the 120 s delivery timeout).
+    eventually(lambda: gone(lambda: s.get("bye")), answers_at - 1.0 - time.monotonic(),
+               "the source gone before the sink answers")
     assert http.active == 1, "the sink was still answering"
-    assert time.monotonic() - started < 12
     assert not s.group_exists("bye-grp")
     assert gone(lambda: s.env.apps.read_namespaced_deployment(name, s.env.system))
-    wait_for(lambda: http.active == 0, 20, "the sink's late answer (so that the test server can stop)")
+    wait_for(lambda: http.active == 0, hang + 10, "the sink's late answer (so that the test server can stop)")
 
 
 def _keda(s: Sources, plural: str, name: str) -> dict[str, Any] | None:

@@ -56,12 +56,13 @@ def test_receiver_worker_kill9(rig: MakeRig) -> None:
     watches = one_subscription(r)
     r.start_receiver()
     r.add_dispatcher()
-    load = r.load(rate=RATE, duration=SECONDS)
+    # The load runs until the verdict stops it, so each step has load behind it however long the one before took.
+    load = r.load(rate=RATE, duration=600)
     load.wait_accepted(150)
     killed = [r.receiver.kill_worker()]  # type: ignore[union-attr]
     load.wait_accepted(len(r.ledger.accepted()) + 150)
     killed.append(r.receiver.kill_worker())  # type: ignore[union-attr]
-    load.wait()
+    load.wait_accepted(len(r.ledger.accepted()) + 150)
     r.verdict("receiver worker kill -9", watches, notes=[f"workers {killed} killed, replaced by the master"])
 
 
@@ -109,7 +110,9 @@ def test_dispatcher_scaled_1_3_1(rig: MakeRig) -> None:
     watches = one_subscription(r, delay=0.005)
     r.start_receiver()
     r.add_dispatcher()
-    load = r.load(rate=RATE, duration=SECONDS + 10)
+    # The load runs until the verdict stops it: two dispatcher processes starting and the group settling can take
+    # longer on a loaded host than a fixed load would last, and each step must still have load behind it.
+    load = r.load(rate=RATE, duration=600)
     load.wait_accepted(100)
     extra = [r.add_dispatcher(wait=False), r.add_dispatcher(wait=False)]
     r.wait_spread("s", 3)
@@ -117,7 +120,7 @@ def test_dispatcher_scaled_1_3_1(rig: MakeRig) -> None:
     for proc in extra:
         proc.stop()
     r.wait_spread("s", 1)
-    load.wait()
+    load.wait_accepted(len(r.ledger.accepted()) + 150)
     r.verdict("dispatcher scaled 1→3→1", watches, notes=["6 partitions; each step waited until the group settled"])
 
 
