@@ -35,6 +35,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.session.stash.setdefault(_SKIPPED_REAL, []).append(f"{item.nodeid}: {report.longrepr}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n N --dist loadgroup``, `make test-integration`): a test file runs whole on one worker,
     so that its module-scoped real parts (a control plane, a Knative install, receivers) start once; and every file
