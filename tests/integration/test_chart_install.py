@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fixtures.kube import wait_established as crds_established
 from kafka_eventing.controller.crd import CRD_NAME, install_crd
 
 pytestmark = pytest.mark.kube
@@ -104,7 +105,13 @@ def cluster(kube_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def wait_established(c: Cluster) -> None:
-    c.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=str(c.kubeconfig))
+    try:
+        crds_established(api, [CRD_NAME])
+    finally:
+        api.close()
 
 
 @pytest.mark.parametrize("values", CI_VALUES)

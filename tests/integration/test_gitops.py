@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.kube import wait_established
 from kafka_eventing.localstack.kube import KubeControlPlane
 from kafka_eventing.localstack.tools import cache_dir
 
@@ -50,8 +51,11 @@ def argocd_crds(kube_control_plane: KubeControlPlane) -> Iterator[KubeControlPla
     files = _crd_files()
     for path in files:
         _kubectl(kube_control_plane, "apply", "--server-side", "-f", str(path))
-    _kubectl(kube_control_plane, "wait", "--for=condition=Established", "--timeout=60s",
-             *(f"crd/{yaml.safe_load(p.read_text())['metadata']['name']}" for p in files))
+    api = kube_control_plane.api_client()
+    try:
+        wait_established(api, [yaml.safe_load(p.read_text())["metadata"]["name"] for p in files])
+    finally:
+        api.close()
     _kubectl(kube_control_plane, "create", "namespace", "argocd")
     try:
         yield kube_control_plane
