@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fixtures.kube import delete_crds
 from fixtures.kube import wait_established as crds_established
 from kafka_eventing.controller.crd import CRD_NAME, install_crd
 
@@ -95,10 +96,11 @@ def cluster(kube_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -
         c.helm("uninstall", RELEASE, "-n", NS, "--wait", "--ignore-not-found", ok=False)
         c.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=false", ok=False)
         if crd_was_there:
-            # Leave the CRD as the session had it: later modules create channels.
-            c.kubectl("wait", "--for=delete", f"crd/{CRD_NAME}", "--timeout=60s", ok=False)
+            # Leave the CRD as the session had it (later modules create channels): whatever a test's uninstall or
+            # `kubectl delete -k` began deleting is finished (its objects first), then the CRD is installed anew.
             api = kube_control_plane.api_client()
             try:
+                delete_crds(api, [CRD_NAME])
                 install_crd(api)
             finally:
                 api.close()
