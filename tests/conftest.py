@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -35,17 +37,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.session.stash.setdefault(_SKIPPED_REAL, []).append(f"{item.nodeid}: {report.longrepr}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def _uses_spark(path: str) -> bool:
+    """A test file marked ``spark`` (its ``pytestmark``): read from the source, since xdist's controller, which
+    schedules, collects nothing."""
+    return "pytest.mark.spark" in (Path(__file__).parent.parent / path).read_text()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test-integration` runs under pytest-xdist. A test file runs whole on one worker, so that its
+    module-scoped real parts (a control plane's CRDs, a Knative install, receivers) start once; every file that uses
+    Spark runs on one worker (one local Spark and one standalone cluster, whose JVMs would crowd two cores), and
+    first, being the longest. Each worker has a Kafka and an API server of its own (the session fixtures)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileSparkTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "spark" if _uses_spark(path) else path
+
+    config.option.loadscopereorder = False  # the order below, not the count of tests
+    return ByFileSparkTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n N --dist loadgroup``, `make test-integration`): a test file runs whole on one worker,
-    so that its module-scoped real parts (a control plane, a Knative install, receivers) start once; and every file
-    that uses Spark runs on the same worker, one local Spark and one standalone cluster in all. Each worker has a
-    Kafka and an API server of its own (the session fixtures)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Spark's files first (a stable sort): under xdist they are the longest unit of work."""
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
+        items.sort(key=lambda item: not item.get_closest_marker("spark"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

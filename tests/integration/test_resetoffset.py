@@ -43,7 +43,7 @@ from kafka_eventing.dispatcher.resets import KubeResetApi, Resets
 from kafka_eventing.dispatcher.status import KubeStatusWriter
 from kafka_eventing.dispatcher.subscription import MAX_IDLE_POLL
 from kafka_eventing.localstack.kafka import KafkaNode
-from waiting import wait_for
+from waiting import NotYet, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kube]
 
@@ -611,10 +611,19 @@ def test_with_two_replicas_exactly_one_commits_and_both_pick_up_the_new_position
     env.start_replica("replica-1")
     wait_for(env.joined, 60, "both subscriptions joined")
     group_offsets = GroupOffsets(env.kafka.client_config())
-    # Both replicas' members share each group (three partitions between them).
-    wait_for(lambda: group_offsets.members(env.group("a")).count == 2, 60, "a's group has both replicas")
+    # Both replicas' members share each group (three partitions between them), the rebalance done.
+    wait_for(lambda: (m := group_offsets.members(env.group("a"))).count == 2 and m.state == "STABLE", 60,
+             "a's group has both replicas, stable")
     ids = produce(env.kafka, env.topic, 30)
-    wait_for(lambda: set(ids) <= set(env.http.ids("/a")), 60, "delivered")
+
+    def delivered() -> bool:
+        missing = set(ids) - set(env.http.ids("/a"))
+        if missing:
+            raise NotYet(f"{len(missing)} not delivered, e.g. {sorted(missing)[:3]}; "
+                         f"group {group_offsets.members(env.group('a'))}")
+        return True
+
+    wait_for(delivered, 60, "delivered")
     wait_for(lambda: committed(env.kafka, env.topic, env.group("a")) == [10, 10, 10], 30, "committed")
     commits: list[str] = []
     for resets in (dispatcher._resets for dispatcher, _ in env.replicas):
