@@ -87,7 +87,7 @@ e2e-images: cluster-images cluster-spark-image kind-image ## The images `make e2
 
 .PHONY: test-unit
 test-unit: ## Unit tests (fakes allowed), mirroring src/ (tests/unit/<role>/test_<module>.py); chart tests run in lint-charts.
-	$(PYTEST) tests/unit -q
+	$(PYTEST) tests/unit -q -n 2
 
 .PHONY: test-chart
 test-chart: ## Render assertions and schema validation of every Helm scenario and Kustomize overlay (tests/chart).

@@ -286,8 +286,13 @@ class Settings:
 TOOLING_VARS: dict[str, str] = {
     "cache": "the tool cache of `make setup` (Kafka jars, Spark connector, Go-built tools): default `<repo>/.cache`",
     "image_cache": "per-user cache of the images fixed by their inputs (Debian OS bases, the role bases' dependency "
-                   "stages, the kind node image; hack/image-cache.sh), shared by every clone: default "
+                   "stages, the kind node image, the e2e tiers' role and Spark archives; hack/image-cache.sh, "
+                   "hack/cluster-images.sh), shared by every clone: default "
                    "`${XDG_CACHE_HOME:-~/.cache}/kafka-eventing/images`; `off` uses none",
+    "make_start": "when the outermost make started (epoch seconds; the Makefile sets it): each target's time line "
+                  "(hack/make/bash) also says how long since",
+    "make_times": "a file each make target appends its name, seconds, exit code and seconds since make started to "
+                  "(`.ci/run` sets `.cache/logs/times.tsv`; hack/testing-doc.py reads it)",
     "save_images": "hack/images.sh: `docker save` every role image built into this file (`make cluster-images`)",
     "keep_dockerd": "hack/images.sh: `1` leaves the private Docker engine it started running",
 }
