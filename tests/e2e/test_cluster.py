@@ -1,5 +1,5 @@
 """The shipped images and overlay on a real kubelet, and the chart's auth and TLS (`make test-cluster`, part of `make
-test`): what kind (tests/e2e/test_kind.py, where users meet the chart) does not run.
+e2e`): what kind (tests/e2e/test_kind.py, where users meet the chart) does not run.
 
 The cluster (`kafka_eventing.localstack.cluster`: Kafka, control plane, containerd, kubelet) lives in a network
 namespace with no route out, which it checks before it starts; it is the tier's one cluster, shared with
