@@ -100,11 +100,18 @@ def start_receiver(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
         receiver = Receiver(f"http://127.0.0.1:{port}", proc, channels_file, log)
         started.append(receiver)
         try:
-            wait_until(lambda: httpx.get(receiver.url + "/readyz", timeout=5).status_code == 200, 60, "readiness")
+            # Generous: on a loaded host (CI runs three such test sessions beside image builds) two gunicorn workers
+            # importing the roles and syncing with Kafka and the API server have taken over a minute.
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"the receiver exited with {proc.returncode}")
+                return httpx.get(receiver.url + "/readyz", timeout=5).status_code == 200
+
+            wait_until(ready, 180, "readiness")
             # One worker answers as soon as it is up; tests that watch the workers need both forked.
-            wait_until(lambda: len(worker_pids(proc.pid)) == 2, 30, "both workers")
-        except AssertionError:
-            raise AssertionError(f"receiver not ready:\n{log.read_text()[-4000:]}") from None
+            wait_until(lambda: len(worker_pids(proc.pid)) == 2, 60, "both workers")
+        except AssertionError as exc:
+            raise AssertionError(f"receiver not ready ({exc}):\n{log.read_text()[-4000:]}") from None
         return receiver
 
     yield start
