@@ -102,9 +102,9 @@ test-cesql: ## CloudEvents SQL conformance: every case of every TCK file in test
 	$(PY) -m kafka_eventing cesql tck $(CESQL_TCK)
 
 .PHONY: test-integration
-# Three pytest-xdist workers, each with a Kafka and an API server of its own: most of this tier waits on them, so
-# three share two cores well. A file runs whole on one worker, Spark's files all on one (tests/conftest.py).
-INTEGRATION_WORKERS ?= 3
+# Two pytest-xdist workers, each with a Kafka and an API server of its own: most of this tier waits on them. Spark's
+# files (the longest lane) all run on one, first; a file runs whole on one worker (tests/conftest.py).
+INTEGRATION_WORKERS ?= 2
 test-integration: ## Integration tests on the real parts, on INTEGRATION_WORKERS pytest-xdist workers; docker/e2e tiers run with `make test-e2e`.
 	KAFKA_EVENTING_REQUIRE_REAL_TIERS=1 $(PYTEST) tests/integration -q -m "not docker and not e2e" -n $(INTEGRATION_WORKERS)
 
