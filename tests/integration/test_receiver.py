@@ -100,7 +100,7 @@ def start_receiver(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
         receiver = Receiver(f"http://127.0.0.1:{port}", proc, channels_file, log)
         started.append(receiver)
         try:
-            # Generous: on a loaded host (CI runs three such test sessions beside image builds) two gunicorn workers
+            # Generous: on a loaded host (CI runs two such test sessions beside image builds) two gunicorn workers
             # importing the roles and syncing with Kafka and the API server have taken over a minute.
             def ready() -> bool:
                 if proc.poll() is not None:
