@@ -52,11 +52,15 @@ TIERS: list[tuple[str, str, str]] = [
 
 
 def _times(path: Path) -> dict[str, dict[str, int]]:
-    """Each target's last line: seconds, exit code, seconds since its make started."""
+    """Each target's line of the run where it did its work: the longest that passed, else the failed one (a target
+    that is a prerequisite of several makes appears again, as a no-op)."""
     found: dict[str, dict[str, int]] = {}
     for line in path.read_text().splitlines():
         target, secs, rc, *since = line.split("\t")
-        found[target] = {"seconds": int(secs), "rc": int(rc), "since_start": int(since[0]) if since and since[0] else 0}
+        entry = {"seconds": int(secs), "rc": int(rc), "since_start": int(since[0]) if since and since[0] else 0}
+        old = found.get(target)
+        if old is None or (entry["rc"] == 0, entry["seconds"]) > (old["rc"] == 0, old["seconds"]):
+            found[target] = entry
     return found
 
 
@@ -79,14 +83,13 @@ def _machine() -> str:
     return f"{os.cpu_count()} × {cpu}, {mem} GiB, Python {platform.python_version()}"
 
 
-def record(run: str, times: Path, junit: Path, command: str) -> None:
+def record(run: str, times: Path, junit: Path, command: str, clone: Path) -> None:
     data: dict[str, Any] = json.loads(DATA.read_text()) if DATA.exists() else {}
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+    sha = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          check=False).stdout.strip()
     data[run] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": sha, "command": command, "machine": _machine(),
-        "load_average": os.getloadavg()[0],
         "targets": _times(times),
         "tests": {t: c for t, *_ in TIERS if (c := _tests(junit, t)) is not None},
     }
@@ -116,8 +119,8 @@ def render() -> None:
                 f", {counts['skipped']} skipped" if counts["skipped"] else "")
         rows.append(f"| `{target}` | {what} | {tests} | {_seconds(warm, target)} | {_seconds(cold, target)} | "
                     f"{parts} |")
-    notes = [f"- **{name}**: {r['command']}, {r['date']} at {r['commit']}; {r['machine']}; load average "
-             f"{r['load_average']:.1f} at its end." for name, r in (("warm", warm), ("cold", cold)) if r]
+    notes = [f"- **{name}**: {r['command']}; recorded {r['date']}, at {r['commit']}; {r['machine']}."
+             for name, r in (("warm", warm), ("cold", cold)) if r]
     table = "\n".join([BEGIN, *rows, "", *notes, END])
     text = DOC.read_text()
     head, _, rest = text.partition(BEGIN)
@@ -131,11 +134,12 @@ def main() -> None:
     parser.add_argument("--times", type=Path, help="the run's KE_MAKE_TIMES file")
     parser.add_argument("--junit", type=Path, default=ROOT / ".cache" / "logs" / "junit")
     parser.add_argument("--command", default=".ci/run", help="what was run, as the table's note says it")
+    parser.add_argument("--clone", type=Path, default=ROOT, help="the checkout the run ran in (its commit is noted)")
     args = parser.parse_args()
     if args.run:
         if not args.times:
             parser.error("--run needs --times")
-        record(args.run, args.times, args.junit, args.command)
+        record(args.run, args.times, args.junit, args.command, args.clone)
     render()
 
 
