@@ -11,6 +11,7 @@ not hide.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.session.stash.setdefault(_SKIPPED_REAL, []).append(f"{item.nodeid}: {report.longrepr}")
 
 
+@functools.cache
 def _uses_spark(path: str) -> bool:
     """A test file marked ``spark`` (its ``pytestmark``): read from the source, since xdist's controller, which
     schedules, collects nothing."""
