@@ -28,6 +28,7 @@ from kafka_eventing.controller.api import (
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.destinations import Address, Unresolved, resolve_address
+from kafka_eventing.controller.identities import Identities
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
     ANNOTATION_EXTERNAL_TOPIC,
@@ -101,6 +102,7 @@ class Reconciler:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.identities = Identities(api_client, settings)  # senders' OIDC ServiceAccounts (Triggers, KafkaSources)
         self.admins = admins or AdminPool()
         self.config_map = config_map
         self.may_write = may_write

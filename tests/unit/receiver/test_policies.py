@@ -46,7 +46,7 @@ def status(decision: object) -> int:
 
 
 def check(*objs: dict[str, Any], mode: ep.DefaultMode = ep.DefaultMode.DENY_ALL) -> PolicyCheck:
-    return PolicyCheck(Policies(*objs), mode, [DISPATCHER])
+    return PolicyCheck(Policies(*objs), mode)
 
 
 def test_an_applying_policy_allows_its_subjects_only() -> None:
@@ -98,16 +98,17 @@ def test_default_modes_where_no_policy_applies() -> None:
     assert status(same.decide("channel", ORDERS, "system:serviceaccount:x:y")) == 403
 
 
-def test_the_broker_dispatcher_may_reply_into_any_broker_not_into_channels() -> None:
+def test_no_subject_is_waived_not_even_the_dispatchers() -> None:
     c = check(policy("nobody", **{"from": [{"sub": "nobody"}]}))
-    assert c.decide("broker", EVENTS, DISPATCHER) is None
+    assert status(c.decide("broker", EVENTS, DISPATCHER)) == 403
     assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
+    assert status(check(mode=ep.DefaultMode.DENY_ALL).decide("broker", EVENTS, DISPATCHER)) == 403
 
 
 def test_a_policy_that_cannot_be_used_refuses_everyone_in_its_namespace() -> None:
     broken = ep.policy_or_invalid(policy("broken", to=[{}], **{"from": [{"sub": SENDER}]}))
     c = PolicyCheck(type("Source", (), {"policies": lambda self: {broken.key: broken}})(),
-                    ep.DefaultMode.ALLOW_ALL, [DISPATCHER])
+                    ep.DefaultMode.ALLOW_ALL)
     refused = c.decide("channel", ORDERS, SENDER)
     assert status(refused) == 403 and "broken" in refused.body["error"]  # type: ignore[union-attr]
 
