@@ -1,15 +1,15 @@
 """Reconcile KafkaSources (``sources.knative.dev/v1``) — level-based and idempotent, like the Broker reconciler.
 
-A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be honoured is a False condition
-naming it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``, ``sinkAudience``, ``sinkCACerts``)
-and its dead-letter sink (``status.deadLetterSinkUri``) → with ingress authentication on, its OIDC identity
-(``status.auth``, ``controller.identities``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls`` Secret keys)
-checked against Kafka: every topic exists and is readable with those credentials (ConnectionEstablished) →
-partitions of the group that have no committed offset set to ``initialOffset`` and **committed**, so a restart
-never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment (the existing dispatcher,
-``KE_SOURCE_NAME``, ``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more than the largest topic
-has partitions (Deployed) →
-Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
+A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be honoured is a False condition naming
+it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``, ``sinkAudience``, ``sinkCACerts``) and its
+dead-letter sink (``status.deadLetterSinkUri``) → with ingress authentication on, its OIDC identity
+(``status.auth``, ``controller.identities``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls``
+Secret keys) checked against Kafka: every topic exists and is readable with those credentials
+(ConnectionEstablished) → partitions of the group that have no committed offset set to ``initialOffset`` and
+**committed**, so a restart never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment
+(the existing dispatcher, ``KE_SOURCE_NAME``, ``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more
+than the largest topic has partitions (Deployed) → Ready; ``status.consumers`` and ``status.selector`` serve the
+scale subresource.
 
 Annotated for KEDA (``autoscaling.knative.dev/class: keda.autoscaling.knative.dev``, see
 ``core.kafkasources.AUTOSCALING_FIELDS``), the dispatcher gets a ScaledObject on the group's lag per topic (and a

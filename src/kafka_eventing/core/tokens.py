@@ -33,7 +33,7 @@ DISPATCHER_SERVICE_ACCOUNT = "kafka-channel-dispatcher"
 OIDC_LABEL = "eventing.knative.dev/oidc"
 #: The Role (in each namespace with senders) that lets the dispatchers request exactly that namespace's OIDC
 #: accounts' tokens (``resourceNames``); the controller keeps it and its RoleBinding.
-TOKEN_ROLE = "kafka-eventing-oidc-tokens"
+TOKEN_ROLE = "kafka-eventing-oidc-tokens"  # noqa: S105 - a Role's name
 #: Kubernetes' longest object name, and the length of an md5 in hex (``kmeta.ChildName``).
 _LONGEST, _MD5_LEN = 63, 32
 #: Lifetime asked of the API (its minimum is 600 s; it may give less or more).

@@ -9,8 +9,9 @@ does. All are read from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG o
 file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_*
 variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before
 exit. On the API (KE_CHANNEL_SOURCE=kube) destinations that declare an audience get a token of the sending
-resource's own OIDC ServiceAccount — the Trigger's, the Subscription's (core/tokens.py) — and the dispatcher carries out the ResetOffsets (kafka.eventing.knative.dev/v1alpha1) of
-its consumer groups when the API server serves that CRD (dispatcher/resets.py).
+resource's own OIDC ServiceAccount — the Trigger's, the Subscription's (core/tokens.py) — and the dispatcher carries
+out the ResetOffsets (kafka.eventing.knative.dev/v1alpha1) of its consumer groups when the API server serves that
+CRD (dispatcher/resets.py).
 """
 
 from __future__ import annotations

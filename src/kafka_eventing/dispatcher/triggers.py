@@ -4,11 +4,12 @@ consumer group's offsets, ordered or unordered, retries, dead letters, live upda
 
 What a Trigger adds is carried by its ``Subscriber``: uid = the Trigger's name (its consumer group is
 ``knative-trigger-<namespace>-<name>``), the compiled filter (``event_filter``, compiled once per filter change),
-replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery``
-else the Broker's, and its identity (``status.auth.serviceAccountName``, in its namespace): the tokens of its
-deliveries, replies and dead letters are that account's, never the dispatcher's. A Trigger's group joins only once the controller reports its Broker, subscriber
-(``status.subscriberUri``) and dependency ready (``dispatch_hold``) and its filter compiles; until then it is a
-``held`` subscriber, which the dispatcher reports (ConsumerGroupReady=False) and does not consume for.
+replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery`` else
+the Broker's, and its identity (``status.auth.serviceAccountName``, in its namespace): the tokens of its deliveries,
+replies and dead letters are that account's, never the dispatcher's. A Trigger's group joins only once the
+controller reports its Broker, subscriber (``status.subscriberUri``) and dependency ready (``dispatch_hold``) and
+its filter compiles; until then it is a ``held`` subscriber, which the dispatcher reports (ConsumerGroupReady=False)
+and does not consume for.
 """
 
 from __future__ import annotations

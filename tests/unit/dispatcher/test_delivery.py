@@ -235,7 +235,8 @@ def test_tokens_go_to_destinations_that_declare_an_audience_and_only_there() -> 
     assert asyncio.run(deliverer.handle(record.headers, record.value, sub, LABELS)) is Outcome.DEAD_LETTERED
     # Every token is the sender's own identity's, for exactly the audience of where it goes.
     assert sender.to("http://s")[0][1]["Authorization"] == "Bearer token-of-u-oidc-for-sub-aud"
-    assert sender.to("http://reply")[0][1]["Authorization"] == "Bearer token-of-u-oidc-for-eventing.knative.dev/broker/ns/b"
+    assert sender.to("http://reply")[0][1]["Authorization"] == (
+        "Bearer token-of-u-oidc-for-eventing.knative.dev/broker/ns/b")
     assert sender.to("http://dls")[0][1]["Authorization"] == "Bearer token-of-u-oidc-for-dls-aud"
 
     plain = FakeSender({"http://s": [Attempt(202)]})
