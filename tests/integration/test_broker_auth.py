@@ -21,21 +21,26 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
 from test_broker_conformance import PONG, RunningDispatcher, reply_with
 from test_broker_controller import Brokers, api, brokers, start  # noqa: F401 - fixtures used by name
-from test_controller import Env, env  # noqa: F401
+from test_controller import Env, env, eventually  # noqa: F401
 from test_dispatcher import Received, Subscriber
 from test_receiver import Receiver, binary_headers, read_all, start_receiver  # noqa: F401
 
-from kafka_eventing.controller.crd import install_crd
+from fixtures.kube import account_client
+from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
+from kafka_eventing.controller.kafkasources import source_dispatcher_name
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core import eventpolicies as ep
+from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.core.tokens import DISPATCHER_SERVICE_ACCOUNT, TOKEN_ROLE, TokenSource, kube_requester
 from kafka_eventing.core.tokens import oidc_service_account as oidc_account
-from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter
+from kafka_eventing.dispatcher.sources import KubeSourceSource
+from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter, MemoryStatusWriter
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
@@ -74,21 +79,6 @@ def account_token(core: Any, namespace: str, account: str, audiences: list[str])
     return str(res.status.token)
 
 
-def account_client(plane: KubeControlPlane, namespace: str, account: str, path: Path) -> Any:
-    """An API client authenticated as an existing ServiceAccount (a TokenRequest token), as its pod would be."""
-    from kubernetes import client, config
-
-    core = client.CoreV1Api(plane.api_client())
-    token = core.create_namespaced_service_account_token(account, namespace, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
-    kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
-    kubeconfig["users"] = [{"name": account, "user": {"token": token}}]
-    kubeconfig["contexts"][0]["context"]["user"] = account
-    path.write_text(yaml.safe_dump(kubeconfig))
-    path.chmod(0o600)
-    return config.new_client_from_config(config_file=str(path))
-
-
 def trigger_subject(namespace: str, name: str) -> str:
     return ep.service_account_subject(namespace, oidc_account(kb.GROUP, "Trigger", name))
 
@@ -105,7 +95,8 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
     core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=mallory)))
     install_crd(e.api, file="eventpolicies.yaml")
-    start(e, auth_issuer=issuer, event_policy_status=True)
+    install_crd(e.api, file=SOURCE_CRD)
+    e.start_controller(e.settings(auth_issuer=issuer, event_policy_status=True), brokers=True, sources=True)
     theirs = Brokers(e)
     theirs.ns = mallory
     brokers.ready_broker(BROKER)
@@ -126,6 +117,8 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
         "spec": {"to": [{"ref": {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker", "name": BROKER}}],
                  "from": [{"sub": ep.service_account_subject(ns, "sender")},
                           {"ref": {"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger", "name": "replier",
+                                   "namespace": ns}},
+                          {"ref": {"apiVersion": f"{ks.GROUP}/{ks.VERSION}", "kind": ks.KIND, "name": "feed",
                                    "namespace": ns}}]}})
 
     receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
@@ -146,6 +139,20 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
     brokers.trigger("failing", {"broker": BROKER, "subscriber": {"uri": http.url("/failing")},
                                 "filters": [{"exact": {"type": "com.example.fail"}}],
                                 "delivery": {"deadLetterSink": {"uri": http.url("/dls"), "audience": DLS_AUDIENCE}}})
+    brokers.trigger("from-feed", {"broker": BROKER, "subscriber": {"uri": http.url("/feed")},
+                                  "filters": [{"exact": {"type": "com.example.feed"}}]})
+    # A KafkaSource into the Broker: it sends as its own account, which the policy names.
+    topic = f"test.feed.{e.namespace}"
+    for fut in e.admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
+        fut.result(timeout=30)
+    producer = Producer(e.kafka.client_config())
+    producer.produce(topic, value=b"{}", headers=[("ce_specversion", b"1.0"), ("ce_id", b"src-1"),
+                                                 ("ce_source", b"/feed"), ("ce_type", b"com.example.feed")])
+    assert producer.flush(30) == 0
+    e.custom.create_namespaced_custom_object(ks.GROUP, ks.VERSION, ns, ks.PLURAL, {
+        "apiVersion": f"{ks.GROUP}/{ks.VERSION}", "kind": ks.KIND, "metadata": {"name": "feed"},
+        "spec": {"bootstrapServers": [e.kafka.bootstrap_servers], "topics": [topic], "initialOffset": "earliest",
+                 "sink": {"uri": ingress, "audience": audience}}})
     # The attack: a subscriber of one's own, with the audience of the victim's Broker.
     theirs.trigger("thief", {"broker": "own", "subscriber": {"uri": http.url("/thief"), "audience": audience}})
 
@@ -161,9 +168,13 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
             source = KubeTriggerSource(api_client, namespace, name, reply_uri=reply_to, authenticated=True)
             running.append(RunningDispatcher(settings, source, KubeTriggerStatusWriter(api_client),
                                              tokens=TokenSource(kube_requester(dispatcher_client))))
+        feed = eventually(lambda: e.custom.get_namespaced_custom_object(ks.GROUP, ks.VERSION, ns, ks.PLURAL, "feed")
+                          ["status"]["auth"], 60, "the KafkaSource's identity")
+        assert feed == {"serviceAccountName": oidc_account(ks.GROUP, ks.KIND, "feed")} == {
+            "serviceAccountName": "feed-oidc-sources.knative.dev-kafkasource"}
         tokens = running[0].dispatcher.tokens
         assert tokens is not None
-        for name in ("replier", "stray", "pongs", "failing"):
+        for name in ("replier", "stray", "pongs", "failing", "from-feed"):
             brokers.wait(kb.TRIGGERS, name, "Ready", "True", timeout=60)
             trigger = brokers.get(kb.TRIGGERS, name)
             account = oidc_account(kb.GROUP, "Trigger", name)
@@ -177,14 +188,24 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
         (rule,) = role.rules
         assert (rule.resources, rule.verbs, sorted(rule.resource_names)) == (
             ["serviceaccounts/token"], ["create"],
-            sorted(oidc_account(kb.GROUP, "Trigger", n) for n in ("replier", "stray", "pongs", "failing")))
+            sorted([*(oidc_account(kb.GROUP, "Trigger", n) for n in ("replier", "stray", "pongs", "failing",
+                                                                      "from-feed")),
+                    oidc_account(ks.GROUP, ks.KIND, "feed")]))
         wait_for(lambda: all(len(r.dispatcher.status_document()["subscriptions"]) == n
-                             for r, n in zip(running, (4, 1), strict=True)), 60, "groups joined")
+                             for r, n in zip(running, (5, 1), strict=True)), 60, "groups joined")
         # The policy's from.ref resolved to the Trigger's account.
         wait_for(lambda: (e.custom.get_namespaced_custom_object(ep.GROUP, ep.VERSION, ns, ep.PLURAL, "senders")
                           .get("status") or {}).get("from"), 30, "the policy's subjects resolved")
         resolved = e.custom.get_namespaced_custom_object(ep.GROUP, ep.VERSION, ns, ep.PLURAL, "senders")["status"]
-        assert resolved["from"] == [ep.service_account_subject(ns, "sender"), trigger_subject(ns, "replier")]
+        assert resolved["from"] == [ep.service_account_subject(ns, "sender"), trigger_subject(ns, "replier"),
+                                    ep.service_account_subject(ns, oidc_account(ks.GROUP, ks.KIND, "feed"))]
+        # The source's dispatcher once the policy names it (before, its events would be refused: no dead letters).
+        e.make_available(source_dispatcher_name(ns, "feed"))
+        settings = Settings(bootstrap_servers=e.kafka.bootstrap_servers, channel_source="kube",
+                            source_namespace=ns, source_name="feed", log_level="WARNING",
+                            kafka_extra="session.timeout.ms=6000,heartbeat.interval.ms=500")
+        running.append(RunningDispatcher(settings, KubeSourceSource(api_client, ns, "feed"),
+                                         MemoryStatusWriter(), tokens=TokenSource(kube_requester(dispatcher_client))))
 
         def send(url: str, event_id: str, event_type: str, token: str | None) -> httpx.Response:
             headers = {**binary_headers(event_id), "ce-type": event_type}
@@ -204,6 +225,8 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
         wait_for(lambda: http.ids("/dls") == ["f-1"], 60, "the failing delivery dead-lettered")
         wait_for(lambda: http.ids("/thief") == ["bait"], 60, "the thief's subscriber got its event")
         wait_for(lambda: http.ids("/stray") == ["s-1"], 60, "the stray Trigger's delivery")
+        # The KafkaSource's event went in as the source, which the policy names (from.ref KafkaSource).
+        wait_for(lambda: http.ids("/feed") == ["src-1"], 60, "the source's event through the secured Broker")
         for path, want, sub in (("/replier", SUBSCRIBER_AUDIENCE, trigger_subject(ns, "replier")),
                                 ("/dls", DLS_AUDIENCE, trigger_subject(ns, "failing")),
                                 ("/thief", audience, trigger_subject(mallory, "thief"))):
@@ -233,7 +256,7 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
         # The stray Trigger's reply was refused at the ingress (not named), so it never reached the topic.
         ids = {event_from_kafka(m.headers(), m.value()).get_id()
                for m in read_all(e.kafka, kb.broker_topic(ns, BROKER))}
-        assert ids == {"ping-1", "f-1", "s-1", "pong-1"}, ids
+        assert ids == {"ping-1", "f-1", "s-1", "pong-1", "src-1"}, ids
 
         # A deleted Trigger's account leaves the Role.
         brokers.delete(kb.TRIGGERS, "stray")

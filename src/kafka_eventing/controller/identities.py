@@ -6,17 +6,20 @@ can name the resource in ``from.ref`` and no one else's token ever leaves the di
 
 The dispatchers may request exactly those accounts' tokens: in each namespace with senders a Role
 (``core.tokens.TOKEN_ROLE``) grants ``create`` on ``serviceaccounts/token`` for the accounts by name
-(``resourceNames``), bound to the dispatchers' ServiceAccount. Kubernetes lets a controller write a Role that grants
-what it does not hold itself only with ``escalate`` (and bind it only with ``bind``), both limited by the chart to
-that one Role's name; ``escalate`` is checked against the name, which a create does not have yet, so the Role is
-created empty and then updated.
+(``resourceNames``), bound to the dispatchers' ServiceAccount. Its names are the namespace's OIDC accounts (Knative's
+label) that a Trigger, a KafkaSource or a Subscription controls — the Subscriptions' made by Knative's Subscription
+controller and named in a KafkaChannel's ``spec.subscribers[].auth`` — read again whenever a sender comes or goes or
+a channel names an account not granted yet. Kubernetes lets a controller write a Role that grants what it does not
+hold itself only with ``escalate`` (and bind it only with ``bind``), both limited by the chart to that one Role's
+name; ``escalate`` is checked against the name, which a create does not have yet, so the Role is created empty and
+then updated.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -30,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: The condition a sender reports about its identity (Knative's).
 OIDC_IDENTITY_CREATED = "OIDCIdentityCreated"
+#: The kinds whose OIDC accounts the dispatchers send as.
+SENDER_KINDS = frozenset({"Trigger", "KafkaSource", "Subscription"})
 HTTP_NOT_FOUND, HTTP_CONFLICT = 404, 409
 
 
@@ -45,6 +50,7 @@ class Identities:
         self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.settings = settings
         self._lock = threading.Lock()  # one Role update at a time: reconciles of one namespace share its Role
+        self._granted: dict[str, frozenset[str]] = {}  # namespace → the names its Role lists, as last written
 
     @property
     def enabled(self) -> bool:
@@ -63,8 +69,7 @@ class Identities:
         name = tokens.oidc_service_account(api_version.rpartition("/")[0], kind, str(meta["name"]))
         try:
             self._account(api_version, kind, meta, name)
-            with self._lock:
-                self._grant(namespace, add=name)
+            self.grant(namespace, [name])
         except IdentityError as exc:
             status["auth"] = None
             return Condition.false(OIDC_IDENTITY_CREATED, "OIDCIdentityFailed", str(exc))
@@ -77,8 +82,27 @@ class Identities:
             return
         meta = obj["metadata"]
         name = tokens.oidc_service_account(api_version.rpartition("/")[0], kind, str(meta["name"]))
+        self.sync(str(meta["namespace"]), without=name)
+
+    def grant(self, namespace: str, names: Iterable[str]) -> None:
+        """Makes sure the namespace's token Role lists these accounts (a sync when one is not listed yet)."""
+        if self.enabled and not set(names) <= self._granted.get(namespace, frozenset()):
+            self.sync(namespace)
+
+    def sync(self, namespace: str, *, without: str = "") -> None:
+        """The namespace's token Role lists exactly its senders' OIDC accounts (``without`` one being deleted)."""
+        try:
+            listed = self.core.list_namespaced_service_account(
+                namespace, label_selector=f"{tokens.OIDC_LABEL}=enabled", _request_timeout=(5, 15))
+        except ApiException as exc:
+            raise IdentityError(f"the ServiceAccounts of {namespace} cannot be listed: HTTP {exc.status} "
+                                f"{exc.reason}") from None
+        names = {sa.metadata.name for sa in listed.items
+                 if sa.metadata.name != without and not sa.metadata.deletion_timestamp
+                 and any(o.controller and o.kind in SENDER_KINDS for o in sa.metadata.owner_references or ())}
         with self._lock:
-            self._grant(str(meta["namespace"]), remove=name)
+            self._write(namespace, names)
+            self._granted[namespace] = frozenset(names)
 
     def _account(self, api_version: str, kind: str, meta: Mapping[str, Any], name: str) -> None:
         namespace = str(meta["namespace"])
@@ -107,22 +131,19 @@ class Identities:
             if exc.status != HTTP_CONFLICT:  # created meanwhile: its owner is checked on the next reconcile
                 raise IdentityError(f"{where}: cannot be created: HTTP {exc.status} {exc.reason}") from None
 
-    def _grant(self, namespace: str, *, add: str = "", remove: str = "") -> None:
-        """The namespace's token Role lists ``add`` and not ``remove``; its RoleBinding names the dispatchers."""
+    def _write(self, namespace: str, names: set[str]) -> None:
+        """The namespace's token Role lists ``names``; its RoleBinding names the dispatchers."""
         where = f"Role {namespace}/{tokens.TOKEN_ROLE}"
         try:
             role = self._role(namespace)
-            names = set(role.rules[0].resource_names or ()) if role.rules else set()
-            wanted = (names | {add} if add else names) - {remove}
-            if wanted != names or not role.rules:
+            listed = set(role.rules[0].resource_names or ()) if role.rules else set()
+            if listed != names:
                 role.rules = [client.V1PolicyRule(api_groups=[""], resources=["serviceaccounts/token"],
-                                                  verbs=["create"], resource_names=sorted(wanted))] if wanted else []
+                                                  verbs=["create"], resource_names=sorted(names))] if names else []
                 self.rbac.replace_namespaced_role(tokens.TOKEN_ROLE, namespace, role, _request_timeout=(5, 15))
-            if add:
+            if names:
                 self._binding(namespace)
         except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND and not add:
-                return
             raise IdentityError(f"{where}: cannot be written: HTTP {exc.status} {exc.reason} (the controller needs "
                                 f"escalate and bind on that Role; see docs/security.md)") from None
 
