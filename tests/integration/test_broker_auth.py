@@ -266,3 +266,71 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
         for r in running:
             r.stop()
         api_client.close()
+
+
+def test_with_exactly_the_charts_rbac_the_controller_grants_the_dispatchers_a_triggers_token_and_no_more(
+        brokers: Brokers, kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:  # noqa: F811
+    """The controller's side of the RBAC, as the chart grants it (escalate and bind on the token Role's name only):
+    it creates a Trigger's account and the Role and RoleBinding, and then the dispatchers may request that account's
+    token. What it was not granted stays refused: another Role name, a ClusterRole; an account of the Trigger's name
+    that the Trigger does not own is refused with a condition, not granted."""
+    from kubernetes import client
+
+    from chart.render import helm, of_kind
+    from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, Identities
+
+    e = brokers.env
+    admin = kube_control_plane.api_client()
+    rbac = client.RbacAuthorizationV1Api(admin)
+    (role,) = [d for d in of_kind(helm(), "ClusterRole") if d["metadata"]["name"].endswith("-controller")]
+    role["metadata"] = {"name": f"controller-{e.system}"}
+    rbac.create_cluster_role(role)
+    e.core.create_namespaced_service_account(e.system, {"metadata": {"name": "controller"}})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": f"controller-{e.system}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"controller-{e.system}"},
+        "subjects": [{"kind": "ServiceAccount", "name": "controller", "namespace": e.system}]})
+    try:
+        as_controller = account_client(kube_control_plane, e.system, "controller", tmp_path / "controller.kubeconfig")
+        identities = Identities(as_controller, e.settings(auth_issuer=kube_control_plane.server))
+        brokers.trigger("t", {"broker": "b", "subscriber": {"uri": "http://sub.example"}})
+        trigger = brokers.get(kb.TRIGGERS, "t")
+        status: dict[str, Any] = {}
+        created = identities.ensure(f"{kb.GROUP}/{kb.VERSION}", "Trigger", trigger, status)
+        assert created.is_true and created.type == OIDC_IDENTITY_CREATED, created
+        account = oidc_account(kb.GROUP, "Trigger", "t")
+        assert status["auth"] == {"serviceAccountName": account}
+
+        dispatcher = account_client(kube_control_plane, e.system, DISPATCHER_SERVICE_ACCOUNT,
+                                    tmp_path / "dispatcher.kubeconfig")
+        wait_for(lambda: kube_requester(dispatcher)((e.namespace, account), "aud")[0], 30,
+                 "the dispatcher may request the Trigger's token", tolerate=(client.ApiException,))
+        with pytest.raises(client.ApiException) as refused:
+            kube_requester(dispatcher)((e.namespace, "default"), "aud")
+        assert refused.value.status == 403
+
+        # Escalation is granted on the token Role's name only: the same rule under another name is refused.
+        other = client.RbacAuthorizationV1Api(as_controller)
+        other.create_namespaced_role(e.namespace, {"metadata": {"name": "other"}, "rules": []})
+        with pytest.raises(client.ApiException) as escalation:
+            other.replace_namespaced_role("other", e.namespace, {"metadata": {"name": "other"}, "rules": [
+                {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}]})
+        assert escalation.value.status == 403
+        with pytest.raises(client.ApiException) as cluster_wide:
+            other.create_cluster_role({"metadata": {"name": f"x-{e.system}"}, "rules": []})
+        assert cluster_wide.value.status == 403
+
+        # An account of the Trigger's name that the Trigger does not own is not taken over, nor granted.
+        squatted = oidc_account(kb.GROUP, "Trigger", "squat")
+        e.core.create_namespaced_service_account(e.namespace, {"metadata": {"name": squatted}})
+        brokers.trigger("squat", {"broker": "b", "subscriber": {"uri": "http://sub.example"}})
+        status = {}
+        refused_identity = identities.ensure(f"{kb.GROUP}/{kb.VERSION}", "Trigger", brokers.get(kb.TRIGGERS, "squat"),
+                                             status)
+        assert (refused_identity.status, refused_identity.reason) == ("False", "OIDCIdentityFailed")
+        assert "not owned by Trigger squat" in refused_identity.message and status["auth"] is None
+        assert squatted not in rbac.read_namespaced_role(TOKEN_ROLE, e.namespace).rules[0].resource_names
+    finally:
+        rbac.delete_cluster_role_binding(f"controller-{e.system}")
+        rbac.delete_cluster_role(f"controller-{e.system}")
+        admin.close()

@@ -8,6 +8,7 @@ from typing import Any
 from kafka_eventing.core import eventpolicies as ep
 from kafka_eventing.core.binding import KafkaRecord
 from kafka_eventing.core.channels import Channel
+from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.auth import PolicyCheck
 from kafka_eventing.receiver.ingress import Answer
 
@@ -99,10 +100,13 @@ def test_default_modes_where_no_policy_applies() -> None:
 
 
 def test_no_subject_is_waived_not_even_the_dispatchers() -> None:
-    c = check(policy("nobody", **{"from": [{"sub": "nobody"}]}))
-    assert status(c.decide("broker", EVENTS, DISPATCHER)) == 403
-    assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
-    assert status(check(mode=ep.DefaultMode.DENY_ALL).decide("broker", EVENTS, DISPATCHER)) == 403
+    # Built as the receiver builds it (from its settings): a Trigger's reply carries the Trigger's identity, so no
+    # system subject may pass a policy or deny-all that does not name it.
+    settings = Settings(system_namespace="knative-eventing", auth_default_mode=ep.DefaultMode.DENY_ALL)
+    for c in (PolicyCheck.from_settings(settings, Policies(policy("nobody", **{"from": [{"sub": "nobody"}]}))),
+              PolicyCheck.from_settings(settings, Policies())):
+        assert status(c.decide("broker", EVENTS, DISPATCHER)) == 403
+        assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
 
 
 def test_a_policy_that_cannot_be_used_refuses_everyone_in_its_namespace() -> None:
