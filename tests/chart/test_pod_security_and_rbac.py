@@ -17,6 +17,7 @@ import pytest
 
 from kafka_eventing.controller.resources import ChannelRef, DispatcherConfig, dispatcher_deployment
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import TOKEN_ROLE
 
 from .render import NAMESPACE, RENDERS, container_env, helm, of_kind, render
 
@@ -156,7 +157,9 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
             for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
                 if any("*" in item for item in rule.get(field, [])):
                     out.append(f"{kind}/{name}: wildcard in {field}: {rule}")
-            if set(rule.get("verbs", [])) & ESCALATING_VERBS:
+            # escalate/bind only on the one Role that lists the senders' OIDC accounts (controller/identities.py).
+            if set(rule.get("verbs", [])) & ESCALATING_VERBS and (
+                    rule.get("resources") != ["roles"] or rule.get("resourceNames") != [TOKEN_ROLE]):
                 out.append(f"{kind}/{name}: escalating verbs {rule['verbs']}")
             secrets = "" in rule.get("apiGroups", []) and "secrets" in rule.get("resources", [])
             if secrets and set(rule["verbs"]) - READ_VERBS:
@@ -209,6 +212,10 @@ def test_rbac_checks_catch_violations() -> None:
         [role("ClusterRole", {"apiGroups": ["apps"], "resources": ["*"], "verbs": ["get"]})],
         [role("ClusterRole", {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
                               "verbs": ["bind"]})],
+        [role("ClusterRole", {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                              "resourceNames": [TOKEN_ROLE], "verbs": ["escalate"]})],
+        [role("ClusterRole", {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
+                              "resourceNames": ["admin"], "verbs": ["escalate", "bind"]})],
         [{**role("ClusterRole"), "aggregationRule": {"clusterRoleSelectors": [{}]}}],
         [role("Role", {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]})],
         [role("ClusterRole", {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
@@ -262,16 +269,17 @@ def test_readable_kinds_refuses_wildcards() -> None:
         assert proc.returncode != 0 and "schema" in proc.stderr, (bad, proc.stderr)
 
 
-def test_dispatchers_mint_tokens_for_their_own_service_account_only() -> None:
+def test_no_role_of_the_chart_mints_tokens_and_the_controller_may_grant_only_the_oidc_token_role() -> None:
+    """The dispatchers' token rights are the per-namespace Roles the controller writes (named accounts only); the
+    chart itself grants no serviceaccounts/token, and escalate/bind only on that Role's name."""
     docs = helm()
     roles = of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
-    rules = [(d["kind"], d["metadata"].get("namespace"), r) for d in roles
-             for r in d.get("rules", []) if "serviceaccounts/token" in r.get("resources", [])]
-    assert rules == [("Role", NAMESPACE, {"apiGroups": [""], "resources": ["serviceaccounts/token"],
-                                          "resourceNames": ["kafka-channel-dispatcher"], "verbs": ["create"]})]
-    (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["roleRef"]["name"].endswith("dispatcher-token")]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kafka-channel-dispatcher",
-                                    "namespace": NAMESPACE}]
+    assert [r for d in roles for r in d.get("rules", []) if "serviceaccounts/token" in r.get("resources", [])] == []
+    escalating = [(d["metadata"]["name"], r) for d in roles for r in d.get("rules", [])
+                  if set(r["verbs"]) & ESCALATING_VERBS]
+    assert [(n.rsplit("-", 1)[-1], r) for n, r in escalating] == [("controller", {
+        "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "resourceNames": [TOKEN_ROLE],
+        "verbs": ["escalate", "bind"]})]
 
 
 def test_the_receiver_reads_event_policies_only_with_auth_on() -> None:

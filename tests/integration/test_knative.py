@@ -11,13 +11,16 @@ What Knative's webhook would default is written out (tests/fixtures/knative.py s
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +36,7 @@ from test_dispatcher import Received, Subscriber
 from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401 - a fixture
 
 from fixtures.knative import KnativeEventing
-from fixtures.kube import gone
+from fixtures.kube import account_client, gone
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
 from kafka_eventing.controller.kafkasources import source_dispatcher_name
@@ -44,6 +47,7 @@ from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import DISPATCHER_SERVICE_ACCOUNT, TOKEN_ROLE, TokenSource, kube_requester
 from kafka_eventing.dispatcher import create_dispatcher
 from kafka_eventing.dispatcher.sources import KubeSourceSource
 from kafka_eventing.dispatcher.status import KubeStatusWriter, KubeTriggerStatusWriter
@@ -102,7 +106,8 @@ class RunningDispatcher:
     """The dispatcher of one KafkaChannel (or, with ``broker``, of that Broker), in process, as its Deployment
     would run it."""
 
-    def __init__(self, e: Env, name: str, broker: bool = False, reply_uri: str = "") -> None:
+    def __init__(self, e: Env, name: str, broker: bool = False, reply_uri: str = "",
+                 tokens: TokenSource | None = None) -> None:
         source: KubeChannelSource | KubeTriggerSource
         writer: KubeStatusWriter | KubeTriggerStatusWriter
         if broker:
@@ -118,7 +123,7 @@ class RunningDispatcher:
                 KubeStatusWriter(e.api)
         self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
                                             status_writer=writer, registry=CollectorRegistry(),
-                                            host="127.0.0.1", port=0)
+                                            host="127.0.0.1", port=0, tokens=tokens)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
         self.thread.start()
 
@@ -270,6 +275,54 @@ def test_subscription_is_written_by_knative_and_delivered(knative: Knative, http
     eventually(lambda: knative.gone("subscriptions", "orders-sub"), 30, "Subscription deleted")
     eventually(lambda: not knative.dispatchers[0].dispatcher.status_document()["subscriptions"], 30,
                "the dispatcher's consumer for the Subscription stopped")
+
+
+def test_with_oidc_on_a_subscription_sends_as_the_account_knative_made_for_it(
+        knative: Knative, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:
+    """Knative's ``authentication-oidc`` on: its Subscription controller makes the Subscription's ServiceAccount and
+    names it in the channel's ``spec.subscribers[].auth``; our controller lets the dispatchers request that account's
+    tokens, and the dispatcher (as its ServiceAccount, under real RBAC) sends one to the subscriber that declares an
+    audience — the Subscription's identity, not the dispatcher's."""
+    e = knative.env
+    features = client.CoreV1Api(e.api)
+    ns = knative.eventing.namespace
+    before = features.read_namespaced_config_map("config-features", ns).data or {}
+    features.patch_namespaced_config_map("config-features", ns, {"data": {"authentication-oidc": "enabled"}})
+    try:
+        e.start_controller(e.settings(auth_issuer=kube_control_plane.server))
+        e.create("orders", {"numPartitions": 1})
+        knative.ready_channel("orders")
+        audience = "https://subscriber.example/ingest"
+        ref = {"apiVersion": f"{MESSAGING}/v1beta1", "kind": "KafkaChannel", "name": "orders"}
+        knative.subscription("orders-sub", ref, subscriber={"uri": http.url("/sub"), "audience": audience})
+        account = "orders-sub-oidc-messaging.knative.dev-subscription"  # Knative's name for it
+
+        def named() -> dict[str, Any] | None:
+            subscribers = e.get("orders")["spec"].get("subscribers") or []
+            return next((s for s in subscribers if (s.get("auth") or {}).get("serviceAccountName")), None)
+
+        entry = eventually(named, 60, "the Subscription's account in spec.subscribers")
+        assert entry["auth"]["serviceAccountName"] == account and entry["subscriberAudience"] == audience
+        rbac = client.RbacAuthorizationV1Api(e.api)
+        eventually(lambda: account in rbac.read_namespaced_role(TOKEN_ROLE, e.namespace).rules[0].resource_names,
+                   60, "the account in the token Role")
+
+        dispatcher_client = account_client(kube_control_plane, e.system, DISPATCHER_SERVICE_ACCOUNT,
+                                           tmp_path / "dispatcher.kubeconfig")
+        knative.serve("orders", tokens=TokenSource(kube_requester(dispatcher_client)))
+        knative.wait_ready("subscriptions", "orders-sub")
+        receiver = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env={
+            "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)})
+        send(receiver, e.namespace, "orders", "ping-1", "com.example.ping")
+        wait_for(lambda: http.ids("/sub") == ["ping-1"], 60, "the event at the subscriber")
+        authorization = next(v for k, v in http.at("/sub")[0].headers.items() if k.lower() == "authorization")
+        payload = authorization.removeprefix("Bearer ").split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        assert (claims["sub"], claims["aud"]) == (f"system:serviceaccount:{e.namespace}:{account}", [audience])
+    finally:
+        features.patch_namespaced_config_map("config-features", ns, {"data": {
+            "authentication-oidc": before.get("authentication-oidc", "disabled")}})
 
 
 def test_channel_with_a_kafkachannel_template(knative: Knative, http: Subscriber) -> None:

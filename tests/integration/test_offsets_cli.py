@@ -1,19 +1,24 @@
 """`kafka-eventing offsets show|reset` and the group offsets it shares with the dispatcher's reset
 (core/group_offsets.py), on real Kafka: the table, the refusal while the group has members, the question, the
-one-request move, a time between batches and one older than what retention kept."""
+one-request move, a time between batches and one older than what retention kept, and a Trigger's group, which has
+no members while its Broker's dispatcher commits it (a real Broker dispatcher, real HTTP subscriber)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from test_dispatcher import committed, produce
+from test_broker_fanout import BROKER, NS, broker_dispatch, ends, trigger, write_broker  # noqa: F401
+from test_dispatcher import InProcess, Subscriber, committed, http, produce  # noqa: F401
 
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.group_offsets import GroupOffsets
 from kafka_eventing.core.offsets_cli import main, parser, run
 from kafka_eventing.core.settings import Settings
@@ -154,3 +159,70 @@ def test_a_group_over_two_topics_is_shown_and_moved_in_one_commit(loaded: tuple[
                 future.result(30)
             except Exception:
                 pass
+
+
+def rfc3339(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"
+
+
+def test_a_trigger_is_not_reset_under_its_running_broker_dispatcher_and_is_once_it_stops(
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,  # noqa: F811
+        broker_dispatch: Callable[..., InProcess], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: Any) -> None:
+    """The Trigger's group has no members (the Broker's dispatcher commits it from its shared read), so Kafka
+    would take the commit and the dispatcher would commit over it with the next events: the reset is refused while
+    the dispatcher runs, under live traffic, and nothing moves or is redelivered. Once the dispatcher has stopped
+    the same command moves the group, and the restarted dispatcher redelivers exactly what came after the time."""
+    monkeypatch.setenv("KE_BOOTSTRAP_SERVERS", kafka_running.bootstrap_servers)
+    path = tmp_path / "broker.yaml"
+    write_broker(path, topic, [trigger("t", http.url("/t"))])
+    running = broker_dispatch(path)
+    group = kb.trigger_group(NS, "t")
+    first = produce(kafka_running, topic, 30, prefix="first")  # offsets 0..9 on every partition
+    time.sleep(0.2)
+    point = time.time()
+    time.sleep(0.2)
+    second = produce(kafka_running, topic, 30, prefix="second")  # 10..19
+    wait_for(lambda: Counter(http.ids("/t")) == Counter(first + second), 30, "both batches delivered")
+    wait_for(lambda: committed(kafka_running, topic, group) == [20, 20, 20], 15, "the Trigger committed")
+    args = ["reset", "--trigger", f"{NS}/t", "--broker", BROKER, "--topic", topic, "--to", rfc3339(point), "--yes"]
+
+    live: list[str] = []
+
+    def traffic() -> None:
+        for i in range(10):
+            live.extend(produce(kafka_running, topic, 3, prefix=f"live{i}"))
+            time.sleep(0.1)
+
+    producer = threading.Thread(target=traffic)
+    producer.start()
+    try:
+        code = main(args)
+    finally:
+        producer.join(30)
+    out = capsys.readouterr().out
+    wait_for(lambda: Counter(http.ids("/t")) == Counter(first + second + live), 30, "the live events delivered")
+    wait_for(lambda: committed(kafka_running, topic, group) == ends(kafka_running, topic), 15, "live committed")
+    time.sleep(2.5)  # two commit intervals of the dispatcher
+    after = committed(kafka_running, topic, group)
+    assert code == 3, f"exit {code}, the CLI said {out!r}, yet the group is at {after}: the reset was undone"
+    assert f"refused: the dispatcher of Broker {NS}/{BROKER} is running" in out and "ResetOffset" in out
+    assert after == [30, 30, 30]
+    assert Counter(http.ids("/t")) == Counter(first + second + live)  # nothing redelivered
+
+    # A Trigger's group named by --group alone is refused: its Broker's dispatcher could not be checked.
+    assert main(["reset", "--group", group, "--topic", topic, "--to", "earliest", "--yes"]) == 2
+    assert "name it with --trigger NS/NAME --broker NAME" in capsys.readouterr().err
+
+    running.stop()  # the dispatcher scaled down: --wait sees its shared read leave
+    assert main([*args, "--wait", "20"]) == 0
+    assert "moved 3 of 3 partitions" in capsys.readouterr().out
+    assert committed(kafka_running, topic, group) == [10, 10, 10]
+    stopped = produce(kafka_running, topic, 6, prefix="stopped")
+    broker_dispatch(path)
+    replayed = second + live + stopped
+    expected = Counter(first + second + live + replayed)
+    wait_for(lambda: Counter(http.ids("/t")) == expected, 30, "everything after the time redelivered")
+    wait_for(lambda: committed(kafka_running, topic, group) == ends(kafka_running, topic), 15, "replay committed")
+    time.sleep(1.5)
+    assert Counter(http.ids("/t")) == expected  # exactly: none of the first batch, nothing else twice

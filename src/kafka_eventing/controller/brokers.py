@@ -44,6 +44,7 @@ from kafka_eventing.controller.connection import (
     resolve,
 )
 from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_address
+from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
 from kafka_eventing.controller.reconciler import (
     DEAD_LETTER_FIELDS,
     STOP_RECHECK_SECONDS,
@@ -65,6 +66,7 @@ HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
+TRIGGER_API_VERSION = f"{kb.GROUP}/{kb.VERSION}"
 BROKER_FINALIZER = "kafka.eventing.knative.dev/broker"
 #: A deleted Trigger's consumer group (and its offsets) goes too: a new Trigger of the same name starts at latest.
 TRIGGER_FINALIZER = "kafka.eventing.knative.dev/trigger"
@@ -79,13 +81,14 @@ DEFAULT_REPLICATION = 1
 CONFIG_PARSED = "ConfigParsed"
 DATA_PLANE_AVAILABLE = "DataPlaneAvailable"
 BROKER_DEPENDENTS = (CONFIG_PARSED, cond.TOPIC_READY, DATA_PLANE_AVAILABLE, cond.ADDRESSABLE)
-# Trigger conditions: the controller writes the first four and Ready; the dispatcher writes ConsumerGroupReady.
+# Trigger conditions: the controller writes the first four, OIDCIdentityCreated and Ready; the dispatcher writes
+# ConsumerGroupReady.
 BROKER_READY = kb.BROKER_READY
 SUBSCRIBER_RESOLVED = kb.SUBSCRIBER_RESOLVED
 SUBSCRIPTION_READY = kb.SUBSCRIPTION_READY
 DEPENDENCY_READY = kb.DEPENDENCY_READY
 TRIGGER_DEPENDENTS = (BROKER_READY, SUBSCRIBER_RESOLVED, SUBSCRIPTION_READY, DEPENDENCY_READY,
-                      kb.CONSUMER_GROUP_READY)
+                      OIDC_IDENTITY_CREATED, kb.CONSUMER_GROUP_READY)
 
 
 @dataclass(frozen=True)
@@ -384,6 +387,10 @@ class BrokerReconciler:
         result = Result()
         recheck = Result(requeue_after=self.recheck_seconds)
         conditions.append(self._broker_ready(namespace, broker_name, broker))
+        identity = self.base.identities.ensure(TRIGGER_API_VERSION, "Trigger", obj, status)
+        conditions.append(identity)
+        if not identity.is_true:
+            result = recheck
         try:
             subscriber = resolve_address(self.core, self.custom, spec.get("subscriber") or {}, namespace,
                                          "subscriber")
@@ -450,6 +457,10 @@ class BrokerReconciler:
         except TopicError as exc:
             return Result(error=str(exc))
         self.filters.forget((meta["namespace"], meta["name"]))
+        try:
+            self.base.identities.forget(TRIGGER_API_VERSION, "Trigger", obj)
+        except IdentityError as exc:
+            return Result(error=str(exc))
         try:
             self.base.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != TRIGGER_FINALIZER],
                                      TRIGGER_API)

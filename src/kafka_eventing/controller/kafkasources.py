@@ -1,14 +1,15 @@
 """Reconcile KafkaSources (``sources.knative.dev/v1``) — level-based and idempotent, like the Broker reconciler.
 
-A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be honoured is a False condition
-naming it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``) and its dead-letter sink
-(``status.deadLetterSinkUri``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls`` Secret keys)
-checked against Kafka: every topic exists and is readable with those credentials (ConnectionEstablished) →
-partitions of the group that have no committed offset set to ``initialOffset`` and **committed**, so a restart
-never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment (the existing dispatcher,
-``KE_SOURCE_NAME``, ``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more than the largest topic
-has partitions (Deployed) →
-Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
+A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be honoured is a False condition naming
+it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``, ``sinkAudience``, ``sinkCACerts``) and its
+dead-letter sink (``status.deadLetterSinkUri``) → with ingress authentication on, its OIDC identity
+(``status.auth``, ``controller.identities``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls``
+Secret keys) checked against Kafka: every topic exists and is readable with those credentials
+(ConnectionEstablished) → partitions of the group that have no committed offset set to ``initialOffset`` and
+**committed**, so a restart never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment
+(the existing dispatcher, ``KE_SOURCE_NAME``, ``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more
+than the largest topic has partitions (Deployed) → Ready; ``status.consumers`` and ``status.selector`` serve the
+scale subresource.
 
 Annotated for KEDA (``autoscaling.knative.dev/class: keda.autoscaling.knative.dev``, see
 ``core.kafkasources.AUTOSCALING_FIELDS``), the dispatcher gets a ScaledObject on the group's lag per topic (and a
@@ -43,7 +44,8 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
-from kafka_eventing.controller.destinations import Unresolved, resolve_destination
+from kafka_eventing.controller.destinations import Unresolved, resolve_address
+from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
 from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
 from kafka_eventing.core import kafkasources as ks
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
 SOURCE_API = (ks.GROUP, ks.VERSION, ks.PLURAL)
+SOURCE_API_VERSION = f"{ks.GROUP}/{ks.VERSION}"
+#: What Ready waits for: the source's own conditions and its identity.
+READY_DEPENDENTS = (*ks.DEPENDENTS, OIDC_IDENTITY_CREATED)
 SOURCE_FINALIZER = "kafka.eventing.knative.dev/kafkasource"
 #: Names the KafkaSource ("<namespace>/<name>") a dispatcher Deployment or Secret belongs to.
 ANNOTATION_SOURCE = "kafka.eventing.knative.dev/kafkasource"
@@ -132,11 +137,17 @@ class SourceReconciler:
         result = Result()
         conditions.append(Condition.true(ks.KEY_TYPE_CORRECT))
         try:
-            status["sinkUri"] = resolve_destination(self.core, self.custom, spec.sink, namespace, "sink")
+            sink_address = resolve_address(self.core, self.custom, spec.sink, namespace, "sink")
+            status.update(sinkUri=sink_address.url, sinkAudience=sink_address.audience,
+                          sinkCACerts=sink_address.ca_certs)
             conditions.append(Condition.true(ks.SINK_PROVIDED))
         except Unresolved as exc:
-            status["sinkUri"] = None
+            status.update(sinkUri=None, sinkAudience=None, sinkCACerts=None)
             conditions.append(Condition.false(ks.SINK_PROVIDED, exc.reason, str(exc)))
+            result = recheck
+        identity = self.base.identities.ensure(SOURCE_API_VERSION, ks.KIND, obj, status)
+        conditions.append(identity)
+        if not identity.is_true:
             result = recheck
         sink = self.base.dead_letter_sink(namespace, {"delivery": spec.delivery or {}})
         status["deadLetterSinkUri"] = sink[1].url if sink and sink[1] else None
@@ -156,7 +167,7 @@ class SourceReconciler:
             conditions.append(Condition.false(ks.CONNECTION_ESTABLISHED, exc.reason, str(exc)))
             conditions += [Condition.unknown(kind, "ConnectionNotEstablished", "waiting for the connection")
                            for kind in (ks.INITIAL_OFFSETS_COMMITTED, ks.DEPLOYED)]
-            conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
+            conditions.append(cond.ready_condition(conditions, READY_DEPENDENTS))
             status["consumers"] = 0
             self.base.patch_status(obj, status, conditions, SOURCE_API)
             return recheck
@@ -172,7 +183,7 @@ class SourceReconciler:
             conditions.append(scaler)
         conditions.append(deployed)
         status["consumers"] = consumers
-        conditions.append(cond.ready_condition(conditions, ks.DEPENDENTS))
+        conditions.append(cond.ready_condition(conditions, READY_DEPENDENTS))
         self.base.patch_status(obj, status, conditions, SOURCE_API)
         if errors:
             return Result(error=errors)
@@ -390,6 +401,10 @@ class SourceReconciler:
                 # Members still in the group (a pod killed without leaving): retried with backoff until Kafka's
                 # session timeout removes them.
                 return Result(error=str(exc))
+        try:
+            self.base.identities.forget(SOURCE_API_VERSION, ks.KIND, obj)
+        except IdentityError as exc:
+            return Result(error=str(exc))
         try:
             self.base.set_finalizers(obj, [f for f in meta.get("finalizers") or () if f != SOURCE_FINALIZER],
                                      SOURCE_API)

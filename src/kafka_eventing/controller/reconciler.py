@@ -28,6 +28,7 @@ from kafka_eventing.controller.api import (
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
 from kafka_eventing.controller.destinations import Address, Unresolved, resolve_address
+from kafka_eventing.controller.identities import Identities, IdentityError
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
     ANNOTATION_EXTERNAL_TOPIC,
@@ -101,6 +102,7 @@ class Reconciler:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.identities = Identities(api_client, settings)  # senders' OIDC ServiceAccounts (Triggers, KafkaSources)
         self.admins = admins or AdminPool()
         self.config_map = config_map
         self.may_write = may_write
@@ -202,6 +204,13 @@ class Reconciler:
             conditions.append(dls[0])
         status.update(dead_letter_status(dls[1] if dls else None))
 
+        # The Subscriptions' OIDC accounts (Knative's Subscription controller names them here) may be sent as.
+        accounts = [str(a["serviceAccountName"]) for sub in spec.get("subscribers") or ()
+                    if (a := sub.get("auth") or {}).get("serviceAccountName")]
+        try:
+            self.identities.grant(ref.namespace, accounts)
+        except IdentityError as exc:
+            write_errors.append(str(exc))
         conditions.append(cond.ready_condition(conditions))
         self.event_policies(GROUP, KIND, obj, status, conditions)  # informational: not part of Ready
         self.patch_status(obj, status, conditions)

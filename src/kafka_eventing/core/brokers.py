@@ -53,9 +53,19 @@ def topic_of(broker: Mapping[str, Any]) -> str:
     return str(external or broker_topic(str(meta.get("namespace")), str(meta.get("name"))))
 
 
+TRIGGER_GROUP_PREFIX = "knative-trigger-"
+
+
 def trigger_group(namespace: str, name: str) -> str:
     """The consumer group of one Trigger: stable across dispatcher restarts and rescheduling."""
-    return f"knative-trigger-{namespace}-{name}"
+    return f"{TRIGGER_GROUP_PREFIX}{namespace}-{name}"
+
+
+def reader_group(namespace: str, name: str) -> str:
+    """The group of the Broker dispatcher's shared read: it spreads the Broker's partitions over the dispatcher
+    replicas and holds no offsets. It has members exactly while a dispatcher of the Broker runs, which is when the
+    Triggers' groups (memberless: the dispatcher commits them) must not be moved from outside."""
+    return f"knative-broker-dispatcher-{namespace}-{name}"
 
 
 def trigger_broker(trigger: Mapping[str, Any]) -> str:

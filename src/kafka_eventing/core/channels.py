@@ -22,6 +22,7 @@ from kafka_eventing.core.delivery import (
 )
 from kafka_eventing.core.kafka_config import ConnectionRef
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import Identity, identity_of
 
 GROUP = "messaging.knative.dev"
 KIND = "KafkaChannel"
@@ -66,6 +67,10 @@ class Subscriber:
     #: Audiences a token is sent for (``subscriberAudience``, ``replyAudience``); None: no token.
     subscriber_audience: str | None = None
     reply_audience: str | None = None
+    #: Whose tokens those are, for the subscriber, the reply and the dead-letter sink alike: the sending resource's
+    #: OIDC ServiceAccount (a Trigger's or KafkaSource's ``status.auth``, a Subscription's ``auth`` in the channel's
+    #: ``spec.subscribers``); None: no token is sent.
+    identity: Identity | None = None
     #: PEM CA certificates trusted for an ``https://`` subscriber / reply (``subscriberCACerts``,
     #: ``replyCACerts``) besides the system's; None: the system's only.
     subscriber_ca_certs: str | None = None
@@ -211,6 +216,8 @@ def _subscriber(sub: Mapping[str, Any], default: DeliverySpec, ordered: bool, wh
         rate_limit=rate if rate is not None else rate_limit,
         subscriber_audience=sub.get("subscriberAudience") or None, reply_audience=sub.get("replyAudience") or None,
         subscriber_ca_certs=sub.get("subscriberCACerts") or None, reply_ca_certs=sub.get("replyCACerts") or None,
+        # A Subscription is in its channel's namespace; Knative's Subscription controller writes its account here.
+        identity=identity_of(namespace, sub.get("auth")),
     )
 
 

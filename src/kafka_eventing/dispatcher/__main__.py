@@ -8,9 +8,10 @@ KE_SOURCE_NAME): the source's one group over its topics, records that are not Cl
 does. All are read from KE_CHANNEL_SOURCE: kube (the API server: KE_KUBECONFIG or KUBECONFIG outside a cluster) or
 file (KE_CHANNELS_FILE). Kafka from KE_BOOTSTRAP_SERVERS, KE_KAFKA_SECRET_DIR, KE_KAFKA_PROVIDER; every KE_*
 variable: docs/settings.md. SIGTERM/SIGINT stop the loop; done work is committed and every consumer closed before
-exit. On the API (KE_CHANNEL_SOURCE=kube) destinations that declare an audience get the dispatcher ServiceAccount's
-tokens (core/tokens.py), and the dispatcher carries out the ResetOffsets (kafka.eventing.knative.dev/v1alpha1) of
-its consumer groups when the API server serves that CRD (dispatcher/resets.py).
+exit. On the API (KE_CHANNEL_SOURCE=kube) destinations that declare an audience get a token of the sending
+resource's own OIDC ServiceAccount — the Trigger's, the Subscription's (core/tokens.py) — and the dispatcher carries
+out the ResetOffsets (kafka.eventing.knative.dev/v1alpha1) of its consumer groups when the API server serves that
+CRD (dispatcher/resets.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kafka_eventing.core.heap import freeze_startup_heap
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
-from kafka_eventing.core.tokens import DISPATCHER_SERVICE_ACCOUNT, TokenSource, kube_requester
+from kafka_eventing.core.tokens import TokenSource, kube_requester
 from kafka_eventing.dispatcher.app import create_dispatcher
 from kafka_eventing.dispatcher.resets import KubeResetApi, Resets, serves_resetoffsets
 from kafka_eventing.dispatcher.status import (
@@ -100,9 +101,8 @@ async def _run(settings: Settings) -> None:
         resets = Resets(kind, namespace, name, KubeResetApi(api_client), GroupOffsets(connection.admin_config()))
     if settings.dispatcher_initial_offset not in ("latest", "earliest"):
         raise SystemExit(f"KE_DISPATCHER_INITIAL_OFFSET={settings.dispatcher_initial_offset!r}: use latest or earliest")
-    # On the API: tokens of the dispatcher's own ServiceAccount for destinations that declare an audience.
-    tokens = (TokenSource(kube_requester(api_client, settings.system_namespace, DISPATCHER_SERVICE_ACCOUNT))
-              if api_client is not None else None)
+    # On the API: each sender's own tokens (its OIDC ServiceAccount's) for destinations that declare an audience.
+    tokens = TokenSource(kube_requester(api_client)) if api_client is not None else None
     traces = tracing.setup(settings, "kafka-eventing-dispatcher")
     dispatcher = create_dispatcher(settings, connection, source, status_writer=writer,
                                    initial_offset=settings.dispatcher_initial_offset, host=_ARGS.host,

@@ -178,7 +178,8 @@ class Deliverer:
         out_headers["Prefer"] = "reply"
 
         attempt = await self._with_retries(subscriber.subscriber_uri,
-                                           await self._authorized(out_headers, subscriber.subscriber_audience),
+                                           await self._authorized(out_headers, subscriber.subscriber_audience,
+                                                                  subscriber),
                                            body, subscriber, labels, count=count,
                                            ca_certs=subscriber.subscriber_ca_certs)
         self._child(self.metrics.latency, labels).observe(time.monotonic() - started)
@@ -197,13 +198,19 @@ class Deliverer:
             event = with_extensions(event, **dict(subscriber.extensions))
         return await self._dead_letter(event, dest, attempt, subscriber, labels=labels, trace=_trace(out_headers))
 
-    async def _authorized(self, headers: dict[str, str], audience: str | None) -> dict[str, str]:
-        """``headers`` with a bearer token for ``audience`` (the same dict when none applies). Without a token the
-        request still goes: the destination's 401 is then the visible failure (dead letter, metric)."""
+    async def _authorized(self, headers: dict[str, str], audience: str | None,
+                          subscriber: Subscriber) -> dict[str, str]:
+        """``headers`` with a bearer token of the subscriber's identity for ``audience`` (the same dict when none
+        applies). Without a token the request still goes: the destination's 401 is then the visible failure (dead
+        letter, metric)."""
         if audience is None or self.tokens is None:
             return headers
+        if subscriber.identity is None:
+            log.warning("the destination declares an audience but the sender has no OIDC identity: sent without a "
+                        "token", extra={"audience": audience, "subscriber": subscriber.uid})
+            return headers
         try:
-            return {**headers, "Authorization": await self.tokens.header(audience)}
+            return {**headers, "Authorization": await self.tokens.header(subscriber.identity, audience)}
         except TokenError as exc:
             log.error("no token for the destination's audience", extra={"audience": audience, "error": str(exc)})
             return headers
@@ -268,7 +275,7 @@ class Deliverer:
         headers, body = event_to_http(reply)
         headers.update(trace)
         result = await self._with_retries(subscriber.reply_uri,
-                                          await self._authorized(headers, subscriber.reply_audience),
+                                          await self._authorized(headers, subscriber.reply_audience, subscriber),
                                           body, subscriber, labels, ca_certs=subscriber.reply_ca_certs)
         if result.ok:
             self.metrics.replies.labels(*labels).inc()
@@ -293,7 +300,7 @@ class Deliverer:
         )
         headers, body = event_to_http(dead, subscriber.delivery.format)
         headers.update(trace)
-        headers = await self._authorized(headers, subscriber.delivery.dead_letter_audience)
+        headers = await self._authorized(headers, subscriber.delivery.dead_letter_audience, subscriber)
 
         def on_retry(attempt: int, delay: float) -> None:
             self.metrics.sink_retries.labels(*labels).inc()

@@ -38,6 +38,7 @@ from typing import Any, TypeVar, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.brokers import reader_group
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.dispatcher.app import Dispatcher, consumer_settings
 from kafka_eventing.dispatcher.flow import CONSUME_BATCH, WakeableSleep
@@ -67,11 +68,6 @@ LAG_INTERVAL = 5.0
 COMMIT_TIMEOUT = 10.0
 
 T = TypeVar("T")
-
-
-def reader_group(namespace: str, name: str) -> str:
-    """The group that spreads a Broker's partitions over its dispatcher replicas (it holds no offsets)."""
-    return f"knative-broker-dispatcher-{namespace}-{name}"
 
 
 class _LoopBound:

@@ -3,7 +3,8 @@ subscriber — so the channel dispatcher runs a KafkaSource unchanged: ordered o
 live updates, all topics' members in the source's one consumer group (``spec.consumerGroup``).
 
 What a source adds is carried by its ``Subscriber``s: uid = the topic, ``topic`` and ``group`` set, the sink
-(``status.sinkUri``, resolved by the controller like a Trigger's subscriber) as the subscriber URI, no reply,
+(``status.sinkUri``, resolved by the controller like a Trigger's subscriber) as the subscriber URI with its audience
+and CA certificates (``sinkAudience``, ``sinkCACerts``) and the source's identity (``status.auth``), no reply,
 ``convert`` (a record that is not a CloudEvent becomes one, as upstream converts it: core/kafkasources.py) and
 ``extensions`` (``ceOverrides.extensions``). The source's topics are consumed only once the controller reports
 its sink resolved and the group's initial offsets committed (``kafkasources.DISPATCH_GATES``); until then they are
@@ -27,6 +28,7 @@ from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import gates_hold
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import identity_of
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,10 @@ def source_channel(obj: Mapping[str, Any], *, standalone: bool = False) -> Chann
     subscribers = tuple(
         Subscriber(uid=topic, subscriber_uri=str(uri), generation=generation, delivery=delivery,
                    ordered=spec.ordered, topic=topic, group=spec.consumer_group, convert=convert,
-                   extensions=spec.extensions, rate_limit=spec.rate_limit, held=hold)
+                   extensions=spec.extensions, rate_limit=spec.rate_limit, held=hold,
+                   subscriber_audience=status.get("sinkAudience") or None,
+                   subscriber_ca_certs=status.get("sinkCACerts") or None,
+                   identity=identity_of(namespace, status.get("auth")))
         for topic in spec.topics)
     return Channel(namespace=namespace, name=name, topic=spec.topics[0], ordered=spec.ordered,
                    generation=generation, uid=uid, subscribers=subscribers)

@@ -4,10 +4,12 @@ consumer group's offsets, ordered or unordered, retries, dead letters, live upda
 
 What a Trigger adds is carried by its ``Subscriber``: uid = the Trigger's name (its consumer group is
 ``knative-trigger-<namespace>-<name>``), the compiled filter (``event_filter``, compiled once per filter change),
-replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery``
-else the Broker's. A Trigger's group joins only once the controller reports its Broker, subscriber
-(``status.subscriberUri``) and dependency ready (``dispatch_hold``) and its filter compiles; until then it is a
-``held`` subscriber, which the dispatcher reports (ConsumerGroupReady=False) and does not consume for.
+replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery`` else
+the Broker's, and its identity (``status.auth.serviceAccountName``, in its namespace): the tokens of its deliveries,
+replies and dead letters are that account's, never the dispatcher's. A Trigger's group joins only once the
+controller reports its Broker, subscriber (``status.subscriberUri``) and dependency ready (``dispatch_hold``) and
+its filter compiles; until then it is a ``held`` subscriber, which the dispatcher reports (ConsumerGroupReady=False)
+and does not consume for.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import gates_hold
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import identity_of
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,9 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
     no subscriber URI, a filter or delivery that does not parse), so that the dispatcher reports it.
 
     ``standalone`` (a YAML file, no controller to resolve refs or report conditions): ``spec.subscriber.uri`` is
-    the URI and there are no conditions to wait for."""
+    the URI and there are no conditions to wait for. ``reply_audience`` set (the Broker's ingress checks tokens):
+    the Trigger is held until the controller has given it an identity, since its replies need that identity's
+    token."""
     meta, spec = trigger.get("metadata") or {}, trigger.get("spec") or {}
     status = trigger.get("status") or {}
     name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
@@ -70,6 +75,9 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
         rate_limit = rate_limit_annotation(meta.get("annotations"))
     except DeliverySpecError as exc:
         hold = hold or str(exc)  # the controller reports it too (SubscriptionReady=False, InvalidRateLimit)
+    identity = identity_of(namespace, status.get("auth"))
+    if not hold and not standalone and reply_audience and identity is None:
+        hold = "no OIDC identity yet (status.auth.serviceAccountName): its replies need its own token"
     if hold:
         return Subscriber(uid=name, subscriber_uri=str(uri or ""), generation=generation, held=hold)
     order = str((meta.get("annotations") or {}).get(kb.ANNOTATION_DELIVERY_ORDER) or "unordered").lower()
@@ -78,7 +86,7 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
                       event_filter=RecordFilter(compiled), hop_ttl=True,
                       subscriber_audience=status.get("subscriberAudience")
                       or (spec.get("subscriber") or {}).get("audience") or None,
-                      reply_audience=reply_audience, reply_ca_certs=reply_ca_certs,
+                      reply_audience=reply_audience, reply_ca_certs=reply_ca_certs, identity=identity,
                       subscriber_ca_certs=status.get("subscriberCACerts")
                       or (spec.get("subscriber") or {}).get("CACerts") or None)
 

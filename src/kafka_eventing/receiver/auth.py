@@ -40,12 +40,9 @@ from kafka_eventing.core.channels import KIND as KIND_CHANNEL
 from kafka_eventing.core.channels import Channel
 from kafka_eventing.core.eventpolicies import DefaultMode
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.core.tokens import DISPATCHER_SERVICE_ACCOUNT
 from kafka_eventing.receiver.ingress import Answer, Ingress
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from kafka_eventing.broker.filters import Filter
     from kafka_eventing.core.channel_source import PolicySource
 
@@ -181,14 +178,13 @@ class PolicyCheck:
     """Who may send to what, on a verified token's subject (``core.eventpolicies``; Knative's semantics): 403
     when no applying policy allows it, or — where none applies — the default mode does not.
 
-    The Broker dispatcher's own ServiceAccount may always send to a Broker: that is a Trigger's reply going back
-    in, which no user's policy should have to list. Filters are compiled once per policy generation; a policy
-    whose filters do not compile allows no one (the controller reports why on the policy).
+    No subject is waived: a Trigger's reply going back into its Broker carries the Trigger's own identity
+    (``core.tokens``), so a policy admits it by naming the Trigger. Filters are compiled once per policy generation;
+    a policy whose filters do not compile allows no one (the controller reports why on the policy).
     """
 
-    def __init__(self, policies: PolicySource | None, mode: DefaultMode, system_subjects: Iterable[str] = ()) -> None:
+    def __init__(self, policies: PolicySource | None, mode: DefaultMode) -> None:
         self.source, self.mode = policies, mode
-        self.system_subjects = frozenset(system_subjects)
         self._compiled: dict[tuple[str, str], tuple[ep.Policy, Filter | None]] = {}
         # The policies by namespace, for the snapshot they were built from (a snapshot is replaced, never
         # changed): a request looks at its target's namespace only.
@@ -209,8 +205,7 @@ class PolicyCheck:
 
     @classmethod
     def from_settings(cls, settings: Settings, policies: PolicySource | None) -> PolicyCheck:
-        return cls(policies, settings.auth_default_mode,
-                   [ep.service_account_subject(settings.system_namespace, DISPATCHER_SERVICE_ACCOUNT)])
+        return cls(policies, settings.auth_default_mode)
 
     def _filter(self, policy: ep.Policy) -> Filter | None:
         """The policy's compiled filters (MatchAll without any); None when they do not compile."""
@@ -229,8 +224,6 @@ class PolicyCheck:
     def decide(self, kind: str, channel: Channel, subject: str) -> Answer | EventCheck | None:
         """None: allowed; an ``EventCheck``: allowed if the event passes it; an Answer: refused (403)."""
         group, kind_name = TARGET_KINDS[kind]
-        if kind == "broker" and subject in self.system_subjects:
-            return None
         target = ep.Target(group, kind_name, channel.namespace, channel.name, channel.labels)
         applying = ep.applying(self._in(channel.namespace), target)
         where = f"{kind_name} {channel.namespace}/{channel.name}"

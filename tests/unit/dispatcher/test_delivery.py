@@ -219,7 +219,7 @@ def test_an_unknown_delivery_format_is_refused() -> None:
 
 class FixedTokens(TokenSource):
     def __init__(self) -> None:
-        super().__init__(lambda audience: (f"token-for-{audience}", 3600.0))
+        super().__init__(lambda identity, audience: (f"token-of-{identity[1]}-for-{audience}", 3600.0))
 
 
 def test_tokens_go_to_destinations_that_declare_an_audience_and_only_there() -> None:
@@ -227,19 +227,28 @@ def test_tokens_go_to_destinations_that_declare_an_audience_and_only_there() -> 
     sender = FakeSender({"http://s": [reply], "http://reply": [Attempt(401)], "http://dls": [Attempt(202)]})
     delivery = replace(spec(sink="http://dls"), dead_letter_audience="dls-aud")
     sub = Subscriber("u", "http://s", reply_uri="http://reply", delivery=delivery,
-                     subscriber_audience="sub-aud", reply_audience="eventing.knative.dev/broker/ns/b")
+                     subscriber_audience="sub-aud", reply_audience="eventing.knative.dev/broker/ns/b",
+                     identity=("ns", "u-oidc"))
     deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600, tokens=FixedTokens())  # type: ignore[arg-type]
     event = CloudEvent({"id": "1", "source": "/s", "type": "t", "specversion": "1.0"}, b"hi")
     record = event_to_kafka(event)
     assert asyncio.run(deliverer.handle(record.headers, record.value, sub, LABELS)) is Outcome.DEAD_LETTERED
-    assert sender.to("http://s")[0][1]["Authorization"] == "Bearer token-for-sub-aud"
-    assert sender.to("http://reply")[0][1]["Authorization"] == "Bearer token-for-eventing.knative.dev/broker/ns/b"
-    assert sender.to("http://dls")[0][1]["Authorization"] == "Bearer token-for-dls-aud"
+    # Every token is the sender's own identity's, for exactly the audience of where it goes.
+    assert sender.to("http://s")[0][1]["Authorization"] == "Bearer token-of-u-oidc-for-sub-aud"
+    assert sender.to("http://reply")[0][1]["Authorization"] == (
+        "Bearer token-of-u-oidc-for-eventing.knative.dev/broker/ns/b")
+    assert sender.to("http://dls")[0][1]["Authorization"] == "Bearer token-of-u-oidc-for-dls-aud"
 
     plain = FakeSender({"http://s": [Attempt(202)]})
     deliverer = Deliverer(plain, Metrics(CollectorRegistry()), 600, tokens=FixedTokens())  # type: ignore[arg-type]
     asyncio.run(deliverer.handle(record.headers, record.value, Subscriber("u", "http://s"), LABELS))
     assert "Authorization" not in plain.to("http://s")[0][1]
+    # An audience but no identity of the sender: no token of anyone else's.
+    anonymous = FakeSender({"http://s": [Attempt(202)]})
+    deliverer = Deliverer(anonymous, Metrics(CollectorRegistry()), 600, tokens=FixedTokens())  # type: ignore[arg-type]
+    asyncio.run(deliverer.handle(record.headers, record.value,
+                                 Subscriber("u", "http://s", subscriber_audience="sub-aud"), LABELS))
+    assert "Authorization" not in anonymous.to("http://s")[0][1]
 
 
 def test_each_destination_is_sent_with_its_own_ca_certs() -> None:

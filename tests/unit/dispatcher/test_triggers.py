@@ -84,6 +84,7 @@ def test_replies_carry_the_brokers_audience_only_with_ingress_auth_on() -> None:
     t = trigger("t", subscriber={"uri": "http://sub/", "audience": "sub-aud"},
                 delivery={"deadLetterSink": {"uri": "http://dls/", "audience": "dls-aud"}})
     t["status"]["deadLetterSinkUri"] = "http://dls/"
+    t["status"]["auth"] = {"serviceAccountName": "t-oidc-eventing.knative.dev-trigger"}
     on = broker_channel(broker(), [t], TriggerFilters(), authenticated=True)
     off = broker_channel(broker(address={"url": "http://receiver/ns/b", "audience": "published"}), [t],
                          TriggerFilters())
@@ -96,3 +97,16 @@ def test_replies_carry_the_brokers_audience_only_with_ingress_auth_on() -> None:
     published = broker_channel(broker(address={"url": "http://receiver/ns/b", "audience": "published"}), [t],
                                TriggerFilters(), authenticated=True)
     assert published is not None and published.subscribers[0].reply_audience == "published"
+
+
+def test_a_trigger_sends_as_its_own_identity_and_waits_for_one_where_replies_need_a_token() -> None:
+    audience = kb.broker_audience("ns", "b")
+    anonymous = trigger("t")
+    held = trigger_subscriber(anonymous, broker(), TriggerFilters(), "http://receiver/ns/b", reply_audience=audience)
+    assert held.held.startswith("no OIDC identity yet")
+    # Without ingress auth nothing needs its token yet: consumed, and no token is sent.
+    assert trigger_subscriber(anonymous, broker(), TriggerFilters(), "http://receiver/ns/b").identity is None
+    own = trigger("t")
+    own["status"]["auth"] = {"serviceAccountName": "t-oidc-eventing.knative.dev-trigger"}
+    sub = trigger_subscriber(own, broker(), TriggerFilters(), "http://receiver/ns/b", reply_audience=audience)
+    assert not sub.held and sub.identity == ("ns", "t-oidc-eventing.knative.dev-trigger")

@@ -8,6 +8,7 @@ from typing import Any
 from kafka_eventing.core import eventpolicies as ep
 from kafka_eventing.core.binding import KafkaRecord
 from kafka_eventing.core.channels import Channel
+from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.auth import PolicyCheck
 from kafka_eventing.receiver.ingress import Answer
 
@@ -46,7 +47,7 @@ def status(decision: object) -> int:
 
 
 def check(*objs: dict[str, Any], mode: ep.DefaultMode = ep.DefaultMode.DENY_ALL) -> PolicyCheck:
-    return PolicyCheck(Policies(*objs), mode, [DISPATCHER])
+    return PolicyCheck(Policies(*objs), mode)
 
 
 def test_an_applying_policy_allows_its_subjects_only() -> None:
@@ -98,16 +99,20 @@ def test_default_modes_where_no_policy_applies() -> None:
     assert status(same.decide("channel", ORDERS, "system:serviceaccount:x:y")) == 403
 
 
-def test_the_broker_dispatcher_may_reply_into_any_broker_not_into_channels() -> None:
-    c = check(policy("nobody", **{"from": [{"sub": "nobody"}]}))
-    assert c.decide("broker", EVENTS, DISPATCHER) is None
-    assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
+def test_no_subject_is_waived_not_even_the_dispatchers() -> None:
+    # Built as the receiver builds it (from its settings): a Trigger's reply carries the Trigger's identity, so no
+    # system subject may pass a policy or deny-all that does not name it.
+    settings = Settings(system_namespace="knative-eventing", auth_default_mode=ep.DefaultMode.DENY_ALL)
+    for c in (PolicyCheck.from_settings(settings, Policies(policy("nobody", **{"from": [{"sub": "nobody"}]}))),
+              PolicyCheck.from_settings(settings, Policies())):
+        assert status(c.decide("broker", EVENTS, DISPATCHER)) == 403
+        assert status(c.decide("channel", ORDERS, DISPATCHER)) == 403
 
 
 def test_a_policy_that_cannot_be_used_refuses_everyone_in_its_namespace() -> None:
     broken = ep.policy_or_invalid(policy("broken", to=[{}], **{"from": [{"sub": SENDER}]}))
     c = PolicyCheck(type("Source", (), {"policies": lambda self: {broken.key: broken}})(),
-                    ep.DefaultMode.ALLOW_ALL, [DISPATCHER])
+                    ep.DefaultMode.ALLOW_ALL)
     refused = c.decide("channel", ORDERS, SENDER)
     assert status(refused) == 403 and "broken" in refused.body["error"]  # type: ignore[union-attr]
 
