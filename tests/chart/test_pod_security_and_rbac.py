@@ -150,7 +150,7 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
              for d in docs if d["kind"] in ("Role", "ClusterRole")}
-    for (kind, _, name), role in roles.items():
+    for (kind, ns, name), role in roles.items():
         if role.get("aggregationRule"):
             out.append(f"{kind}/{name}: aggregationRule (grants whatever other roles match)")
         for rule in role.get("rules", []):
@@ -162,7 +162,9 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
                     rule.get("resources") != ["roles"] or rule.get("resourceNames") != [TOKEN_ROLE]):
                 out.append(f"{kind}/{name}: escalating verbs {rule['verbs']}")
             secrets = "" in rule.get("apiGroups", []) and "secrets" in rule.get("resources", [])
-            if secrets and set(rule["verbs"]) - READ_VERBS:
+            # The one writer: the controller, of its copies of KafkaSources' net keys, in the release namespace.
+            copies = kind == "Role" and ns == NAMESPACE and name.endswith("-controller")
+            if secrets and set(rule["verbs"]) - READ_VERBS and not copies:
                 out.append(f"{kind}/{name}: writes Secrets: {rule['verbs']}")
             # Minting tokens is acting as that ServiceAccount: only named accounts, in one namespace.
             if "" in rule.get("apiGroups", []) and "serviceaccounts/token" in rule.get("resources", []) and (
@@ -230,6 +232,20 @@ def test_the_opt_in_cluster_wide_secret_read_is_what_the_check_flags(value: str)
     """The chart's ways to read Secrets everywhere (off in every scenario) are seen by the check on a render."""
     problems = rbac_problems(helm(sets=(f"{value}=true",)))
     assert any("every namespace" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("component", ["controller", "receiver"])
+def test_secret_namespaces_grant_get_there_and_nothing_else(component: str) -> None:
+    """``<component>.rbac.secretNamespaces``: Secret `get` in exactly the listed namespaces (the check sees each)."""
+    docs = helm(sets=(f"{component}.rbac.secretNamespaces={{team-a,team-b}}",))
+    problems = rbac_problems(docs)
+    assert sorted(p for p in problems if "readable" in p) == [
+        f"RoleBinding/kafka-eventing-{component}-secrets: Secrets readable in team-a",
+        f"RoleBinding/kafka-eventing-{component}-secrets: Secrets readable in team-b"], problems
+    roles = [d for d in of_kind(docs, "Role") if d["metadata"]["name"].endswith(f"{component}-secrets")]
+    assert {r["metadata"]["namespace"]: r["rules"] for r in roles} == {
+        ns: [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] for ns in ("team-a", "team-b")}
+    assert not [b for b in of_kind(helm(), "RoleBinding") if b["metadata"]["name"].endswith("-secrets")]
 
 
 def _read_rules(docs: Iterable[dict[str, Any]]) -> dict[str, set[str]]:

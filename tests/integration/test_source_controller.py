@@ -37,7 +37,13 @@ from fixtures.kube import gone
 from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
-from kafka_eventing.controller.kafkasources import ANNOTATION_SOURCE, SOURCE_FINALIZER, selector, source_dispatcher_name
+from kafka_eventing.controller.kafkasources import (
+    ANNOTATION_SOURCE,
+    SOURCE_FINALIZER,
+    net_secret_name,
+    selector,
+    source_dispatcher_name,
+)
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.kafka_config import connection_from_settings
@@ -340,7 +346,7 @@ def test_condition_reasons_and_recovery(sources: Sources) -> None:
          None, ks.CONNECTION_ESTABLISHED, "InvalidSaslMechanism"),
     ]:
         if name == "nokey":
-            s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "creds"},
+            s.env.core.create_namespaced_secret(s.ns, {"metadata": {"name": "creds"},
                                                        "stringData": {"user": "u", "mech": "GSSAPI"}})
         s.create(name, {"bootstrapServers": servers, "topics": [topic], "sink": sink, **spec}, labels)
         c = s.wait(name, kind, "False", reason)
@@ -353,7 +359,7 @@ def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
     s = sources
     topic = s.topic(1)
     user = s.kafka.scram_user
-    s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "kafka-creds"}, "stringData": {
+    s.env.core.create_namespaced_secret(s.ns, {"metadata": {"name": "kafka-creds"}, "stringData": {
         "user": user.name, "password": user.password, "mechanism": "SCRAM-SHA-512",
         "ca.crt": s.kafka.ca_path.read_text()}})
     ref = lambda key: {"secretKeyRef": {"name": "kafka-creds", "key": key}}  # noqa: E731
@@ -372,9 +378,22 @@ def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
     s.run_dispatcher("secure", tmp_path)
     wait_for(lambda: len(http.at("/secure")) >= 1, 30, "the event through SASL_SSL")
     assert http.at("/secure")[0].body == b"over SASL_SSL"
+    # The dispatcher mounts the system namespace's copy of exactly the named keys; the source's Secret stays where
+    # its owner put it. A rotated password reaches the copy (and rolls the pods); the copy goes with the source.
+    copy = net_secret_name(source_dispatcher_name(s.ns, "secure"))
+    assert sorted(s.env.core.read_namespaced_secret(copy, s.env.system).data) == [
+        "ca.crt", "password", "sasl.mechanism", "user"]
+    checksum = s.deployment("secure").spec.template.metadata.annotations
+    s.env.core.patch_namespaced_secret("kafka-creds", s.ns, {"stringData": {"password": "rotated-password-1"}})
+    eventually(lambda: base64.b64decode(s.env.core.read_namespaced_secret(copy, s.env.system).data["password"])
+               == b"rotated-password-1", 90, "the rotated password in the copy")
+    eventually(lambda: s.deployment("secure").spec.template.metadata.annotations != checksum, 30, "pods rolled")
+    s.stop_dispatchers()
+    s.delete("secure")
+    eventually(lambda: gone(lambda: s.env.core.read_namespaced_secret(copy, s.env.system)), 60, "the copy deleted")
 
     # A wrong password: the connection is refused, said so, and the password is never in the message.
-    s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "wrong"}, "stringData": {
+    s.env.core.create_namespaced_secret(s.ns, {"metadata": {"name": "wrong"}, "stringData": {
         "user": user.name, "password": "not-the-password-123", "mechanism": "SCRAM-SHA-512",
         "ca.crt": s.kafka.ca_path.read_text()}})
     wrong = {"secretKeyRef": {"name": "wrong", "key": "password"}}
@@ -481,18 +500,20 @@ def test_keda_scales_an_annotated_source(keda_sources: Sources, keda_crds: Any) 
     assert s.deployment("auto").spec.replicas == 3
     s.wait("auto", "Ready", "True")
 
-    # SASL_SSL through net Secrets: a TriggerAuthentication naming exactly those keys, the mode in the metadata.
+    # SASL_SSL through net Secrets of the source's namespace: a TriggerAuthentication naming the keys of their copy
+    # beside it (KEDA reads Secrets of the ScaledObject's namespace), the mode in the metadata.
     user = s.kafka.scram_user
-    s.env.core.create_namespaced_secret(s.env.system, {"metadata": {"name": "keda-creds"}, "stringData": {
+    s.env.core.create_namespaced_secret(s.ns, {"metadata": {"name": "keda-creds"}, "stringData": {
         "u": user.name, "p": user.password, "m": "SCRAM-SHA-512", "ca": s.kafka.ca_path.read_text()}})
     ref = lambda key: {"secretKeyRef": {"name": "keda-creds", "key": key}}  # noqa: E731
     s.patch("auto", {"spec": {"bootstrapServers": [s.kafka.sasl_ssl_bootstrap_servers], "net": {
         "sasl": {"enable": True, "user": ref("u"), "password": ref("p"), "type": ref("m")},
         "tls": {"enable": True, "caCert": ref("ca")}}}})
     ta = eventually(lambda: _keda(s, keda.TRIGGER_AUTHENTICATIONS, name), what="TriggerAuthentication")
-    assert ta["spec"]["secretTargetRef"] == [{"parameter": "username", "name": "keda-creds", "key": "u"},
-                                             {"parameter": "password", "name": "keda-creds", "key": "p"},
-                                             {"parameter": "ca", "name": "keda-creds", "key": "ca"}]
+    copy = net_secret_name(name)
+    assert ta["spec"]["secretTargetRef"] == [{"parameter": "username", "name": copy, "key": "user"},
+                                             {"parameter": "password", "name": copy, "key": "password"},
+                                             {"parameter": "ca", "name": copy, "key": "ca.crt"}]
     so = eventually(lambda: (o := _keda(s, keda.SCALED_OBJECTS, name)) and o["spec"]["triggers"][0][
         "metadata"].get("sasl") and o, what="SASL triggers")
     for t in so["spec"]["triggers"]:
@@ -500,7 +521,7 @@ def test_keda_scales_an_annotated_source(keda_sources: Sources, keda_crds: Any) 
         assert (t["metadata"]["sasl"], t["metadata"]["tls"]) == ("scram_sha512", "enable")
         assert t["metadata"]["bootstrapServers"] == s.kafka.sasl_ssl_bootstrap_servers
     s.wait("auto", ks.CONNECTION_ESTABLISHED, "True")  # the same Secret keys really reach Kafka
-    assert user.password not in str(ta) + str(so)  # referenced by key, never copied
+    assert user.password not in str(ta) + str(so)  # referenced by key, never a value
 
     # A value that cannot be honoured: a condition naming it, Ready False; KEDA's objects stay as they were.
     s.patch("auto", {"metadata": {"annotations": {"autoscaling.knative.dev/maxScale": "many"}}})

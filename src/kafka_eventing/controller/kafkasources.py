@@ -4,12 +4,12 @@ A KafkaSource → its spec parsed (``core.kafkasources``; a field that cannot be
 it) → its sink resolved like a Trigger's subscriber (``status.sinkUri``, ``sinkAudience``, ``sinkCACerts``) and its
 dead-letter sink (``status.deadLetterSinkUri``) → with ingress authentication on, its OIDC identity
 (``status.auth``, ``controller.identities``) → its connection (``bootstrapServers``, the ``net.sasl``/``net.tls``
-Secret keys) checked against Kafka: every topic exists and is readable with those credentials
-(ConnectionEstablished) → partitions of the group that have no committed offset set to ``initialOffset`` and
-**committed**, so a restart never replays from the beginning (InitialOffsetsCommitted) → one dispatcher Deployment
-(the existing dispatcher, ``KE_SOURCE_NAME``, ``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more
-than the largest topic has partitions (Deployed) → Ready; ``status.consumers`` and ``status.selector`` serve the
-scale subresource.
+Secret keys, in the source's own namespace; copied for the dispatcher into the system namespace) checked against
+Kafka: every topic exists and is readable with those credentials (ConnectionEstablished) → partitions of the group
+that have no committed offset set to ``initialOffset`` and **committed**, so a restart never replays from the
+beginning (InitialOffsetsCommitted) → one dispatcher Deployment (the existing dispatcher, ``KE_SOURCE_NAME``,
+``KE_SOURCE_NAMESPACE``) with ``spec.consumers`` replicas, never more than the largest topic has partitions
+(Deployed) → Ready; ``status.consumers`` and ``status.selector`` serve the scale subresource.
 
 Annotated for KEDA (``autoscaling.knative.dev/class: keda.autoscaling.knative.dev``, see
 ``core.kafkasources.AUTOSCALING_FIELDS``), the dispatcher gets a ScaledObject on the group's lag per topic (and a
@@ -44,7 +44,7 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
-from kafka_eventing.controller.destinations import Unresolved, resolve_address
+from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, resolve_address
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
 from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
@@ -71,7 +71,14 @@ _SPEC_CONDITION = {"InvalidKeyType": ks.KEY_TYPE_CORRECT, "InvalidBootstrapServe
 
 
 #: (file name in the dispatcher's secret directory, the Secret key it comes from)
+#: A connection file the dispatcher reads (``KE_KAFKA_SECRET_DIR``) and the source's Secret key it comes from.
 Mounted = tuple[str, ks.SecretKeyRef]
+
+
+def net_secret_name(dispatcher: str) -> str:
+    """The system namespace's copy of the Secret keys a source's ``spec.net`` names in the source's own namespace:
+    a pod mounts Secrets of its own namespace only, and the dispatcher runs in the system namespace."""
+    return f"{dispatcher}-net"
 
 
 class ConnectionProblem(Exception):
@@ -193,10 +200,11 @@ class SourceReconciler:
 
     # -- connection -------------------------------------------------------------------------------------
     def connection(self, spec: ks.SourceSpec) -> tuple[dict[str, str], KafkaConnection, list[Mounted]]:
-        """The connection Secret's data (the project's format) made of the source's references, the connection,
-        and which Secret key is which file. Raises ``ConnectionProblem`` naming the Secret or key to fix (never a
-        value)."""
-        system = self.settings.system_namespace
+        """The connection Secret's data (the project's format) made of the source's references — Secrets of the
+        source's own namespace, as upstream — the connection, and which Secret key is which file. Raises
+        ``ConnectionProblem`` naming the Secret or key to fix (never a value)."""
+        namespace = spec.namespace
+        read: dict[str, Mapping[str, str]] = {}
         data = {"bootstrap.servers": ",".join(spec.bootstrap_servers), "protocol": spec.protocol}
         refs: list[tuple[str, ks.SecretKeyRef | None]] = []
         if spec.sasl is not None:
@@ -208,15 +216,12 @@ class SourceReconciler:
         for key, ref in refs:
             if ref is None:
                 continue
-            secret = self.stores.secrets.get(system, ref.name)
-            if secret is None:
-                raise ConnectionProblem("SecretNotFound",
-                                        f"Secret {ref.name} named by spec.net does not exist in {system}, the "
-                                        "namespace the source's dispatcher runs in (it can mount no other)")
-            value = (secret.get("data") or {}).get(ref.key)
+            if ref.name not in read:
+                read[ref.name] = self._secret(namespace, ref.name)
+            value = read[ref.name].get(ref.key)
             if value is None:
                 raise ConnectionProblem("SecretKeyNotFound",
-                                        f"Secret {system}/{ref.name} has no key {ref.key!r} (named by spec.net)")
+                                        f"Secret {namespace}/{ref.name} has no key {ref.key!r} (named by spec.net)")
             data[key] = base64.b64decode(value).decode(errors="replace")
             files.append((key, ref))
         if "sasl.mechanism" in data:
@@ -230,6 +235,40 @@ class SourceReconciler:
         except KafkaConfigError as exc:
             raise ConnectionProblem("InvalidConnection", str(exc)) from None
         return data, connection, files
+
+    def _secret(self, namespace: str, name: str) -> Mapping[str, str]:
+        """A Secret's data (base64) in the source's namespace: read by name, as the chart lets the controller read
+        Secrets only in the namespaces it lists."""
+        try:
+            found = self.core.read_namespaced_secret(name, namespace, _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                raise ConnectionProblem("SecretNotFound", f"Secret {namespace}/{name} named by spec.net does not "
+                                        "exist (a source's Secrets are in its own namespace)") from None
+            if exc.status == HTTP_FORBIDDEN:
+                raise ConnectionProblem("SecretNotReadable",
+                                        f"the controller may not read Secret {namespace}/{name}: list {namespace} in "
+                                        "the chart value controller.rbac.secretNamespaces (or set "
+                                        "controller.rbac.clusterWideSecretRead)") from None
+            raise ConnectionProblem("SecretNotReadable", f"Secret {namespace}/{name}: HTTP {exc.status} "
+                                    f"{exc.reason}") from None
+        return found.data or {}
+
+    def _net_copy(self, name: str, data: Mapping[str, str], files: list[Mounted]) -> None:
+        """The dispatcher's copy of the ``net`` keys (``net_secret_name``), written only when its content changed."""
+        system = self.settings.system_namespace
+        wanted = {path: base64.b64encode(data[path].encode()).decode() for path, _ in files}
+        body = {"metadata": {"name": name, "namespace": system, "labels": res.labels("dispatcher")},
+                "type": "Opaque", "data": wanted}
+        try:
+            found = self.core.read_namespaced_secret(name, system, _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+            self.core.create_namespaced_secret(system, body, _request_timeout=(5, 15))
+            return
+        if (found.data or {}) != wanted:
+            self.core.replace_namespaced_secret(name, system, body, _request_timeout=(5, 15))
 
     def _admin(self, connection: KafkaConnection) -> tuple[KafkaTopicAdmin, AdminClient]:
         key = hashlib.sha256(json.dumps(connection.config, sort_keys=True, default=str).encode()).hexdigest()
@@ -323,9 +362,11 @@ class SourceReconciler:
         if not keda_owned:
             spec_part["replicas"] = replicas  # with KEDA no replicas: a merge patch leaves KEDA's count alone
         if files:
-            _mount_connection(spec_part["template"], spec.protocol, files)
+            _mount_connection(spec_part["template"], spec.protocol, net_secret_name(dispatcher), files)
         res.stamp(deployment, spec_part)
         try:
+            if files:
+                self._net_copy(net_secret_name(dispatcher), data, files)
             live = self.base._apply_deployment(deployment)
         except ApiException as exc:
             errors.append(api_error(exc))
@@ -365,7 +406,7 @@ class SourceReconciler:
         missing = autoscaler.missing(errors)
         if missing is not None:
             return missing, False
-        auth = keda.source_auth(spec, data.get("sasl.mechanism"))
+        auth = keda.source_auth(spec, data.get("sasl.mechanism"), net_secret_name(dispatcher))
         owner = (ANNOTATION_SOURCE, f"{spec.namespace}/{spec.name}")
         so = keda.source_scaled_object(spec, spec.autoscaling, self.settings, auth, name=dispatcher, owner=owner,
                                        num_partitions=max(1, partitions))
@@ -386,6 +427,12 @@ class SourceReconciler:
             # Its pods are still stopping (a slow subscriber's deliveries drain for the shutdown grace): the group
             # keeps members until they are gone. The Deployment's deletion event brings this back.
             return Result(requeue_after=STOP_RECHECK_SECONDS)
+        try:
+            self.core.delete_namespaced_secret(net_secret_name(dispatcher), self.settings.system_namespace,
+                                               _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                return Result(error=api_error(exc))
         try:
             spec: ks.SourceSpec | None = ks.parse_source(obj)
         except ks.SourceSpecError:
@@ -419,13 +466,12 @@ class SourceReconciler:
 ANNOTATION_PROTOCOL = "kafka.eventing.knative.dev/protocol"
 
 
-def _mount_connection(template: dict[str, Any], protocol: str, files: list[Mounted]) -> None:
-    """The connection as the dispatcher reads it (``KE_KAFKA_SECRET_DIR``, one file per key): the referenced
-    Secret keys and the protocol, projected into one read-only volume."""
+def _mount_connection(template: dict[str, Any], protocol: str, secret: str, files: list[Mounted]) -> None:
+    """The connection as the dispatcher reads it (``KE_KAFKA_SECRET_DIR``, one file per key): the copy of the
+    referenced Secret keys and the protocol, projected into one read-only volume."""
     template["metadata"]["annotations"][ANNOTATION_PROTOCOL] = protocol
-    sources: list[dict[str, Any]] = []
-    for path, ref in files:
-        sources.append({"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}})
+    sources: list[dict[str, Any]] = [
+        {"secret": {"name": secret, "items": [{"key": path, "path": path} for path, _ in files]}}]
     sources.append({"downwardAPI": {"items": [
         {"path": "protocol", "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_PROTOCOL}']"}}]}})
     pod = template["spec"]

@@ -157,19 +157,20 @@ def scaled_object(ref: res.ChannelRef, settings: Settings, connection: ResolvedC
 
 
 # -- KafkaSources ---------------------------------------------------------------------------------------------
-def source_auth(spec: ks.SourceSpec, mechanism: str | None) -> KedaAuth:
+def source_auth(spec: ks.SourceSpec, mechanism: str | None, secret: str) -> KedaAuth:
     """KEDA's view of the source's ``net``: ``mechanism`` is the value of ``net.sasl.type`` (PLAIN when unset);
-    every credential is the very Secret key the source names (they live beside the ScaledObject, in the system
-    namespace)."""
+    every credential is read from ``secret``, the system namespace's copy of the source's keys (beside the
+    ScaledObject; ``kafkasources.net_secret_name``), under the file names the dispatcher reads."""
     metadata = {"tls": "enable" if spec.tls is not None else "disable"}
-    refs: list[tuple[str, ks.SecretKeyRef | None]] = []
+    refs: list[tuple[str, str, ks.SecretKeyRef | None]] = []
     if spec.sasl is not None:
         metadata["sasl"] = SASL_MODES[(mechanism or "PLAIN").strip().upper()]
-        refs += [("username", spec.sasl.user), ("password", spec.sasl.password)]
+        refs += [("username", "user", spec.sasl.user), ("password", "password", spec.sasl.password)]
     if spec.tls is not None:
-        refs += [("ca", spec.tls.ca_cert), ("cert", spec.tls.cert), ("key", spec.tls.key)]
-    return KedaAuth(metadata=metadata, secret_refs=[{"parameter": p, "name": r.name, "key": r.key}
-                                                    for p, r in refs if r is not None])
+        refs += [("ca", "ca.crt", spec.tls.ca_cert), ("cert", "user.crt", spec.tls.cert),
+                 ("key", "user.key", spec.tls.key)]
+    return KedaAuth(metadata=metadata, secret_refs=[{"parameter": p, "name": secret, "key": key}
+                                                    for p, key, r in refs if r is not None])
 
 
 def source_bounds(scaling: ks.Autoscaling, num_partitions: int) -> tuple[int, int]:

@@ -182,9 +182,9 @@ class SinkReconciler:
             if exc.status == HTTP_FORBIDDEN:
                 raise SinkConfigError(
                     "SecretNotReadable",
-                    f"the controller may not read Secret {namespace}/{name}: Secrets outside "
-                    f"{self.settings.system_namespace} need controller.rbac.clusterWideSecretRead and "
-                    "receiver.rbac.clusterWideSecretRead (chart values)") from None
+                    f"the controller may not read Secret {namespace}/{name}: list {namespace} in the chart values "
+                    "controller.rbac.secretNamespaces and receiver.rbac.secretNamespaces (or set both "
+                    "*.rbac.clusterWideSecretRead)") from None
             raise
         return {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
 

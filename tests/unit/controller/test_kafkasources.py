@@ -1,5 +1,6 @@
-"""kafkasources: the connection gathered from the net Secret keys of the system namespace (reasons for each missing
-piece, never a value in a message), how the dispatcher mounts it, and the refusal of a spec field as a condition."""
+"""kafkasources: the connection gathered from the net Secret keys of the source's own namespace (reasons for each
+missing piece, never a value in a message), how the dispatcher mounts their copy, and the refusal of a spec field as a
+condition."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kafka_eventing.controller.kafkasources import (
     ConnectionProblem,
     SourceReconciler,
     _mount_connection,
+    net_secret_name,
     selector,
     source_dispatcher_name,
 )
@@ -25,10 +27,27 @@ from .fakes import SETTINGS, DictStore, _secret
 REF = lambda key: {"secretKeyRef": {"name": "creds", "key": key}}  # noqa: E731
 
 
-def reconciler(*secrets: dict[str, Any], sources: DictStore | None = None) -> SourceReconciler:
+class Secrets:
+    """``read_namespaced_secret`` over Secrets of the source's namespace; 403 for namespaces it may not read."""
+
+    def __init__(self, namespace: str, *secrets: dict[str, Any], readable: bool = True) -> None:
+        self.namespace, self.readable = namespace, readable
+        self.secrets = {s["metadata"]["name"]: s for s in secrets}
+
+    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
+        if not self.readable:
+            raise client.ApiException(status=403, reason="Forbidden")
+        if namespace != self.namespace or name not in self.secrets:
+            raise client.ApiException(status=404, reason="Not Found")
+        return client.V1Secret(data=self.secrets[name]["data"])
+
+
+def reconciler(*secrets: dict[str, Any], sources: DictStore | None = None, readable: bool = True) -> SourceReconciler:
     stores = Stores(channels=DictStore(), deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
-                    secrets=DictStore(*secrets))
-    return SourceReconciler(Reconciler(client.ApiClient(), SETTINGS, stores), sources or DictStore())
+                    secrets=DictStore())
+    r = SourceReconciler(Reconciler(client.ApiClient(), SETTINGS, stores), sources or DictStore())
+    r.core = Secrets("team", *secrets, readable=readable)  # type: ignore[assignment]
+    return r
 
 
 def spec(net: dict[str, Any]) -> ks.SourceSpec:
@@ -63,18 +82,27 @@ def test_each_missing_piece_has_its_reason(secrets: tuple[dict[str, Any], ...], 
     assert caught.value.reason == reason
     assert "pw-value" not in str(caught.value) and "GSSAPI" not in str(caught.value)
     if reason == "SecretNotFound":
-        assert "knative-eventing" in str(caught.value)  # says where the Secret must be
+        assert "team/creds" in str(caught.value)  # says where the Secret must be: the source's namespace
 
 
-def test_the_dispatcher_mounts_exactly_the_named_keys_and_the_protocol() -> None:
+def test_a_namespace_the_controller_may_not_read_names_the_value_to_set() -> None:
+    creds = _secret("creds", {"u": "alice", "p": "s3cret", "m": "PLAIN", "ca": "x"})
+    with pytest.raises(ConnectionProblem) as caught:
+        reconciler(creds, readable=False).connection(spec(SASL_TLS))
+    assert caught.value.reason == "SecretNotReadable"
+    assert "controller.rbac.secretNamespaces" in str(caught.value) and "team" in str(caught.value)
+
+
+def test_the_dispatcher_mounts_the_copy_of_exactly_the_named_keys_and_the_protocol() -> None:
     template: dict[str, Any] = {"metadata": {"annotations": {}}, "spec": {
         "volumes": [], "containers": [{"volumeMounts": []}]}}
     ref = ks.SecretKeyRef("creds", "pw")
-    _mount_connection(template, "SASL_SSL", [("password", ref)])
+    copy = net_secret_name(source_dispatcher_name("team", "s"))
+    _mount_connection(template, "SASL_SSL", copy, [("password", ref)])
     assert template["metadata"]["annotations"][ANNOTATION_PROTOCOL] == "SASL_SSL"
     (volume,) = template["spec"]["volumes"]
     assert volume["projected"]["sources"] == [
-        {"secret": {"name": "creds", "items": [{"key": "pw", "path": "password"}]}},
+        {"secret": {"name": "s-team-ks-dispatcher-net", "items": [{"key": "password", "path": "password"}]}},
         {"downwardAPI": {"items": [{"path": "protocol", "fieldRef": {
             "fieldPath": f"metadata.annotations['{ANNOTATION_PROTOCOL}']"}}]}}]
     assert template["spec"]["containers"][0]["volumeMounts"] == [

@@ -146,7 +146,7 @@ def test_source_scaled_object_one_trigger_per_topic_on_the_sources_group() -> No
                     "keda.autoscaling.knative.dev/pollingInterval": "5",
                     "keda.autoscaling.knative.dev/cooldownPeriod": "60"})
     assert spec.autoscaling is not None
-    auth = keda.source_auth(spec, None)
+    auth = keda.source_auth(spec, None, "s-team-ks-dispatcher-net")
     assert not auth.needs_trigger_authentication
     owner = ("kafka.eventing.knative.dev/kafkasource", "team/s")
     so = keda.source_scaled_object(spec, spec.autoscaling, SETTINGS, auth, name="s-team-ks-dispatcher", owner=owner,
@@ -162,16 +162,17 @@ def test_source_scaled_object_one_trigger_per_topic_on_the_sources_group() -> No
         for topic in ("t1", "t2")]
 
 
-def test_source_auth_names_the_net_secret_keys() -> None:
+def test_source_auth_names_the_copy_of_the_net_secret_keys() -> None:
     ref = lambda key: {"secretKeyRef": {"name": "creds", "key": key}}  # noqa: E731
     spec = _source({}, {"sasl": {"enable": True, "user": ref("u"), "password": ref("p"), "type": ref("m")},
                         "tls": {"enable": True, "caCert": ref("ca")}})
-    auth = keda.source_auth(spec, "scram-sha-512")
+    auth = keda.source_auth(spec, "scram-sha-512", "copy")
     assert auth.metadata == {"tls": "enable", "sasl": "scram_sha512"}
-    assert list(auth.secret_refs) == [{"parameter": "username", "name": "creds", "key": "u"},
-                                      {"parameter": "password", "name": "creds", "key": "p"},
-                                      {"parameter": "ca", "name": "creds", "key": "ca"}]
+    # KEDA reads Secrets beside its ScaledObject: the system namespace's copy, by the dispatcher's file names.
+    assert list(auth.secret_refs) == [{"parameter": "username", "name": "copy", "key": "user"},
+                                      {"parameter": "password", "name": "copy", "key": "password"},
+                                      {"parameter": "ca", "name": "copy", "key": "ca.crt"}]
     ta = keda.source_trigger_authentication("d", SETTINGS, ("k", "team/s"), auth)
     assert ta["kind"] == "TriggerAuthentication" and ta["spec"] == {"secretTargetRef": list(auth.secret_refs)}
     assert keda.source_auth(_source({}, {"sasl": {"enable": True, "user": ref("u"), "password": ref("p")}}),
-                            None).metadata == {"tls": "disable", "sasl": "plaintext"}
+                            None, "copy").metadata == {"tls": "disable", "sasl": "plaintext"}

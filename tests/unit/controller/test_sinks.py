@@ -95,7 +95,7 @@ def test_kafka_refusals_and_the_receiver_are_reasons() -> None:
 
 @pytest.mark.parametrize(("secrets", "reason", "words"), [
     (Secrets(), "SecretNotFound", "Secret shop/auth named by spec.auth.secret.ref.name does not exist"),
-    (Secrets(status=403), "SecretNotReadable", "receiver.rbac.clusterWideSecretRead"),
+    (Secrets(status=403), "SecretNotReadable", "receiver.rbac.secretNamespaces"),
     (Secrets({"auth": {"protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}}), "InvalidSecret", "Secret shop/auth"),
 ])
 def test_secret_problems_are_config_reasons(secrets: Secrets, reason: str, words: str) -> None:
