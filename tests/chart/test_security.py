@@ -72,7 +72,10 @@ def test_rbac_grants_what_each_role_needs() -> None:
     assert {("apps", "deployments", v) for v in ("create", "update", "delete")} <= local
     assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= local
     assert {("", r, v) for r in ("secrets", "configmaps") for v in ("get", "list", "watch")} <= local
-    assert not {v for _, r, v in local if r == "secrets"} - {"get", "list", "watch"}
+    # Secrets: read here, and written only here — the dispatchers' copies of what sources and Broker configs name
+    # in their own namespaces (controller/resources.py secret_copy_name).
+    assert {v for _, r, v in local if r == "secrets"} == {"get", "list", "watch", "create", "update", "delete"}
+    assert not {v for _, r, v in controller if r == "secrets"}
     # KEDA objects even with KEDA off (this preset): disabling it must let the controller delete them.
     assert one(docs, "ConfigMap", "config-kafka")["data"]["dispatcher.keda.enabled"] == "false"
     assert {("keda.sh", r, v) for r in ("scaledobjects", "triggerauthentications")

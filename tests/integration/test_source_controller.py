@@ -40,7 +40,6 @@ from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
 from kafka_eventing.controller.kafkasources import (
     ANNOTATION_SOURCE,
     SOURCE_FINALIZER,
-    net_secret_name,
     selector,
     source_dispatcher_name,
 )
@@ -380,7 +379,7 @@ def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
     assert http.at("/secure")[0].body == b"over SASL_SSL"
     # The dispatcher mounts the system namespace's copy of exactly the named keys; the source's Secret stays where
     # its owner put it. A rotated password reaches the copy (and rolls the pods); the copy goes with the source.
-    copy = net_secret_name(source_dispatcher_name(s.ns, "secure"))
+    copy = res.secret_copy_name(source_dispatcher_name(s.ns, "secure"))
     assert sorted(s.env.core.read_namespaced_secret(copy, s.env.system).data) == [
         "ca.crt", "password", "sasl.mechanism", "user"]
     checksum = s.deployment("secure").spec.template.metadata.annotations
@@ -510,7 +509,7 @@ def test_keda_scales_an_annotated_source(keda_sources: Sources, keda_crds: Any) 
         "sasl": {"enable": True, "user": ref("u"), "password": ref("p"), "type": ref("m")},
         "tls": {"enable": True, "caCert": ref("ca")}}}})
     ta = eventually(lambda: _keda(s, keda.TRIGGER_AUTHENTICATIONS, name), what="TriggerAuthentication")
-    copy = net_secret_name(name)
+    copy = res.secret_copy_name(name)
     assert ta["spec"]["secretTargetRef"] == [{"parameter": "username", "name": copy, "key": "user"},
                                              {"parameter": "password", "name": copy, "key": "password"},
                                              {"parameter": "ca", "name": copy, "key": "ca.crt"}]

@@ -97,6 +97,9 @@ class BrokerConfig:
     replication_factor: int
     connection: ResolvedConnection
     source: str  # which ConfigMap (or "defaults"), for messages
+    #: the Secret's data when the config names one outside the system namespace: copied there for the dispatcher
+    #: (``connection.secret_name`` is the copy's name)
+    secret_copy: Mapping[str, bytes] | None = None
 
 
 class BrokerConfigError(Exception):
@@ -233,26 +236,27 @@ class BrokerReconciler:
         data = data or {}
         partitions = _positive_int(data, kb.KEY_PARTITIONS, DEFAULT_PARTITIONS, where)
         replication = _positive_int(data, kb.KEY_REPLICATION, DEFAULT_REPLICATION, where)
+        meta = broker.get("metadata") or {}
+        copy = res.secret_copy_name(broker_dispatcher_name(str(meta.get("namespace")), str(meta.get("name"))))
         try:
-            connection = self._connection(data, cm_ns, where)
+            connection, secret = self._connection(data, cm_ns, where, copy)
         except KafkaConfigError as exc:
             raise BrokerConfigError("KafkaConfigInvalid", str(exc), retry=True) from None
-        return BrokerConfig(partitions, replication, connection, where)
+        outside = connection.secret_name == copy
+        return BrokerConfig(partitions, replication, connection, where, secret if outside else None)
 
-    def _connection(self, data: Mapping[str, str], namespace: str, where: str) -> ResolvedConnection:
+    def _connection(self, data: Mapping[str, str], namespace: str, where: str,
+                    copy: str) -> tuple[ResolvedConnection, dict[str, bytes]]:
+        """The connection a config names, and its Secret's data. A Secret outside the system namespace (in the
+        config's, as upstream) is read by name and served to the data plane as its copy ``copy``."""
         default = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
         servers = (data.get(KEY_BOOTSTRAP) or "").strip()
         secret_name = (data.get(KEY_SECRET_NAME) or "").strip()
         if not servers and not secret_name:
-            return default  # the controller's own connection (config-kafka)
+            return default, {}  # the controller's own connection (config-kafka)
         secret: dict[str, bytes] = {}
+        system = self.settings.system_namespace
         if secret_name:
-            if namespace != self.settings.system_namespace:
-                # The dispatcher runs in the system namespace and can mount only Secrets from there.
-                raise BrokerConfigError(
-                    "SecretOutsideSystemNamespace",
-                    f"{where} names Secret {secret_name!r}; a Broker config with {KEY_SECRET_NAME} must live in "
-                    f"the system namespace {self.settings.system_namespace!r} with its Secret")
             try:
                 found = self.core.read_namespaced_secret(secret_name, namespace, _request_timeout=(5, 15))
             except ApiException as exc:
@@ -260,8 +264,16 @@ class BrokerReconciler:
                     raise BrokerConfigError("SecretNotFound",
                                             f"Secret {namespace}/{secret_name} named by {where} does not exist",
                                             retry=True) from None
+                if exc.status == HTTP_FORBIDDEN:
+                    raise BrokerConfigError(
+                        "SecretNotReadable",
+                        f"the controller may not read Secret {namespace}/{secret_name} named by {where}: list "
+                        f"{namespace} in the chart value controller.rbac.secretNamespaces (or set "
+                        "controller.rbac.clusterWideSecretRead)", retry=True) from None
                 raise
             secret = {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
+            if namespace != system:
+                secret_name = copy  # what the dispatcher mounts and the receiver reads, in the system namespace
         servers = servers or default.bootstrap_servers
         connection = connection_from_secret(secret, provider=self.settings.kafka_provider, bootstrap_servers=servers,
                                             extra=self.settings.kafka_extra_config())
@@ -269,11 +281,13 @@ class BrokerReconciler:
             {"servers": servers, "secret": {k: v.hex() for k, v in sorted(secret.items())}, "name": secret_name,
              "provider": self.settings.kafka_provider, "extra": self.settings.kafka_extra},
             sort_keys=True).encode()).hexdigest()[:16]
-        return ResolvedConnection(connection=connection, secret_name=secret_name or None, bootstrap_servers=servers,
-                                  checksum=checksum, dispatcher_resources=default.dispatcher_resources,
-                                  secret_keys=frozenset(secret),
-                                  ref=ConnectionRef(str(connection.config["bootstrap.servers"]),
-                                                    namespace if secret_name else "", secret_name, checksum))
+        resolved = ResolvedConnection(connection=connection, secret_name=secret_name or None,
+                                      bootstrap_servers=servers, checksum=checksum,
+                                      dispatcher_resources=default.dispatcher_resources,
+                                      secret_keys=frozenset(secret),
+                                      ref=ConnectionRef(str(connection.config["bootstrap.servers"]),
+                                                        system if secret_name else "", secret_name, checksum))
+        return resolved, secret
 
     def _read_config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         try:
@@ -318,6 +332,8 @@ class BrokerReconciler:
                                        resources=config.connection.dispatcher_resources)
         deployment = res.dispatcher_deployment(ref, self.settings, dconfig, config.partitions, owner=owner)
         try:
+            if config.secret_copy is not None:
+                self.base.write_secret_copy(res.secret_copy_name(owner.name), config.secret_copy)
             live = self.base._apply_deployment(deployment)
             self.base._apply_service(res.dispatcher_service(ref, self.settings, owner))
         except ApiException as exc:
@@ -345,6 +361,10 @@ class BrokerReconciler:
             log.info("Broker finalizing: waiting for its dispatcher to stop",
                      extra={"namespace": namespace, "broker": name, "deployment": f"{system}/{dispatcher}"})
             return Result(requeue_after=STOP_RECHECK_SECONDS)
+        try:
+            self.base.delete_secret_copy(res.secret_copy_name(dispatcher))
+        except ApiException as exc:
+            return Result(error=f"deleting the dispatcher's Secret copy: {api_error(exc)}")
         external = (meta.get("annotations") or {}).get(kb.ANNOTATION_EXTERNAL_TOPIC)
         if self.settings.topic_management == "admin" and not external and self.settings.delete_topics:
             topic = kb.broker_topic(namespace, name)

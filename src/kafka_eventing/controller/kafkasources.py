@@ -75,12 +75,6 @@ _SPEC_CONDITION = {"InvalidKeyType": ks.KEY_TYPE_CORRECT, "InvalidBootstrapServe
 Mounted = tuple[str, ks.SecretKeyRef]
 
 
-def net_secret_name(dispatcher: str) -> str:
-    """The system namespace's copy of the Secret keys a source's ``spec.net`` names in the source's own namespace:
-    a pod mounts Secrets of its own namespace only, and the dispatcher runs in the system namespace."""
-    return f"{dispatcher}-net"
-
-
 class ConnectionProblem(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -254,22 +248,6 @@ class SourceReconciler:
                                     f"{exc.reason}") from None
         return found.data or {}
 
-    def _net_copy(self, name: str, data: Mapping[str, str], files: list[Mounted]) -> None:
-        """The dispatcher's copy of the ``net`` keys (``net_secret_name``), written only when its content changed."""
-        system = self.settings.system_namespace
-        wanted = {path: base64.b64encode(data[path].encode()).decode() for path, _ in files}
-        body = {"metadata": {"name": name, "namespace": system, "labels": res.labels("dispatcher")},
-                "type": "Opaque", "data": wanted}
-        try:
-            found = self.core.read_namespaced_secret(name, system, _request_timeout=(5, 15))
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
-            self.core.create_namespaced_secret(system, body, _request_timeout=(5, 15))
-            return
-        if (found.data or {}) != wanted:
-            self.core.replace_namespaced_secret(name, system, body, _request_timeout=(5, 15))
-
     def _admin(self, connection: KafkaConnection) -> tuple[KafkaTopicAdmin, AdminClient]:
         key = hashlib.sha256(json.dumps(connection.config, sort_keys=True, default=str).encode()).hexdigest()
         found = self._admins.get(key)
@@ -362,11 +340,11 @@ class SourceReconciler:
         if not keda_owned:
             spec_part["replicas"] = replicas  # with KEDA no replicas: a merge patch leaves KEDA's count alone
         if files:
-            _mount_connection(spec_part["template"], spec.protocol, net_secret_name(dispatcher), files)
+            _mount_connection(spec_part["template"], spec.protocol, res.secret_copy_name(dispatcher), files)
         res.stamp(deployment, spec_part)
         try:
             if files:
-                self._net_copy(net_secret_name(dispatcher), data, files)
+                self.base.write_secret_copy(res.secret_copy_name(dispatcher), {p: data[p].encode() for p, _ in files})
             live = self.base._apply_deployment(deployment)
         except ApiException as exc:
             errors.append(api_error(exc))
@@ -406,7 +384,7 @@ class SourceReconciler:
         missing = autoscaler.missing(errors)
         if missing is not None:
             return missing, False
-        auth = keda.source_auth(spec, data.get("sasl.mechanism"), net_secret_name(dispatcher))
+        auth = keda.source_auth(spec, data.get("sasl.mechanism"), res.secret_copy_name(dispatcher))
         owner = (ANNOTATION_SOURCE, f"{spec.namespace}/{spec.name}")
         so = keda.source_scaled_object(spec, spec.autoscaling, self.settings, auth, name=dispatcher, owner=owner,
                                        num_partitions=max(1, partitions))
@@ -428,11 +406,9 @@ class SourceReconciler:
             # keeps members until they are gone. The Deployment's deletion event brings this back.
             return Result(requeue_after=STOP_RECHECK_SECONDS)
         try:
-            self.core.delete_namespaced_secret(net_secret_name(dispatcher), self.settings.system_namespace,
-                                               _request_timeout=(5, 15))
+            self.base.delete_secret_copy(res.secret_copy_name(dispatcher))
         except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                return Result(error=api_error(exc))
+            return Result(error=api_error(exc))
         try:
             spec: ks.SourceSpec | None = ks.parse_source(obj)
         except ks.SourceSpecError:

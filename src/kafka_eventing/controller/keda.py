@@ -160,7 +160,7 @@ def scaled_object(ref: res.ChannelRef, settings: Settings, connection: ResolvedC
 def source_auth(spec: ks.SourceSpec, mechanism: str | None, secret: str) -> KedaAuth:
     """KEDA's view of the source's ``net``: ``mechanism`` is the value of ``net.sasl.type`` (PLAIN when unset);
     every credential is read from ``secret``, the system namespace's copy of the source's keys (beside the
-    ScaledObject; ``kafkasources.net_secret_name``), under the file names the dispatcher reads."""
+    ScaledObject; ``resources.secret_copy_name``), under the file names the dispatcher reads."""
     metadata = {"tls": "enable" if spec.tls is not None else "disable"}
     refs: list[tuple[str, str, ks.SecretKeyRef | None]] = []
     if spec.sasl is not None:

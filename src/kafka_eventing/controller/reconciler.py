@@ -7,6 +7,7 @@ only the fields the controller owns, so ``status.subscribers`` (written by the d
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -333,6 +334,31 @@ class Reconciler:
         live, written = self.writer.apply(self.stores.services, self.core.create_namespaced_service,
                                     self.core.patch_namespaced_service, desired)
         return desired if written or live is None else live
+
+    def write_secret_copy(self, name: str, data: Mapping[str, bytes]) -> None:
+        """A Secret of the system namespace holding ``data``: the copy of keys a resource names in its own namespace,
+        for the dispatcher that runs here (a pod mounts Secrets of its own namespace only). Written only when its
+        content changed; the only Secrets the controller writes."""
+        system = self.settings.system_namespace
+        wanted = {k: base64.b64encode(v).decode() for k, v in data.items()}
+        body = {"metadata": {"name": name, "namespace": system, "labels": res.labels("dispatcher")},
+                "type": "Opaque", "data": wanted}
+        try:
+            found = self.core.read_namespaced_secret(name, system, _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+            self.core.create_namespaced_secret(system, body, _request_timeout=(5, 15))
+            return
+        if (found.data or {}) != wanted:
+            self.core.replace_namespaced_secret(name, system, body, _request_timeout=(5, 15))
+
+    def delete_secret_copy(self, name: str) -> None:
+        try:
+            self.core.delete_namespaced_secret(name, self.settings.system_namespace, _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
 
     def _apply_deployment(self, desired: dict[str, Any]) -> Mapping[str, Any] | None:
         """The live Deployment as cached (with its status), or None when it was created just now.

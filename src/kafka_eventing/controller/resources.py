@@ -129,6 +129,13 @@ def channel_service(ref: ChannelRef, settings: Settings) -> dict[str, Any]:
     return stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
 
 
+def secret_copy_name(dispatcher: str) -> str:
+    """The system namespace's copy of the Secret keys a resource names in its own namespace (a KafkaSource's
+    ``spec.net``, a Broker config's ``auth.secret.ref.name``), which its dispatcher mounts: a pod mounts Secrets of
+    its own namespace only."""
+    return f"{dispatcher}-secret"
+
+
 @dataclass(frozen=True)
 class DispatcherConfig:
     """What the dispatcher needs besides the channel: the connection and how to run it."""

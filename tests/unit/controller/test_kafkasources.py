@@ -15,7 +15,6 @@ from kafka_eventing.controller.kafkasources import (
     ConnectionProblem,
     SourceReconciler,
     _mount_connection,
-    net_secret_name,
     selector,
     source_dispatcher_name,
 )
@@ -97,12 +96,12 @@ def test_the_dispatcher_mounts_the_copy_of_exactly_the_named_keys_and_the_protoc
     template: dict[str, Any] = {"metadata": {"annotations": {}}, "spec": {
         "volumes": [], "containers": [{"volumeMounts": []}]}}
     ref = ks.SecretKeyRef("creds", "pw")
-    copy = net_secret_name(source_dispatcher_name("team", "s"))
+    copy = res.secret_copy_name(source_dispatcher_name("team", "s"))
     _mount_connection(template, "SASL_SSL", copy, [("password", ref)])
     assert template["metadata"]["annotations"][ANNOTATION_PROTOCOL] == "SASL_SSL"
     (volume,) = template["spec"]["volumes"]
     assert volume["projected"]["sources"] == [
-        {"secret": {"name": "s-team-ks-dispatcher-net", "items": [{"key": "password", "path": "password"}]}},
+        {"secret": {"name": "s-team-ks-dispatcher-secret", "items": [{"key": "password", "path": "password"}]}},
         {"downwardAPI": {"items": [{"path": "protocol", "fieldRef": {
             "fieldPath": f"metadata.annotations['{ANNOTATION_PROTOCOL}']"}}]}}]
     assert template["spec"]["containers"][0]["volumeMounts"] == [

@@ -146,7 +146,7 @@ def test_source_scaled_object_one_trigger_per_topic_on_the_sources_group() -> No
                     "keda.autoscaling.knative.dev/pollingInterval": "5",
                     "keda.autoscaling.knative.dev/cooldownPeriod": "60"})
     assert spec.autoscaling is not None
-    auth = keda.source_auth(spec, None, "s-team-ks-dispatcher-net")
+    auth = keda.source_auth(spec, None, "s-team-ks-dispatcher-secret")
     assert not auth.needs_trigger_authentication
     owner = ("kafka.eventing.knative.dev/kafkasource", "team/s")
     so = keda.source_scaled_object(spec, spec.autoscaling, SETTINGS, auth, name="s-team-ks-dispatcher", owner=owner,
