@@ -1,3 +1,4 @@
-"""kafka-eventing: Kafka-backed, Knative-compatible eventing (KafkaChannel, Kafka Broker, reprocessing)."""
+"""kafka-eventing: Kafka-backed, Knative-compatible eventing (KafkaChannel, Kafka Broker, KafkaSource, KafkaSink,
+reprocessing)."""
 
 __version__ = "0.1.0"

@@ -1,1 +1,2 @@
-"""What every role shares: settings, Kafka connection config, the CloudEvents⇄Kafka binding, channels."""
+"""What every role shares: settings, Kafka connection config, the CloudEvents⇄Kafka binding, DeliverySpec, the
+informer, and each resource's facts (channels, brokers, sinks, kafkasources, resetoffsets, eventpolicies)."""
