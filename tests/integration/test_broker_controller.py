@@ -7,6 +7,7 @@ on: conditions with reasons, the address, the topic and its deletion, Trigger re
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import subprocess
@@ -25,12 +26,14 @@ from kubernetes.client.rest import ApiException
 from test_controller import FAST, RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
 
 from fixtures.kube import gone
+from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
 from kafka_eventing.controller.connection import KEY_BOOTSTRAP, KEY_SECRET_NAME
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.kafka_config import STATUS_SECRET
 from kafka_eventing.dispatcher.status import REASON_JOINED, KubeTriggerStatusWriter, SubscriberStatus
 from kafka_eventing.localstack.kube import KubeControlPlane
 from kafka_eventing.localstack.tools import tool_path
@@ -565,3 +568,27 @@ def test_a_broker_sees_its_configmap_and_secret_as_soon_as_they_exist(brokers: B
     e.core.create_namespaced_secret(e.system, {"metadata": {"name": "late-secret"},
                                                "stringData": e.kafka.connection_secret()})
     brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "True", timeout=60)
+
+
+def test_a_broker_config_names_a_secret_of_its_own_namespace(brokers: Brokers) -> None:
+    """A team's Broker config and its Secret in the team's namespace (as upstream): the Broker is Ready, its
+    dispatcher mounts the system namespace's copy of the Secret, the receiver is told that copy, and the copy goes
+    with the Broker. The Secret is never in a condition or status."""
+    e = brokers.env
+    e.start_controller(e.settings(), brokers=True)
+    data = e.kafka.connection_secret()
+    e.core.create_namespaced_secret(e.namespace, {"metadata": {"name": "team-kafka"}, "stringData": data})
+    e.core.create_namespaced_config_map(e.namespace, {"metadata": {"name": "team-config"}, "data": {
+        KEY_SECRET_NAME: "team-kafka", KEY_BOOTSTRAP: e.kafka.bootstrap_servers}})
+    brokers.ready_broker("own", {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "team-config"}})
+    dispatcher = broker_dispatcher_name(e.namespace, "own")
+    copy = res.secret_copy_name(dispatcher)
+    stored = e.core.read_namespaced_secret(copy, e.system).data
+    assert {k: base64.b64decode(v).decode() for k, v in stored.items()} == data
+    volumes = e.apps.read_namespaced_deployment(dispatcher, e.system).spec.template.spec.volumes
+    assert [v.secret.secret_name for v in volumes if v.secret is not None] == [copy]
+    annotations = brokers.get(kb.BROKERS, "own")["status"]["annotations"]
+    assert annotations[STATUS_SECRET] == f"{e.system}/{copy}"
+
+    brokers.delete(kb.BROKERS, "own")
+    eventually(lambda: gone(lambda: e.core.read_namespaced_secret(copy, e.system)), 60, "the copy deleted")
