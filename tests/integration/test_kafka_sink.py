@@ -196,6 +196,9 @@ def test_kafka_sink_data_plane(sinks: Sinks, brokers: Brokers,  # noqa: F811
         key = "content-type" if name == "content-type" else "ce_" + name[3:]
         assert headers[key] == value.encode(), key
     assert headers["ce_id"] == b"b-1"
+    # Keyed by partitionkey only, as upstream's sink: the event has a subject and no partitionkey, so no key (a
+    # compacted topic keeps it beside every other event of that subject). The Broker below keys by subject.
+    assert record.key() is None
 
     assert post("structured", body, **{"ce-id": "s-1"}).status_code == 202
     (record,) = read_topic(e.kafka, structured, 1)
@@ -212,6 +215,7 @@ def test_kafka_sink_data_plane(sinks: Sinks, brokers: Brokers,  # noqa: F811
                 **{"ce-id": "to-broker"}).status_code == 202
     (to_broker,) = read_topic(e.kafka, kb.broker_topic(e.namespace, "same"), 1)
     assert dict(to_broker.headers())["ce_id"] == b"to-broker"
+    assert to_broker.key() == BINARY["ce-subject"].encode()
     assert len(read_topic(e.kafka, binary, 2, timeout=3)) == 1
 
     missing = post("nope", b"{}")

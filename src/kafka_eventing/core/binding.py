@@ -436,10 +436,10 @@ def _array_texts(text: str) -> list[str]:
     return out
 
 
-def partition_key(event: BaseCloudEvent) -> bytes | None:
-    """``partitionkey`` extension, else ``subject``, else no key (Kafka spreads such events)."""
+def partition_key(event: BaseCloudEvent, *, subject_key: bool = True) -> bytes | None:
+    """``partitionkey`` extension, else (``subject_key``) ``subject``, else no key (Kafka spreads such events)."""
     value = event.get_extension("partitionkey")
-    if value is None:
+    if value is None and subject_key:
         value = event.get_subject()
     if value is None or value == "":
         return None
@@ -450,9 +450,12 @@ def event_to_kafka(
     event: BaseCloudEvent,
     mode: ContentMode = ContentMode.BINARY,
     trace: Mapping[str, str] | None = None,
+    *,
+    subject_key: bool = True,
 ) -> KafkaRecord:
-    """A Kafka record per the CloudEvents Kafka protocol binding; trace context as plain headers."""
-    key = partition_key(event)
+    """A Kafka record per the CloudEvents Kafka protocol binding; trace context as plain headers. The key:
+    ``partition_key``."""
+    key = partition_key(event, subject_key=subject_key)
     if mode is ContentMode.STRUCTURED:
         message = ce_kafka.to_structured(event, _FORMAT, key_mapper=lambda _e: None)
         headers = list(message.headers.items())

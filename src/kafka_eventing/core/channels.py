@@ -96,6 +96,10 @@ class Channel:
     connection: ConnectionRef | None = None
     #: its labels, sorted: what an EventPolicy's ``to[].selector`` matches.
     labels: tuple[tuple[str, str], ...] = ()
+    #: a record's key falls back to the event's ``subject`` without a ``partitionkey`` (channels and Brokers); a
+    #: KafkaSink's records are keyed by ``partitionkey`` only, as upstream's — on a compacted topic a subject key would
+    #: collapse distinct events into one.
+    subject_key: bool = True
 
     @property
     def token_audience(self) -> str:

@@ -75,6 +75,7 @@ def sink_ingress(obj: Mapping[str, Any], *, reconciled: bool = True) -> Channel 
         reason = "" if ready else str(topic_ready.get("message") or topic_ready.get("reason") or "topic not ready")
     audience = (status.get("address") or {}).get("audience")
     return Channel(namespace=namespace, name=name, topic=topic, ready=ready, reason=reason, content_mode=mode,
+                   subject_key=False,
                    ordered=False, generation=int(meta.get("generation") or 0), uid=str(meta.get("uid") or ""),
                    audience=str(audience or sink_audience(namespace, name)), connection=connection_ref(status),
                    labels=labels_of(meta))

@@ -196,6 +196,7 @@ def raw_http_to_kafka(
     trace: Mapping[str, str] | None = None,
     *,
     headers: Callable[[], Mapping[str, str]],
+    subject_key: bool = True,
 ) -> KafkaRecord:
     """The receiver's fast path, from the header pairs as the server read them (ASGI ``scope["headers"]``).
 
@@ -209,7 +210,7 @@ def raw_http_to_kafka(
     Checked against the SDK path in tests/unit/core/test_transcode_http_to_kafka.py.
     """
     if mode is not ContentMode.BINARY:
-        return _http_to_kafka_sdk(headers(), body, mode, trace)
+        return _http_to_kafka_sdk(headers(), body, mode, trace, subject_key)
     out: list[tuple[str, bytes]] = []
     seen: set[str] = set()
     found: dict[str, bytes] = {}
@@ -253,19 +254,21 @@ def raw_http_to_kafka(
                 raise ValueError("empty attribute")
             out.append((header, value))
     except Exception:  # whatever it is, the SDK path decides (and raises its BindingError)
-        return _http_to_kafka_sdk(headers(), body, mode, trace)
+        return _http_to_kafka_sdk(headers(), body, mode, trace, subject_key)
     if specversion != _SPECVERSION_BYTES or not seen >= _REQUIRED or "datacontenttype" in seen:
-        return _http_to_kafka_sdk(headers(), body, mode, trace)
+        return _http_to_kafka_sdk(headers(), body, mode, trace, subject_key)
     if trace is None:
         if found:  # most requests carry no trace context: no generator to build for them
             out.extend((name, found[name]) for name in TRACE_HEADERS if found.get(name))
     elif trace:
         out.extend((name, trace[name].encode()) for name in TRACE_HEADERS if trace.get(name))
-    key = partitionkey if partitionkey is not None else subject  # partition_key(): partitionkey, then subject
+    # partition_key(): partitionkey, then (subject_key) subject
+    key = partitionkey if partitionkey is not None else subject if subject_key else None
     return KafkaRecord(key or None, bytes(body) if body else b"", out)  # positional: the faster __new__
 
 
 def _http_to_kafka_sdk(headers: Mapping[str, str], body: bytes, mode: ContentMode,
-                       trace: Mapping[str, str] | None) -> KafkaRecord:
+                       trace: Mapping[str, str] | None, subject_key: bool = True) -> KafkaRecord:
     event = event_from_http(headers, body)
-    return event_to_kafka(event, mode, trace=_trace_from_http(headers) if trace is None else trace)
+    return event_to_kafka(event, mode, trace=_trace_from_http(headers) if trace is None else trace,
+                          subject_key=subject_key)

@@ -216,7 +216,8 @@ class Ingress:
                 # One event: straight from HTTP to Kafka (trace context included), through the SDK whenever the
                 # fast path is not certain; from the header bytes the server read, no str dict per request.
                 return [raw_http_to_kafka(req.scope["headers"], body, channel.content_mode,
-                                          headers=lambda: text_headers(req.headers))]
+                                          headers=lambda: text_headers(req.headers),
+                                          subject_key=channel.subject_key)]
             events = events_from_http_batch(body)
         except BindingError as exc:
             return Answer(falcon.HTTP_400, exc.as_dict())
@@ -224,7 +225,8 @@ class Ingress:
             return _cannot_write(exc)
         trace = {name: value for name in TRACE_HEADERS if (value := req.get_header(name))}
         try:
-            return [event_to_kafka(e, channel.content_mode, trace=trace) for e in events]
+            return [event_to_kafka(e, channel.content_mode, trace=trace, subject_key=channel.subject_key)
+                    for e in events]
         except (BindingError, ValueError, TypeError) as exc:
             return _cannot_write(exc)
 

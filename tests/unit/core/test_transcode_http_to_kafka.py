@@ -35,11 +35,11 @@ TRACES = st.sampled_from([None, {}, {"traceparent": "00-4bf92f3577b34da6a3ce929d
 
 
 def _fast(headers: Mapping[str, str], body: bytes, mode: ContentMode = ContentMode.BINARY,
-                  trace: Mapping[str, str] | None = None) -> KafkaRecord:
+                  trace: Mapping[str, str] | None = None, subject_key: bool = True) -> KafkaRecord:
     """The fast path on a str mapping: the header pairs a server would have read (latin-1 bytes, as HTTP/1.1
     carries them) and the mapping itself as the framework's view."""
     raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
-    return raw_http_to_kafka(raw, body, mode, trace, headers=lambda: headers)
+    return raw_http_to_kafka(raw, body, mode, trace, headers=lambda: headers, subject_key=subject_key)
 
 
 def _outcome(build: Any) -> Any:
@@ -54,14 +54,32 @@ def _outcome(build: Any) -> Any:
 
 @settings(suppress_health_check=list(HealthCheck))
 @given(st.dictionaries(NAMES, TEXTS, max_size=8), st.booleans(), st.binary(max_size=8), TRACES,
-       st.sampled_from(list(ContentMode)))
+       st.sampled_from(list(ContentMode)), st.booleans())
 def test_fast_path_equals_the_sdk_path(extra: dict[str, str], with_base: bool, body: bytes,
-                                       trace: dict[str, str] | None, mode: ContentMode) -> None:
+                                       trace: dict[str, str] | None, mode: ContentMode, subject_key: bool) -> None:
     headers = {**(BASE if with_base else {}), **extra}
     # Without an explicit trace the fast path carries the request's own trace headers.
     own = {k.lower(): v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate") and v}
-    sdk = _outcome(lambda: event_to_kafka(event_from_http(headers, body), mode, trace=own if trace is None else trace))
-    assert _outcome(lambda: _fast(headers, body, mode, trace=trace)) == sdk, headers
+    sdk = _outcome(lambda: event_to_kafka(event_from_http(headers, body), mode, trace=own if trace is None else trace,
+                                          subject_key=subject_key))
+    assert _outcome(lambda: _fast(headers, body, mode, trace=trace, subject_key=subject_key)) == sdk, headers
+
+
+@pytest.mark.parametrize("mode", list(ContentMode))
+def test_a_sinks_records_are_keyed_by_partitionkey_only(mode: ContentMode) -> None:
+    """Channels and Brokers fall back to ``subject``; a KafkaSink (``subject_key=False``) does not, as upstream:
+    on a compacted topic, events sharing a subject would otherwise collapse into the last one."""
+    subject = {**BASE, "ce-subject": "order-1"}
+    if mode is ContentMode.STRUCTURED:
+        subject = {"content-type": "application/cloudevents+json"}
+        body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t","subject":"order-1"}'
+        keyed = b'{"specversion":"1.0","id":"1","source":"/s","type":"t","subject":"order-1","partitionkey":"p"}'
+    else:
+        body = keyed = b""
+    assert _fast(subject, body, mode).key == b"order-1"
+    assert _fast(subject, body, mode, subject_key=False).key is None
+    with_key = {**subject, "ce-partitionkey": "p"} if mode is ContentMode.BINARY else subject
+    assert _fast(with_key, keyed, mode, subject_key=False).key == b"p"
 
 
 @pytest.mark.parametrize("headers", [
