@@ -592,3 +592,17 @@ def test_a_broker_config_names_a_secret_of_its_own_namespace(brokers: Brokers) -
 
     brokers.delete(kb.BROKERS, "own")
     eventually(lambda: gone(lambda: e.core.read_namespaced_secret(copy, e.system)), 60, "the copy deleted")
+
+
+def test_a_trigger_naming_another_namespaces_broker_is_refused_not_bound_here(brokers: Brokers) -> None:
+    """``spec.brokerRef.namespace`` of another namespace: not bound to the same-named Broker of its own namespace,
+    and a condition says cross-namespace Triggers are not supported."""
+    e = brokers.env
+    start(e)
+    brokers.ready_broker("b")
+    brokers.trigger("far", {"brokerRef": {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker", "name": "b",
+                                          "namespace": f"{e.namespace}-other"},
+                            "subscriber": {"uri": "http://sub.example"}})
+    refused = brokers.wait(kb.TRIGGERS, "far", kb.BROKER_READY, "False", "CrossNamespaceBrokerRef")
+    assert f"Broker {e.namespace}-other/b of another namespace" in refused["message"]
+    assert brokers.condition(kb.TRIGGERS, "far", "Ready")["status"] == "False"

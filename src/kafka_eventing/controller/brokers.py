@@ -395,6 +395,10 @@ class BrokerReconciler:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         broker_name = kb.trigger_broker(obj)
         broker = self.brokers.brokers.get(namespace, broker_name) if broker_name else None
+        if foreign := kb.foreign_broker(obj):
+            # Another namespace's Broker: another implementation's Trigger unless that Broker is a Kafka one (or
+            # missing); ours is refused with a condition (_broker_ready).
+            broker = self.brokers.brokers.get(*foreign.split("/", 1))
         finalizers = list(meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
             return self._finalize_trigger(obj, broker) if TRIGGER_FINALIZER in finalizers else Result()
@@ -406,7 +410,7 @@ class BrokerReconciler:
         status: dict[str, Any] = {"observedGeneration": meta.get("generation")}
         result = Result()
         recheck = Result(requeue_after=self.recheck_seconds)
-        conditions.append(self._broker_ready(namespace, broker_name, broker))
+        conditions.append(self._broker_ready(namespace, broker_name, broker, obj))
         identity = self.base.identities.ensure(TRIGGER_API_VERSION, "Trigger", obj, status)
         conditions.append(identity)
         if not identity.is_true:
@@ -489,7 +493,12 @@ class BrokerReconciler:
                 raise
         return Result()
 
-    def _broker_ready(self, namespace: str, name: str, broker: Mapping[str, Any] | None) -> Condition:
+    def _broker_ready(self, namespace: str, name: str, broker: Mapping[str, Any] | None,
+                      trigger: Mapping[str, Any] | None = None) -> Condition:
+        if trigger is not None and (foreign := kb.foreign_broker(trigger)):
+            return Condition.false(BROKER_READY, "CrossNamespaceBrokerRef",
+                                   f"spec.brokerRef names Broker {foreign} of another namespace: cross-namespace "
+                                   "Triggers are not supported; create the Trigger in the Broker's namespace")
         if not name:
             return Condition.false(BROKER_READY, "BrokerNotSet", "spec.broker names no Broker")
         if broker is None:

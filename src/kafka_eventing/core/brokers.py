@@ -69,9 +69,23 @@ def reader_group(namespace: str, name: str) -> str:
 
 
 def trigger_broker(trigger: Mapping[str, Any]) -> str:
-    """The Broker a Trigger names (``spec.broker``, or ``spec.brokerRef.name``)."""
+    """The Broker of its own namespace a Trigger names (``spec.broker``, or ``spec.brokerRef.name``); "" when its
+    ``brokerRef`` names another namespace's (``foreign_broker``), so that no same-named Broker here takes it."""
     spec = trigger.get("spec") or {}
+    if not spec.get("broker") and foreign_broker(trigger):
+        return ""
     return str(spec.get("broker") or (spec.get("brokerRef") or {}).get("name") or "")
+
+
+def foreign_broker(trigger: Mapping[str, Any]) -> str:
+    """``namespace/name`` of the Broker a Trigger's ``spec.brokerRef`` names in another namespace, else "".
+    Cross-namespace Triggers (Knative's ``cross-namespace-event-links``) are not served: the controller says so."""
+    spec = trigger.get("spec") or {}
+    ref = spec.get("brokerRef") or {}
+    namespace = ref.get("namespace")
+    if spec.get("broker") or not namespace or namespace == (trigger.get("metadata") or {}).get("namespace"):
+        return ""
+    return f"{namespace}/{ref.get('name') or ''}"
 
 
 def broker_audience(namespace: str, name: str) -> str:

@@ -110,3 +110,19 @@ def test_a_trigger_sends_as_its_own_identity_and_waits_for_one_where_replies_nee
     own["status"]["auth"] = {"serviceAccountName": "t-oidc-eventing.knative.dev-trigger"}
     sub = trigger_subscriber(own, broker(), TriggerFilters(), "http://receiver/ns/b", reply_audience=audience)
     assert not sub.held and sub.identity == ("ns", "t-oidc-eventing.knative.dev-trigger")
+
+
+def test_a_trigger_naming_another_namespaces_broker_belongs_to_no_broker_here() -> None:
+    """``spec.brokerRef.namespace`` is honoured by refusing it: a same-named Broker of the Trigger's own namespace
+    must not take it (the controller reports CrossNamespaceBrokerRef)."""
+    foreign = trigger("t", broker_name="")
+    foreign["spec"] = {"brokerRef": {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker", "name": "b",
+                                     "namespace": "elsewhere"}, "subscriber": {"uri": "http://sub/"}}
+    assert kb.trigger_broker(foreign) == "" and kb.foreign_broker(foreign) == "elsewhere/b"
+    channel = broker_channel(broker(), [foreign], TriggerFilters())
+    assert channel is not None and channel.subscribers == ()
+    # The same ref in its own namespace (or no namespace) is the Broker here.
+    for ref_ns in ("ns", None):
+        local = trigger("t", broker_name="")
+        local["spec"] = {"brokerRef": {"name": "b", "namespace": ref_ns}, "subscriber": {"uri": "http://sub/"}}
+        assert kb.trigger_broker(local) == "b" and kb.foreign_broker(local) == ""
