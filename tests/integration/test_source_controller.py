@@ -378,14 +378,15 @@ def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
     wait_for(lambda: len(http.at("/secure")) >= 1, 30, "the event through SASL_SSL")
     assert http.at("/secure")[0].body == b"over SASL_SSL"
     # The dispatcher mounts the system namespace's copy of exactly the named keys; the source's Secret stays where
-    # its owner put it. A rotated password reaches the copy (and rolls the pods); the copy goes with the source.
+    # its owner put it. A changed value Kafka accepts (the user has SCRAM-SHA-256 credentials too) reaches the copy
+    # and rolls the pods; the copy goes with the source.
     copy = res.secret_copy_name(source_dispatcher_name(s.ns, "secure"))
     assert sorted(s.env.core.read_namespaced_secret(copy, s.env.system).data) == [
         "ca.crt", "password", "sasl.mechanism", "user"]
     checksum = s.deployment("secure").spec.template.metadata.annotations
-    s.env.core.patch_namespaced_secret("kafka-creds", s.ns, {"stringData": {"password": "rotated-password-1"}})
-    eventually(lambda: base64.b64decode(s.env.core.read_namespaced_secret(copy, s.env.system).data["password"])
-               == b"rotated-password-1", 90, "the rotated password in the copy")
+    s.env.core.patch_namespaced_secret("kafka-creds", s.ns, {"stringData": {"mechanism": "SCRAM-SHA-256"}})
+    eventually(lambda: base64.b64decode(s.env.core.read_namespaced_secret(copy, s.env.system).data["sasl.mechanism"])
+               == b"SCRAM-SHA-256", 90, "the changed mechanism in the copy")
     eventually(lambda: s.deployment("secure").spec.template.metadata.annotations != checksum, 30, "pods rolled")
     s.stop_dispatchers()
     s.delete("secure")
