@@ -14,6 +14,7 @@ nothing of it in that Broker's topic; the dispatchers cannot request any other a
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -282,8 +283,8 @@ def test_with_exactly_the_charts_rbac_the_controller_grants_the_dispatchers_a_tr
     e = brokers.env
     admin = kube_control_plane.api_client()
     rbac = client.RbacAuthorizationV1Api(admin)
-    (role,) = [d for d in of_kind(helm(), "ClusterRole") if d["metadata"]["name"].endswith("-controller")]
-    role["metadata"] = {"name": f"controller-{e.system}"}
+    (rendered,) = [d for d in of_kind(helm(), "ClusterRole") if d["metadata"]["name"].endswith("-controller")]
+    role = {**copy.deepcopy(rendered), "metadata": {"name": f"controller-{e.system}"}}  # the render is cached
     rbac.create_cluster_role(role)
     e.core.create_namespaced_service_account(e.system, {"metadata": {"name": "controller"}})
     rbac.create_cluster_role_binding({

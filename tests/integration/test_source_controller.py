@@ -388,7 +388,6 @@ def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
     eventually(lambda: base64.b64decode(s.env.core.read_namespaced_secret(copy, s.env.system).data["sasl.mechanism"])
                == b"SCRAM-SHA-256", 90, "the changed mechanism in the copy")
     eventually(lambda: s.deployment("secure").spec.template.metadata.annotations != checksum, 30, "pods rolled")
-    s.stop_dispatchers()
     s.delete("secure")
     eventually(lambda: gone(lambda: s.env.core.read_namespaced_secret(copy, s.env.system)), 60, "the copy deleted")
 
