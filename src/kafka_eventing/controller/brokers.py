@@ -21,7 +21,6 @@ that name it at once. The reconcile itself reads both from the API.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -50,6 +49,7 @@ from kafka_eventing.controller.reconciler import (
     STOP_RECHECK_SECONDS,
     Reconciler,
     Result,
+    SecretProblem,
     dead_letter_status,
 )
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
@@ -258,20 +258,9 @@ class BrokerReconciler:
         system = self.settings.system_namespace
         if secret_name:
             try:
-                found = self.core.read_namespaced_secret(secret_name, namespace, _request_timeout=(5, 15))
-            except ApiException as exc:
-                if exc.status == HTTP_NOT_FOUND:
-                    raise BrokerConfigError("SecretNotFound",
-                                            f"Secret {namespace}/{secret_name} named by {where} does not exist",
-                                            retry=True) from None
-                if exc.status == HTTP_FORBIDDEN:
-                    raise BrokerConfigError(
-                        "SecretNotReadable",
-                        f"the controller may not read Secret {namespace}/{secret_name} named by {where}: list "
-                        f"{namespace} in the chart value controller.rbac.secretNamespaces (or set "
-                        "controller.rbac.clusterWideSecretRead)", retry=True) from None
-                raise
-            secret = {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
+                secret = self.base.read_secret(namespace, secret_name, where)
+            except SecretProblem as exc:
+                raise BrokerConfigError(exc.reason, str(exc), retry=True) from None
             if namespace != system:
                 secret_name = copy  # what the dispatcher mounts and the receiver reads, in the system namespace
         servers = servers or default.bootstrap_servers

@@ -28,7 +28,6 @@ dispatcher's shutdown grace, a member that never says goodbye by Kafka's session
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -44,9 +43,9 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
-from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, resolve_address
+from kafka_eventing.controller.destinations import Unresolved, resolve_address
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
-from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result
+from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result, SecretProblem
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.conditions import Condition
@@ -198,7 +197,7 @@ class SourceReconciler:
         source's own namespace, as upstream — the connection, and which Secret key is which file. Raises
         ``ConnectionProblem`` naming the Secret or key to fix (never a value)."""
         namespace = spec.namespace
-        read: dict[str, Mapping[str, str]] = {}
+        read: dict[str, dict[str, bytes]] = {}
         data = {"bootstrap.servers": ",".join(spec.bootstrap_servers), "protocol": spec.protocol}
         refs: list[tuple[str, ks.SecretKeyRef | None]] = []
         if spec.sasl is not None:
@@ -211,12 +210,15 @@ class SourceReconciler:
             if ref is None:
                 continue
             if ref.name not in read:
-                read[ref.name] = self._secret(namespace, ref.name)
+                try:
+                    read[ref.name] = self.base.read_secret(namespace, ref.name, "spec.net")
+                except SecretProblem as exc:
+                    raise ConnectionProblem(exc.reason, str(exc)) from None
             value = read[ref.name].get(ref.key)
             if value is None:
                 raise ConnectionProblem("SecretKeyNotFound",
                                         f"Secret {namespace}/{ref.name} has no key {ref.key!r} (named by spec.net)")
-            data[key] = base64.b64decode(value).decode(errors="replace")
+            data[key] = value.decode(errors="replace")
             files.append((key, ref))
         if "sasl.mechanism" in data:
             mechanism = data["sasl.mechanism"].strip().upper()
@@ -229,24 +231,6 @@ class SourceReconciler:
         except KafkaConfigError as exc:
             raise ConnectionProblem("InvalidConnection", str(exc)) from None
         return data, connection, files
-
-    def _secret(self, namespace: str, name: str) -> Mapping[str, str]:
-        """A Secret's data (base64) in the source's namespace: read by name, as the chart lets the controller read
-        Secrets only in the namespaces it lists."""
-        try:
-            found = self.core.read_namespaced_secret(name, namespace, _request_timeout=(5, 15))
-        except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND:
-                raise ConnectionProblem("SecretNotFound", f"Secret {namespace}/{name} named by spec.net does not "
-                                        "exist (a source's Secrets are in its own namespace)") from None
-            if exc.status == HTTP_FORBIDDEN:
-                raise ConnectionProblem("SecretNotReadable",
-                                        f"the controller may not read Secret {namespace}/{name}: list {namespace} in "
-                                        "the chart value controller.rbac.secretNamespaces (or set "
-                                        "controller.rbac.clusterWideSecretRead)") from None
-            raise ConnectionProblem("SecretNotReadable", f"Secret {namespace}/{name}: HTTP {exc.status} "
-                                    f"{exc.reason}") from None
-        return found.data or {}
 
     def _admin(self, connection: KafkaConnection) -> tuple[KafkaTopicAdmin, AdminClient]:
         key = hashlib.sha256(json.dumps(connection.config, sort_keys=True, default=str).encode()).hexdigest()

@@ -28,7 +28,7 @@ from kafka_eventing.controller.api import (
 )
 from kafka_eventing.controller.autoscaler import KEDA_DISCOVERY_TTL, KedaAutoscaler, keda_scaled
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP, AdminPool, ResolvedConnection, resolve
-from kafka_eventing.controller.destinations import Address, Unresolved, resolve_address
+from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Address, Unresolved, resolve_address
 from kafka_eventing.controller.identities import Identities, IdentityError
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
@@ -83,6 +83,14 @@ def dead_letter_status(address: Address | None) -> dict[str, Any]:
     """``DEAD_LETTER_FIELDS`` of a resolved dead-letter sink (None: all cleared)."""
     return dict(zip(DEAD_LETTER_FIELDS, (address.url, address.audience, address.ca_certs) if address
                     else (None, None, None), strict=True))
+
+
+class SecretProblem(Exception):
+    """A Secret a resource names cannot be read; ``reason`` is the condition's, the message names what to fix."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Reconciler:
@@ -334,6 +342,26 @@ class Reconciler:
         live, written = self.writer.apply(self.stores.services, self.core.create_namespaced_service,
                                     self.core.patch_namespaced_service, desired)
         return desired if written or live is None else live
+
+    def read_secret(self, namespace: str, name: str, named_by: str,
+                    readers: tuple[str, ...] = ("controller",)) -> dict[str, bytes]:
+        """The data of a Secret a resource names in its own namespace, read by name: the chart lets ``readers``
+        read Secrets only where ``<reader>.rbac.secretNamespaces`` lists (``SecretProblem`` says which to set)."""
+        try:
+            found = self.core.read_namespaced_secret(name, namespace, _request_timeout=(5, 15))
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                raise SecretProblem("SecretNotFound",
+                                    f"Secret {namespace}/{name} named by {named_by} does not exist") from None
+            if exc.status == HTTP_FORBIDDEN:
+                lists = " and ".join(f"{r}.rbac.secretNamespaces" for r in readers)
+                wide = " and ".join(f"{r}.rbac.clusterWideSecretRead" for r in readers)
+                raise SecretProblem("SecretNotReadable",
+                                    f"the controller may not read Secret {namespace}/{name}: list {namespace} in the "
+                                    f"chart value {lists} (or set {wide})") from None
+            raise SecretProblem("SecretNotReadable",
+                                f"Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+        return {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
 
     def write_secret_copy(self, name: str, data: Mapping[str, bytes]) -> None:
         """A Secret of the system namespace holding ``data``: the copy of keys a resource names in its own namespace,

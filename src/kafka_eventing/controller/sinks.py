@@ -21,7 +21,6 @@ topic: others read it.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -29,12 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import AdminPool, ResolvedConnection, connection_annotations, resolve
-from kafka_eventing.controller.reconciler import Reconciler, Result
+from kafka_eventing.controller.reconciler import Reconciler, Result, SecretProblem
 from kafka_eventing.controller.topics import TopicError, TopicNotFound, TopicSpec
 from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.conditions import Condition, find, from_dict
@@ -152,7 +149,12 @@ class SinkReconciler:
                 raise SinkConfigError("KafkaConfigInvalid", f"the controller's own connection: {exc}") from None
         secret: dict[str, bytes] = {}
         if secret_name:
-            secret = self._secret(namespace, secret_name)
+            try:
+                # The receiver reads it too, to write the sink's events.
+                secret = self.base.read_secret(namespace, secret_name, "spec.auth.secret.ref.name",
+                                               ("controller", "receiver"))
+            except SecretProblem as exc:
+                raise SinkConfigError(exc.reason, str(exc)) from None
         if not servers and not (secret.get("bootstrap.servers") or secret.get("brokers")):
             servers = resolve(self.settings, self.base.stores.config_maps, self.base.stores.secrets,
                               self.base.config_map).bootstrap_servers
@@ -171,22 +173,6 @@ class SinkReconciler:
                                   bootstrap_servers=effective, checksum=checksum, secret_keys=frozenset(secret),
                                   ref=ConnectionRef(effective, namespace if secret_name else "", secret_name,
                                                     checksum))
-
-    def _secret(self, namespace: str, name: str) -> dict[str, bytes]:
-        try:
-            found = self.core.read_namespaced_secret(name, namespace, _request_timeout=(5, 15))
-        except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND:
-                raise SinkConfigError("SecretNotFound", f"Secret {namespace}/{name} named by "
-                                      "spec.auth.secret.ref.name does not exist") from None
-            if exc.status == HTTP_FORBIDDEN:
-                raise SinkConfigError(
-                    "SecretNotReadable",
-                    f"the controller may not read Secret {namespace}/{name}: list {namespace} in the chart values "
-                    "controller.rbac.secretNamespaces and receiver.rbac.secretNamespaces (or set both "
-                    "*.rbac.clusterWideSecretRead)") from None
-            raise
-        return {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
 
     def _admin(self, connection: ResolvedConnection) -> Any:
         pool = self._admins.get(connection.checksum)

@@ -45,7 +45,7 @@ def reconciler(*secrets: dict[str, Any], sources: DictStore | None = None, reada
     stores = Stores(channels=DictStore(), deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
                     secrets=DictStore())
     r = SourceReconciler(Reconciler(client.ApiClient(), SETTINGS, stores), sources or DictStore())
-    r.core = Secrets("team", *secrets, readable=readable)  # type: ignore[assignment]
+    r.base.core = Secrets("team", *secrets, readable=readable)  # type: ignore[assignment]
     return r
 
 
