@@ -21,8 +21,11 @@ def test_a_process_naming_the_folder_by_either_path_is_found(
     monkeypatch.setenv("KE_CACHE", str(link))
     folder = (link if named_by == "link" else real) / "cluster" / "config.toml"
     # A process that names the folder in its arguments, as containerd and the kubelet do (--config <folder>/...).
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--config", str(folder)])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                             "--config", str(folder)], stdout=subprocess.PIPE)
     try:
+        # Between fork and exec the child's /proc cmdline is still this process's: wait until it runs its own.
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         assert proc.pid in kc._workdir_processes()
         assert proc.pid in kc.processes_naming(link / "cluster")
         assert proc.pid not in kc.processes_naming(tmp_path / "elsewhere")
