@@ -14,6 +14,7 @@ nothing of it in that Broker's topic; the dispatchers cannot request any other a
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 from collections.abc import Callable, Iterator
@@ -266,6 +267,22 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
     finally:
         for r in running:
             r.stop()
+        # What would outlive the test: controllers of later tests watch every namespace and would reconcile it (a
+        # dispatcher Deployment in their system namespace). Finalizers go with the controller that is stopping.
+        e.controllers[0].stop()
+        e.controllers.clear()
+        for namespace, group, version, plural in ((mallory, kb.GROUP, kb.VERSION, kb.BROKERS),
+                                                  (mallory, kb.GROUP, kb.VERSION, kb.TRIGGERS),
+                                                  (ns, ks.GROUP, ks.VERSION, ks.PLURAL)):
+            for item in e.custom.list_namespaced_custom_object(group, version, namespace, plural)["items"]:
+                name = item["metadata"]["name"]
+                with contextlib.suppress(client.ApiException):
+                    e.custom.patch_namespaced_custom_object(group, version, namespace, plural, name,
+                                                            {"metadata": {"finalizers": []}},
+                                                            _content_type="application/merge-patch+json")
+                    e.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(mallory)
         api_client.close()
 
 
