@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 from test_broker_conformance import PONG, RunningDispatcher, reply_with
 from test_broker_controller import Brokers, api, brokers, start  # noqa: F401 - fixtures used by name
-from test_controller import Env, env, eventually  # noqa: F401
+from test_controller import Env, env  # noqa: F401
 from test_dispatcher import Received, Subscriber
 from test_receiver import Receiver, binary_headers, read_all, start_receiver  # noqa: F401
 
@@ -170,8 +170,8 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
             source = KubeTriggerSource(api_client, namespace, name, reply_uri=reply_to, authenticated=True)
             running.append(RunningDispatcher(settings, source, KubeTriggerStatusWriter(api_client),
                                              tokens=TokenSource(kube_requester(dispatcher_client))))
-        feed = eventually(lambda: e.custom.get_namespaced_custom_object(ks.GROUP, ks.VERSION, ns, ks.PLURAL, "feed")
-                          ["status"]["auth"], 60, "the KafkaSource's identity")
+        feed = wait_for(lambda: e.custom.get_namespaced_custom_object(ks.GROUP, ks.VERSION, ns, ks.PLURAL, "feed")
+                        ["status"]["auth"], 60, "the KafkaSource's identity", tolerate=(KeyError,))
         assert feed == {"serviceAccountName": oidc_account(ks.GROUP, ks.KIND, "feed")} == {
             "serviceAccountName": "feed-oidc-sources.knative.dev-kafkasource"}
         tokens = running[0].dispatcher.tokens
