@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import (
+    HTTP_CONFLICT,
     HTTP_NOT_FOUND,
     MERGE_PATCH,
     Writer,
@@ -366,22 +367,28 @@ class Reconciler:
     def write_secret_copy(self, name: str, data: Mapping[str, bytes]) -> None:
         """A Secret of the system namespace holding ``data``: the copy of keys a resource names in its own namespace,
         for the dispatcher that runs here (a pod mounts Secrets of its own namespace only). Written only when its
-        content changed; the only Secrets the controller writes."""
+        content differs from the cached copy; the only Secrets the controller writes."""
         system = self.settings.system_namespace
         wanted = {k: base64.b64encode(v).decode() for k, v in data.items()}
         body = {"metadata": {"name": name, "namespace": system, "labels": res.labels("dispatcher")},
                 "type": "Opaque", "data": wanted}
-        try:
-            found = self.core.read_namespaced_secret(name, system, _request_timeout=(5, 15))
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
-            self.core.create_namespaced_secret(system, body, _request_timeout=(5, 15))
+        found = self.stores.secrets.get(system, name)
+        if found is None:
+            try:
+                self.core.create_namespaced_secret(system, body, _request_timeout=(5, 15))
+                return
+            except ApiException as exc:
+                if exc.status != HTTP_CONFLICT:  # made since the cache last heard: replaced below
+                    raise
+        elif (found.get("data") or {}) == wanted:
             return
-        if (found.data or {}) != wanted:
-            self.core.replace_namespaced_secret(name, system, body, _request_timeout=(5, 15))
+        self.core.replace_namespaced_secret(name, system, body, _request_timeout=(5, 15))
 
     def delete_secret_copy(self, name: str) -> None:
+        """Delete the copy if the cache holds one: a resource that never needed a copy makes no call (and needs no
+        delete right — an install rolled back to a chart without it still finalizes)."""
+        if self.stores.secrets.get(self.settings.system_namespace, name) is None:
+            return
         try:
             self.core.delete_namespaced_secret(name, self.settings.system_namespace, _request_timeout=(5, 15))
         except ApiException as exc:

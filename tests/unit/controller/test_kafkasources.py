@@ -150,3 +150,38 @@ def test_a_refused_field_is_a_condition_and_ready_says_so(field: dict[str, Any],
     others = set(ks.DEPENDENTS) - {condition}
     assert {conditions[k]["status"] for k in others} == {"Unknown"}
     assert body["status"]["observedGeneration"] == 2
+
+
+class Calls:
+    """Records the Secret writes the controller makes in the system namespace; 403 on a delete (the right an install
+    rolled back to an older chart does not grant)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.calls.append(("create", body["metadata"]["name"]))
+
+    def replace_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.calls.append(("replace", name))
+
+    def delete_namespaced_secret(self, name: str, namespace: str, **_: Any) -> None:
+        self.calls.append(("delete", name))
+        raise client.ApiException(status=403, reason="Forbidden")
+
+
+def test_the_copy_is_written_only_when_the_cache_differs_and_deleted_only_when_it_exists() -> None:
+    cached = _secret("held-secret", {"k": "v"})
+    stores = Stores(channels=DictStore(), deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
+                    secrets=DictStore(cached))
+    base = Reconciler(client.ApiClient(), SETTINGS, stores)
+    calls = Calls()
+    base.core = calls  # type: ignore[assignment]
+    base.write_secret_copy("held-secret", {"k": b"v"})
+    base.write_secret_copy("held-secret", {"k": b"changed"})
+    base.write_secret_copy("new-secret", {"k": b"v"})
+    base.delete_secret_copy("never-made-secret")
+    assert calls.calls == [("replace", "held-secret"), ("create", "new-secret")]
+    with pytest.raises(client.ApiException):
+        base.delete_secret_copy("held-secret")
+    assert calls.calls[-1] == ("delete", "held-secret")
