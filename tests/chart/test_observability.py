@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafka_eventing.controller.controller import BrokerReadiness, ChannelReadiness
+from kafka_eventing.controller.brokers import BrokerReadiness
+from kafka_eventing.controller.channels import ChannelReadiness
 from kafka_eventing.controller.controller import Metrics as ControllerMetrics
 from kafka_eventing.dispatcher.metrics import Metrics as DispatcherMetrics
 from kafka_eventing.receiver import ingress

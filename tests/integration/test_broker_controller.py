@@ -490,7 +490,7 @@ def test_refs_to_kinds_the_controller_may_not_read_name_the_value_to_extend(
     as_controller.set_default_header("Impersonate-User", account)
     try:
         ctl = Controller(as_controller, e.settings(), ControllerOptions(
-            **{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}", "brokers": True}))
+            **{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}", "kinds": {"brokers": True}}))
         ctl.start()
         e.controllers.append(ctl)
         brokers.broker("b")

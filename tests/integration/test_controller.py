@@ -22,10 +22,11 @@ from kubernetes.client.rest import ApiException
 
 from fixtures.kube import gone
 from kafka_eventing.controller import resources as res
+from kafka_eventing.controller.channels import FINALIZER
 from kafka_eventing.controller.connection import SECRET_LABEL
 from kafka_eventing.controller.controller import Controller, ControllerOptions
 from kafka_eventing.controller.crd import install_crd
-from kafka_eventing.controller.reconciler import FINALIZER
+from kafka_eventing.controller.registry import KINDS
 from kafka_eventing.core.channels import ANNOTATION_EXTERNAL_TOPIC
 from kafka_eventing.core.kube import api_client
 from kafka_eventing.core.settings import Settings
@@ -76,7 +77,10 @@ class Env:
         return Settings(**values)
 
     def start_controller(self, settings: Settings | None = None, **options: Any) -> Controller:
-        opts = ControllerOptions(**{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}", **options})
+        """``options``: ControllerOptions fields, or a kind's option (``brokers=True``) to force it on or off."""
+        kinds = {k.option: options.pop(k.option) for k in KINDS if k.option in options}
+        opts = ControllerOptions(**{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}", "kinds": kinds,
+                                    **options})
         ctl = Controller(self.api, settings or self.settings(), opts)
         ctl.start()
         self.controllers.append(ctl)

@@ -5,7 +5,7 @@ while whether the API server serves KEDA's CRDs at all. The objects themselves a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
@@ -31,18 +31,18 @@ def keda_scaled(deployment: Mapping[str, Any] | None) -> bool:
 
 class KedaAutoscaler:
     def __init__(self, custom: client.CustomObjectsApi, settings: Settings, writer: Writer,
-                 topic_name: Callable[[Mapping[str, Any]], str],
                  discovery_seconds: float = KEDA_DISCOVERY_TTL) -> None:
-        self.custom, self.settings, self.writer, self.topic_name = custom, settings, writer, topic_name
+        self.custom, self.settings, self.writer = custom, settings, writer
         self.scaled_objects = CustomObjects(custom, keda.GROUP, keda.VERSION, keda.SCALED_OBJECTS)
         self.trigger_auths = CustomObjects(custom, keda.GROUP, keda.VERSION, keda.TRIGGER_AUTHENTICATIONS)
         self._served: tuple[bool, float] | None = None
         self.discovery_seconds = discovery_seconds
 
     def reconcile(self, ref: res.ChannelRef, obj: Mapping[str, Any], connection: ResolvedConnection,
-                    partitions: int, *, deployment: Mapping[str, Any] | None,
+                    partitions: int, *, topic: str, deployment: Mapping[str, Any] | None,
                     errors: list[str]) -> tuple[Condition | None, bool]:
-        """Stamp or remove the dispatcher's ScaledObject: (condition or None, whether KEDA owns replicas)."""
+        """Stamp or remove a channel dispatcher's ScaledObject (lag of ``topic``): (condition or None, whether KEDA
+        owns replicas)."""
         was_keda = keda_scaled(deployment)
         subscribers = keda.subscriber_uids(obj.get("spec") or {})
         kind = cond.DISPATCHER_AUTOSCALER_READY
@@ -68,7 +68,7 @@ class KedaAutoscaler:
         missing = self.missing(errors)
         if missing is not None:
             return missing, False
-        so = keda.scaled_object(ref, self.settings, connection, auth, topic=self.topic_name(obj["metadata"]),
+        so = keda.scaled_object(ref, self.settings, connection, auth, topic=topic,
                                 subscribers=subscribers, num_partitions=partitions)
         ta = keda.trigger_authentication(ref, self.settings, auth) if auth.needs_trigger_authentication else None
         return self.apply(so, ta, was_keda=was_keda, errors=errors)

@@ -24,11 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.rest import ApiException
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kafka_eventing.broker.filters import FilterError, TriggerFilters
 from kafka_eventing.controller import conditions as cond
@@ -40,9 +42,18 @@ from kafka_eventing.controller.connection import (
     AdminPool,
     ResolvedConnection,
     connection_annotations,
-    resolve,
 )
 from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_address
+from kafka_eventing.controller.host import (
+    RESYNC,
+    SECRET,
+    Host,
+    Kind,
+    enqueue_object,
+    on_policies,
+    on_status_secret,
+    readiness,
+)
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
 from kafka_eventing.controller.reconciler import (
     DEAD_LETTER_FIELDS,
@@ -56,7 +67,7 @@ from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.conditions import Condition, find, from_dict
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
-from kafka_eventing.core.informer import Store
+from kafka_eventing.core.informer import NamedWatches, Store, obj_key
 from kafka_eventing.core.kafka_config import ConnectionRef, KafkaConfigError, connection_from_secret
 from kafka_eventing.core.settings import Settings
 
@@ -64,6 +75,8 @@ log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+#: queue keys and event names
+BROKER, TRIGGER = "Broker", "Trigger"
 BROKER_API = (kb.GROUP, kb.VERSION, kb.BROKERS)
 TRIGGER_API = (kb.GROUP, kb.VERSION, kb.TRIGGERS)
 TRIGGER_API_VERSION = f"{kb.GROUP}/{kb.VERSION}"
@@ -249,7 +262,7 @@ class BrokerReconciler:
                     copy: str) -> tuple[ResolvedConnection, dict[str, bytes]]:
         """The connection a config names, and its Secret's data. A Secret outside the system namespace (in the
         config's, as upstream) is read by name and served to the data plane as its copy ``copy``."""
-        default = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+        default = self.base.default_connection()
         servers = (data.get(KEY_BOOTSTRAP) or "").strip()
         secret_name = (data.get(KEY_SECRET_NAME) or "").strip()
         if not servers and not secret_name:
@@ -361,7 +374,7 @@ class BrokerReconciler:
                 connection = self.broker_config(obj).connection
             except BrokerConfigError:
                 # The config is gone or broken: the topic lives where the controller's own connection points.
-                connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+                connection = self.base.default_connection()
             try:
                 self._admin(connection).delete(topic)
             except TopicError as exc:
@@ -463,7 +476,7 @@ class BrokerReconciler:
             except BrokerConfigError:
                 connection = None
         if connection is None:
-            connection = resolve(self.settings, self.stores.config_maps, self.stores.secrets, self.base.config_map)
+            connection = self.base.default_connection()
         try:
             # Members still in the group (the dispatcher retiring its consumer) make this retry with backoff.
             self._admin(connection).delete_group(group)
@@ -558,3 +571,93 @@ def _positive_int(data: Mapping[str, str], key: str, default: int, where: str) -
     if value < 1:
         raise BrokerConfigError("InvalidConfig", f"{where} key {key} must be at least 1, not {value}")
     return value
+
+
+class BrokerReadiness(Collector):
+    """``kafka_broker_ready`` per Kafka-class Broker and ``kafka_trigger_ready`` per Trigger of one (or of a
+    Broker not in the cache, which this controller reconciles too), read at scrape time like ``ChannelReadiness``.
+
+    Brokers and Triggers of other classes are left out: another implementation reports them.
+    """
+
+    def __init__(self, brokers: Store, triggers: Store) -> None:
+        self.brokers, self.triggers = brokers, triggers
+
+    def collect(self) -> Iterable[Metric]:
+        brokers = GaugeMetricFamily("kafka_broker_ready", "1 while the Kafka Broker's Ready condition is True.",
+                                    labels=("namespace", "name", "reason"))
+        triggers = GaugeMetricFamily("kafka_trigger_ready", "1 while the Trigger's Ready condition is True.",
+                                     labels=("namespace", "name", "broker", "reason"))
+        for obj in self.brokers.items():
+            if kb.is_kafka_broker(obj):
+                namespace, name, reason, value = readiness(obj)
+                brokers.add_metric((namespace, name, reason), value)
+        for obj in self.triggers.items():
+            namespace, name, reason, value = readiness(obj)
+            broker_name = kb.trigger_broker(obj)
+            broker = self.brokers.get(namespace, broker_name) if broker_name else None
+            if broker is None or kb.is_kafka_broker(broker):
+                triggers.add_metric((namespace, name, broker_name, reason), value)
+        yield brokers
+        yield triggers
+
+
+def setup(host: Host) -> None:
+    """Cache Brokers and Triggers. A Broker's dispatcher objects (``ANNOTATION_BROKER``), the ConfigMap it names
+    (watched by name, any namespace), the Secret that ConfigMap names or its status carries, and the EventPolicies of
+    its namespace are part of its status; a Broker's readiness and delivery are part of its Triggers'."""
+    custom = host.base.custom
+    brokers = host.informer(BROKER, custom.list_cluster_custom_object, group=kb.GROUP, version=kb.VERSION,
+                            plural=kb.BROKERS)
+    triggers = host.informer(TRIGGER, custom.list_cluster_custom_object, group=kb.GROUP, version=kb.VERSION,
+                             plural=kb.TRIGGERS)
+    opts, system = host.options, host.settings.system_namespace
+    reconciler = BrokerReconciler(host.base, BrokerStores(brokers, triggers),
+                                  recheck_seconds=opts.topic_recheck_seconds,
+                                  broker_config_map=opts.broker_config_map, kafka_timeout=opts.kafka_timeout)
+    host.reconciles(BROKER, reconciler.reconcile_broker)
+    host.reconciles(TRIGGER, reconciler.reconcile_trigger)
+    host.owns(ANNOTATION_BROKER, BROKER)
+    host.registry.register(BrokerReadiness(brokers, triggers))
+
+    def config_map(broker: Mapping[str, Any]) -> tuple[str, str]:
+        return config_map_of(broker, system, opts.broker_config_map)
+
+    def on_broker(event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        host.enqueue(BROKER, namespace, name)
+        if event not in ("CONFIG", RESYNC):
+            # Watch the ConfigMaps the Brokers name now: a Broker waiting for its config sees it at once.
+            config_maps.want({config_map(b) for b in brokers.items() if kb.is_kafka_broker(b)})
+        for trigger in triggers.items():
+            tmeta = trigger.get("metadata") or {}
+            if tmeta.get("namespace") == namespace and kb.trigger_broker(trigger) == name:
+                host.enqueue(TRIGGER, namespace, str(tmeta.get("name")))
+
+    def on_config_map(event: str, obj: Mapping[str, Any]) -> None:
+        """A Broker's ConfigMap (or the Secret it names) changed: reconcile the Brokers that name it."""
+        key = obj_key(obj)
+        for broker in brokers.items():
+            if config_map(broker) == key:
+                on_broker("CONFIG", broker)
+
+    def on_secret(event: str, secret: Mapping[str, Any]) -> None:
+        name = (secret.get("metadata") or {}).get("name")
+        for key in config_maps.watched():  # the Secrets Broker configs name live in the system namespace too
+            found = config_maps.get(*key) or {}
+            if ((found.get("data") or {}).get(KEY_SECRET_NAME) or "").strip() == name:
+                on_config_map(event, found)
+
+    #: the ConfigMaps Brokers name (any namespace), each watched by name while a Broker names it
+    config_maps = NamedWatches("broker-configmaps", host.base.core.list_namespaced_config_map, on_config_map,
+                               watch_timeout_seconds=opts.watch_timeout_seconds)
+    host.stops(config_maps.stop)
+    host.on(BROKER, on_broker)
+    host.on(TRIGGER, enqueue_object(host, TRIGGER))
+    host.on(SECRET, on_secret)
+    on_status_secret(host, BROKER, brokers)
+    on_policies(host, BROKER, brokers)
+
+
+KIND_BROKER = Kind(BROKER, "brokers", kb.GROUP, kb.VERSION, frozenset({kb.BROKERS, kb.TRIGGERS}), setup)

@@ -22,8 +22,9 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from kafka_eventing.broker.filters import FilterError, compile_filters
 from kafka_eventing.controller.api import CustomObjects
+from kafka_eventing.controller.host import Host, Kind, enqueue_object
+from kafka_eventing.controller.policies import problem
 from kafka_eventing.controller.reconciler import Reconciler, Result
 from kafka_eventing.core import eventpolicies as ep
 from kafka_eventing.core.conditions import Condition
@@ -38,19 +39,6 @@ Reader = Callable[[str, str, str, str, str], Mapping[str, Any] | None]
 
 class SubjectError(Exception):
     """A ``from`` ref that cannot be resolved; the message says which and why."""
-
-
-def problem(policy: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) when the receiver cannot use the policy as written; None when it can."""
-    try:
-        parsed = ep.policy_from_resource(policy)
-    except ep.PolicySpecError as exc:
-        return "InvalidSpec", str(exc)
-    try:
-        compile_filters(list(parsed.filters))
-    except FilterError as exc:
-        return "InvalidFilter", f"EventPolicy {parsed.namespace}/{parsed.name}: {exc}"
-    return None
 
 
 class EventPolicyReconciler:
@@ -127,25 +115,15 @@ class EventPolicyReconciler:
         return out
 
 
-def target_status(policies: Store | None, settings: Any, target: ep.Target) -> tuple[list[dict[str, str]],
-                                                                                   Condition]:
-    """A target's ``status.policies`` and ``EventPoliciesReady``: the policies that apply to it, and whether the
-    receiver can use each of them (a policy it cannot use allows no one)."""
-    if not settings.auth_issuer:
-        return [], Condition.true(ep.TARGET_POLICIES_READY, "AuthenticationDisabled",
-                                  "ingress authentication is off: EventPolicies are not enforced")
-    objs = list(policies.items()) if policies is not None else []
-    usable = {(str(o["metadata"].get("namespace")), str(o["metadata"].get("name"))): o for o in objs}
-    applying = ep.applying(map(ep.policy_or_invalid, objs), target)
-    refs = [{"apiVersion": ep.API_VERSION, "name": p.name} for p in applying]
-    if not applying:
-        return refs, Condition.true(ep.TARGET_POLICIES_READY, "DefaultAuthorizationMode",
-                                    f"no EventPolicy applies: default authorization mode "
-                                    f"{settings.auth_default_mode.value}")
-    broken = [p.name for p in applying if problem(usable[p.key]) is not None]
-    if broken:
-        return refs, Condition.false(ep.TARGET_POLICIES_READY, "EventPoliciesNotReady",
-                                     f"EventPolicies {', '.join(broken)} cannot be used: they allow no one")
-    return refs, Condition.true(ep.TARGET_POLICIES_READY, "EventPoliciesReady",
-                                f"{len(applying)} EventPolicies apply")
+def setup(host: Host) -> None:
+    """Cache EventPolicies (Knative's CRD or the chart's): their own status, and the targets' (each target kind
+    enqueues its objects on a policy's change, ``host.on_policies``)."""
+    policies = host.informer(ep.KIND, host.base.custom.list_cluster_custom_object, group=ep.GROUP,
+                             version=ep.VERSION, plural=ep.PLURAL)
+    host.base.stores.policies = policies
+    reconciler = EventPolicyReconciler(host.base, policies, write_status=host.settings.event_policy_status)
+    host.reconciles(ep.KIND, reconciler.reconcile)
+    host.on(ep.KIND, enqueue_object(host, ep.KIND))
 
+
+KIND_POLICY = Kind(ep.KIND, "eventpolicies", ep.GROUP, ep.VERSION, frozenset({ep.PLURAL}), setup)

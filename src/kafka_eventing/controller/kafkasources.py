@@ -44,6 +44,7 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
 from kafka_eventing.controller.destinations import Unresolved, resolve_address
+from kafka_eventing.controller.host import SECRET, Host, Kind, enqueue_object
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
 from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result, SecretProblem
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
@@ -438,3 +439,30 @@ def _mount_connection(template: dict[str, Any], protocol: str, secret: str, file
     pod["volumes"].append({"name": "kafka-secret", "projected": {"sources": sources}})
     pod["containers"][0]["volumeMounts"].append({"name": "kafka-secret", "mountPath": res.SECRET_MOUNT,
                                                  "readOnly": True})
+
+
+def setup(host: Host) -> None:
+    """Cache KafkaSources; a source's dispatcher objects (``ANNOTATION_SOURCE``) and the Secrets its ``net`` names
+    (a rotation rolls its dispatcher) are part of it."""
+    sources = host.informer(ks.KIND, host.base.custom.list_cluster_custom_object, group=ks.GROUP,
+                            version=ks.VERSION, plural=ks.PLURAL)
+    opts = host.options
+    reconciler = SourceReconciler(host.base, sources, recheck_seconds=opts.topic_recheck_seconds,
+                                  kafka_timeout=opts.kafka_timeout)
+    enqueue = enqueue_object(host, ks.KIND)
+
+    def on_secret(event: str, secret: Mapping[str, Any]) -> None:
+        if event == "RELISTED":
+            return
+        name = (secret.get("metadata") or {}).get("name")
+        for source in sources.items():
+            if name in ks.secret_names(source):
+                enqueue(event, source)
+
+    host.reconciles(ks.KIND, reconciler.reconcile)
+    host.on(ks.KIND, enqueue)
+    host.on(SECRET, on_secret)
+    host.owns(ANNOTATION_SOURCE, ks.KIND)
+
+
+KIND_SOURCE = Kind(ks.KIND, "sources", ks.GROUP, ks.VERSION, frozenset({ks.PLURAL}), setup)

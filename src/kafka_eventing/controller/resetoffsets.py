@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kafka_eventing.controller.api import MERGE_PATCH, CustomObjects, LostLeadership
+from kafka_eventing.controller.host import Host, Kind, enqueue_object
 from kafka_eventing.controller.reconciler import Result
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core import kafkasources as ks
@@ -194,3 +195,15 @@ class ResetOffsetReconciler:
             ro.GROUP, ro.VERSION, str(meta.get("namespace")), ro.PLURAL, str(meta.get("name")),
             {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": body},
             _content_type=MERGE_PATCH, _request_timeout=(5, 30))
+
+
+def setup(host: Host) -> None:
+    """Cache ResetOffsets (an optional CRD)."""
+    resets = host.informer(ro.KIND, host.base.custom.list_cluster_custom_object, group=ro.GROUP, version=ro.VERSION,
+                           plural=ro.PLURAL)
+    reconciler = ResetOffsetReconciler(host.api_client, host.settings, resets, host.is_leader)
+    host.reconciles(ro.KIND, reconciler.reconcile)
+    host.on(ro.KIND, enqueue_object(host, ro.KIND))
+
+
+KIND_RESET_OFFSET = Kind(ro.KIND, "resetoffsets", ro.GROUP, ro.VERSION, frozenset({ro.PLURAL}), setup)

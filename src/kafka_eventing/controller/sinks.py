@@ -30,7 +30,8 @@ from typing import Any
 
 from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
-from kafka_eventing.controller.connection import AdminPool, ResolvedConnection, connection_annotations, resolve
+from kafka_eventing.controller.connection import AdminPool, ResolvedConnection, connection_annotations
+from kafka_eventing.controller.host import Host, Kind, enqueue_object, on_policies, on_status_secret
 from kafka_eventing.controller.reconciler import Reconciler, Result, SecretProblem
 from kafka_eventing.controller.topics import TopicError, TopicNotFound, TopicSpec
 from kafka_eventing.core import sinks as ks
@@ -143,8 +144,7 @@ class SinkReconciler:
         secret_name = str((((spec.get("auth") or {}).get("secret") or {}).get("ref") or {}).get("name") or "")
         if not servers and not secret_name:
             try:  # the controller's own connection (config-kafka): the receiver's too
-                return resolve(self.settings, self.base.stores.config_maps, self.base.stores.secrets,
-                               self.base.config_map)
+                return self.base.default_connection()
             except KafkaConfigError as exc:
                 raise SinkConfigError("KafkaConfigInvalid", f"the controller's own connection: {exc}") from None
         secret: dict[str, bytes] = {}
@@ -156,8 +156,7 @@ class SinkReconciler:
             except SecretProblem as exc:
                 raise SinkConfigError(exc.reason, str(exc)) from None
         if not servers and not (secret.get("bootstrap.servers") or secret.get("brokers")):
-            servers = resolve(self.settings, self.base.stores.config_maps, self.base.stores.secrets,
-                              self.base.config_map).bootstrap_servers
+            servers = self.base.default_connection().bootstrap_servers
         try:
             connection = connection_from_secret(secret, provider=self.settings.kafka_provider,
                                                 bootstrap_servers=servers, extra=self.settings.kafka_extra_config())
@@ -221,3 +220,20 @@ class SinkReconciler:
             return Condition.false(DATA_PLANE_AVAILABLE, "ReceiverUnavailable",
                                    f"receiver Deployment {system}/{receiver}: {why}")
         return Condition.true(DATA_PLANE_AVAILABLE)
+
+
+def setup(host: Host) -> None:
+    """Cache KafkaSinks; the Secret its status names and the EventPolicies of its namespace are part of its
+    status."""
+    sinks = host.informer(ks.KIND, host.base.custom.list_cluster_custom_object, group=ks.GROUP, version=ks.VERSION,
+                          plural=ks.PLURAL)
+    opts = host.options
+    reconciler = SinkReconciler(host.base, sinks, recheck_seconds=opts.topic_recheck_seconds,
+                                kafka_timeout=opts.kafka_timeout)
+    host.reconciles(ks.KIND, reconciler.reconcile_sink)
+    host.on(ks.KIND, enqueue_object(host, ks.KIND))
+    on_status_secret(host, ks.KIND, sinks)
+    on_policies(host, ks.KIND, sinks)
+
+
+KIND_SINK = Kind(ks.KIND, "sinks", ks.GROUP, ks.VERSION, frozenset({ks.PLURAL}), setup)

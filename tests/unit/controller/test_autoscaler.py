@@ -20,6 +20,7 @@ from kafka_eventing.core.conditions import Condition
 from .fakes import SETTINGS, _keda_connection
 
 REF = res.ChannelRef("team", "orders")
+TOPIC = "team.orders"
 NAME = res.dispatcher_name("team", "orders")
 NS = SETTINGS.system_namespace
 KEDA_SERVED = {f"{keda.GROUP}/{keda.VERSION}": [keda.SCALED_OBJECTS, keda.TRIGGER_AUTHENTICATIONS]}
@@ -34,14 +35,15 @@ def _channel(*uids: str) -> dict[str, Any]:
 
 
 def _autoscaler(fake: FakeCustomObjects, discovery_seconds: float = 30.0) -> KedaAutoscaler:
-    return KedaAutoscaler(fake, SETTINGS, Writer(lambda: True), lambda meta: f"{meta['namespace']}.{meta['name']}",
+    return KedaAutoscaler(fake, SETTINGS, Writer(lambda: True),
                           discovery_seconds=discovery_seconds)  # type: ignore[arg-type]
 
 
 def _reconcile(scaler: KedaAutoscaler, connection: ResolvedConnection, channel: dict[str, Any],
                deployment: dict[str, Any] | None = None) -> tuple[Condition | None, bool, list[str]]:
     errors: list[str] = []
-    condition, keda_owned = scaler.reconcile(REF, channel, connection, 3, deployment=deployment, errors=errors)
+    condition, keda_owned = scaler.reconcile(REF, channel, connection, 3, topic=TOPIC, deployment=deployment,
+                                             errors=errors)
     return condition, keda_owned, errors
 
 

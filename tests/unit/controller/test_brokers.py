@@ -38,7 +38,7 @@ def trigger(*conditions: dict[str, Any]) -> dict[str, Any]:
 
 
 def reconcile(obj: dict[str, Any]) -> dict[str, Any]:
-    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(5))))
+    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(4))))
     patches = StatusPatches()
     base.custom = patches  # type: ignore[assignment]
     BrokerReconciler(base, BrokerStores(DictStore(BROKER), DictStore(obj))).reconcile_trigger("ns", "t")
@@ -80,7 +80,7 @@ def test_a_conflict_with_the_dispatchers_write_is_a_requeue_not_an_error() -> No
             super().patch_namespaced_custom_object_status(*args, **kwargs)
             raise ApiException(status=409)
 
-    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(5))))
+    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(4))))
     base.custom = Conflict()  # type: ignore[assignment]
     result = BrokerReconciler(base, BrokerStores(DictStore(BROKER), DictStore(trigger()))).reconcile_trigger("ns", "t")
     assert result.error is None and result.requeue_after is not None
@@ -98,7 +98,7 @@ def test_a_forbidden_read_is_a_condition_naming_the_chart_value_to_extend() -> N
     obj["spec"]["subscriber"] = {"ref": {"apiVersion": "flows.knative.dev/v1", "kind": "Sequence", "name": "seq"}}
     obj["spec"]["delivery"] = {"deadLetterSink": {"ref": {"apiVersion": "example.com/v1", "kind": "Widget",
                                                           "name": "w"}}}
-    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(5))))
+    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*(DictStore() for _ in range(4))))
     patches = Forbidden()
     base.custom = patches  # type: ignore[assignment]
     BrokerReconciler(base, BrokerStores(DictStore(BROKER), DictStore(obj))).reconcile_trigger("ns", "t")

@@ -9,7 +9,8 @@ from unittest.mock import MagicMock
 
 from kubernetes.client.rest import ApiException
 
-from kafka_eventing.controller.eventpolicies import EventPolicyReconciler, target_status
+from kafka_eventing.controller.eventpolicies import EventPolicyReconciler
+from kafka_eventing.controller.policies import target_status
 from kafka_eventing.core import eventpolicies as ep
 from kafka_eventing.core.conditions import Condition
 

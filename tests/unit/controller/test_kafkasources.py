@@ -42,7 +42,7 @@ class Secrets:
 
 
 def reconciler(*secrets: dict[str, Any], sources: DictStore | None = None, readable: bool = True) -> SourceReconciler:
-    stores = Stores(channels=DictStore(), deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
+    stores = Stores(deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
                     secrets=DictStore())
     r = SourceReconciler(Reconciler(client.ApiClient(), SETTINGS, stores), sources or DictStore())
     r.base.core = Secrets("team", *secrets, readable=readable)  # type: ignore[assignment]
@@ -172,7 +172,7 @@ class Calls:
 
 def test_the_copy_is_written_only_when_the_cache_differs_and_deleted_only_when_it_exists() -> None:
     cached = _secret("held-secret", {"k": "v"})
-    stores = Stores(channels=DictStore(), deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
+    stores = Stores(deployments=DictStore(), services=DictStore(), config_maps=DictStore(),
                     secrets=DictStore(cached))
     base = Reconciler(client.ApiClient(), SETTINGS, stores)
     calls = Calls()

@@ -6,7 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kafka_eventing.controller.controller import BrokerReadiness, ChannelReadiness
+from kafka_eventing.controller.brokers import BrokerReadiness
+from kafka_eventing.controller.channels import ChannelReadiness
 from kafka_eventing.core import brokers as kb
 
 from .fakes import DictStore

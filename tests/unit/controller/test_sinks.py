@@ -42,9 +42,9 @@ def sink(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
 
 def reconcile(obj: dict[str, Any], admin: FakeAdmin, secrets: Secrets | None = None,
               receiver: bool = True) -> dict[str, Any]:
-    stores = [DictStore() for _ in range(5)]
-    stores[1] = DictStore(RECEIVER) if receiver else DictStore()
-    base = Reconciler(client.ApiClient(), SETTINGS, Stores(*stores))
+    stores = Stores(deployments=DictStore(RECEIVER) if receiver else DictStore(), services=DictStore(),
+                    config_maps=DictStore(), secrets=DictStore())
+    base = Reconciler(client.ApiClient(), SETTINGS, stores)
     patches = StatusPatches()
     base.custom = patches  # type: ignore[assignment]
     base.core = secrets or Secrets()  # type: ignore[assignment]
