@@ -44,6 +44,7 @@ from kafka_eventing.dispatcher.app import Dispatcher, consumer_settings
 from kafka_eventing.dispatcher.flow import CONSUME_BATCH, WakeableSleep
 from kafka_eventing.dispatcher.group_offsets import AdminGroupOffsets, GroupOffsets
 from kafka_eventing.dispatcher.lane import Record, TriggerLane
+from kafka_eventing.dispatcher.loop import LoopBound
 from kafka_eventing.dispatcher.metrics import Metrics
 from kafka_eventing.dispatcher.status import (
     JOINING,
@@ -54,7 +55,7 @@ from kafka_eventing.dispatcher.status import (
     StatusBoard,
     consumer_problem,
 )
-from kafka_eventing.dispatcher.subscription import LOOP_HANDOFF_TIMEOUT, MAX_IDLE_POLL, ConsumerFactory
+from kafka_eventing.dispatcher.subscription import MAX_IDLE_POLL, ConsumerFactory
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +71,7 @@ COMMIT_TIMEOUT = 10.0
 T = TypeVar("T")
 
 
-class _LoopBound:
-    """Runs a function on the event loop from a Kafka callback thread and waits for it."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _loop_thread: int | None = None
-
-    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread or not loop.is_running():
-            return fn(*args)
-        result: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def call() -> None:
-            try:
-                result.set_result(fn(*args))
-            except BaseException as exc:
-                result.set_exception(exc)
-
-        loop.call_soon_threadsafe(call)
-        return result.result(LOOP_HANDOFF_TIMEOUT)
-
-
-class SharedReader(_LoopBound):
+class SharedReader(LoopBound):
     """The Broker's topic read once in this replica and fanned out to the Triggers' lanes; ``run()`` until
     ``stop()``."""
 

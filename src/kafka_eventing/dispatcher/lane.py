@@ -4,8 +4,9 @@ The Broker's dispatcher reads each record once (``fanout.SharedReader``) and off
 A lane runs the Trigger's compiled filter on the record's attributes, decoded once for all lanes (``Record``): a
 record the filter rejects moves the lane's offset mark without being queued; a match joins the lane's
 per-partition queue, from which the Trigger's scheduler (ordered or unordered, the channel dispatcher's) starts
-deliveries through the shared ``Deliverer`` (retries, dead letters, replies). Each lane has its own in-flight
-budget, byte budget, offset trackers and rate limit, so its progress is its own; only its intake is shared.
+deliveries through the shared ``Deliverer`` (retries, dead letters, replies): the pacing and delivery are
+``worker.PartitionWorker``'s, as for a channel's subscription. Each lane has its own in-flight budget, byte budget,
+offset trackers and rate limit, so its progress is its own; only its intake is shared.
 
 A partition of a lane is either *attached* (fed by the shared reader) or *behind* (fed by the lane's own catch-up
 consumer, from the lane's own position): see ``fanout.py`` for when a lane falls behind and rejoins.
@@ -13,8 +14,6 @@ consumer, from the lane's own position): see ``fanout.py`` for when a lane falls
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -26,14 +25,10 @@ from kafka_eventing.core.binding import BindingError
 from kafka_eventing.core.channels import Subscriber
 from kafka_eventing.core.transcode import kafka_to_http
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
-from kafka_eventing.dispatcher.flow import FlowControl, bucket_for
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.partition import Partition
-from kafka_eventing.dispatcher.rebalance import attempts_from, commit_point
 from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
-from kafka_eventing.dispatcher.subscription import scheduler_for
-
-log = logging.getLogger(__name__)
+from kafka_eventing.dispatcher.worker import PartitionWorker
 
 _Headers = list[tuple[str, bytes | str | None]] | None
 
@@ -83,7 +78,7 @@ def matcher(subscriber: Subscriber) -> Callable[[Record], bool] | None:
     return lambda record: flt(record.message)
 
 
-class TriggerLane:
+class TriggerLane(PartitionWorker[Record]):
     """One Trigger's share of the fan-out on this replica."""
 
     def __init__(
@@ -102,62 +97,50 @@ class TriggerLane:
         wake: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.topic = topic
-        self.group_id = group_id
-        self.labels = Labels(namespace, broker, subscriber.uid)
-        self.max_in_flight = max(1, max_in_flight)
-        self._max_outstanding = max_outstanding
-        self._subscriber = subscriber
+        super().__init__(topic, subscriber, Labels(namespace, broker, subscriber.uid), group_id=group_id,
+                         deliverer=deliverer, metrics=metrics, max_in_flight=max_in_flight, queue_bytes=queue_bytes,
+                         max_outstanding=max_outstanding)
         self._match = matcher(subscriber)
-        self.scheduler = scheduler_for(subscriber, self.max_in_flight, max_outstanding)
-        self.flow = FlowControl(queue_bytes)
-        self._bucket = bucket_for(subscriber.rate_limit)
-        self._rate_timer: asyncio.TimerHandle | None = None
-        self._deliverer = deliverer
-        self._metrics = metrics
         #: Called when room frees up (a reader waiting on this lane's budget may take more now).
         self.wake = wake
         self.clock = clock
-        self.parts: dict[int, Partition] = {}
         #: Partitions fed by this lane's own catch-up consumer instead of the shared reader.
         self.behind: set[int] = set()
-        self.in_flight = 0
-        self.stopping = False
         #: Since when this lane has held the shared reader back (None: it does not).
         self.blocked_since: float | None = None
         #: Partitions whose commit position moved since the last commit.
         self.moved: set[int] = set()
-        self._outcomes = {o: metrics.outcomes.labels(*self.labels, o.value) for o in Outcome}
-        self._filtered = metrics.filtered.labels(*self.labels)
-        metrics.in_flight.labels(*self.labels).set_function(lambda: self.in_flight)
 
-    # -- the Trigger ------------------------------------------------------------------------------
-    @property
-    def subscriber(self) -> Subscriber:
-        return self._subscriber
+    # -- the worker's adapter ---------------------------------------------------------------------
+    def _size(self, item: Record) -> int:
+        return item.size
 
-    @property
-    def ordered(self) -> bool:
-        return self.scheduler.ordered
+    def _offset(self, item: Record) -> int:
+        return item.offset
 
-    def update(self, subscriber: Subscriber) -> None:
-        """A changed filter applies from the next record offered; delivery, URI, order and rate limit from the
-        next event started."""
-        self._subscriber = subscriber
+    async def _send(self, item: Record, count: AttemptCount) -> Outcome:
+        message = item.message
+        return await self._deliverer.handle(cast(_Headers, message.headers()), message.value(), self._subscriber,
+                                            self.labels, count, record=message, decoded=item.http)
+
+    def _moved(self, part: Partition, position: int) -> None:
+        self.moved.add(part.number)
+
+    def _delivered(self, part: Partition) -> None:
+        self.wake()
+
+    def _updated(self, subscriber: Subscriber) -> None:
+        """A changed filter applies from the next record offered."""
         self._match = matcher(subscriber)
-        if subscriber.ordered != self.scheduler.ordered:
-            self.scheduler = scheduler_for(subscriber, self.max_in_flight, self._max_outstanding)
-        self._bucket = bucket_for(subscriber.rate_limit, self._bucket)
-        self.flow.resize(self.parts.values(), self.scheduler)
-        self.pump()
+
+    def _forget(self, number: int) -> None:
+        self.behind.discard(number)
+        self.moved.discard(number)
 
     # -- partitions -------------------------------------------------------------------------------
     def add_partition(self, number: int, start: int, metadata: str | None = None, *, behind: bool = False) -> None:
         """Own ``number`` from ``start`` (this Trigger's committed position); ``behind``: fed by catch-up."""
-        child = self._metrics.consumed.labels(self.group_id, str(number), self.topic)
-        part = self.parts[number] = Partition(number, child, TopicPartition(self.topic, number))
-        part.tracker.start_at(start)
-        part.attempts = {o: AttemptCount(n) for o, n in attempts_from(metadata).items() if o >= start}
+        self._new_partition(number, start, metadata).tracker.start_at(start)
         if behind:
             self.behind.add(number)
         else:
@@ -166,21 +149,7 @@ class TriggerLane:
 
     def release(self, numbers: list[int]) -> list[TopicPartition]:
         """Forget the partitions (their deliveries cancelled); the marks that may be committed for them."""
-        done = []
-        for number in numbers:
-            part = self.parts.pop(number, None)
-            self.behind.discard(number)
-            self.moved.discard(number)
-            if part is None:
-                continue
-            self.in_flight -= part.in_flight
-            for task in list(part.tasks):
-                task.cancel()
-            point = commit_point(self.topic, part)
-            if point is not None:
-                done.append(point)
-        self.flow.resize(self.parts.values(), self.scheduler)
-        return done
+        return self._release(numbers)
 
     def position(self, number: int) -> int:
         """The next offset this lane wants for the partition."""
@@ -230,68 +199,6 @@ class TriggerLane:
             part.paused = False
         return part.paused
 
-    # -- delivery ---------------------------------------------------------------------------------
-    def _rate_ok(self) -> bool:
-        if self._bucket is None:
-            return True
-        wait = self._bucket.take()
-        if wait == 0.0:
-            return True
-        if self._rate_timer is None:
-            self._rate_timer = asyncio.get_running_loop().call_later(wait, self._rate_wakeup)
-        return False
-
-    def _rate_wakeup(self) -> None:
-        self._rate_timer = None
-        self.pump()
-
-    def pump(self) -> None:
-        if self.stopping:
-            return
-        self.scheduler.pump(self.parts.values(), self.in_flight, self._rate_ok, self._start)
-
-    def _start(self, part: Partition, message: Message) -> None:
-        record = cast(Record, message)
-        part.queued_bytes -= record.size
-        part.in_flight += 1
-        self.in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._deliver(part, record))
-        part.tasks.add(task)
-        task.add_done_callback(part.tasks.discard)
-
-    async def _deliver(self, part: Partition, record: Record) -> None:
-        offset = record.offset
-        count = part.attempts.get(offset)
-        if count is None:
-            count = part.attempts[offset] = AttemptCount()
-        self._outcomes[await self._handle(record, count)].inc()
-        part.attempts.pop(offset, None)
-        if self.parts.get(part.number) is not part:
-            return  # released meanwhile; the new owner redelivers from the committed offset
-        part.in_flight -= 1
-        self.in_flight -= 1
-        if part.tracker.done(offset) is not None:
-            self.moved.add(part.number)
-        self.pump()
-        self.wake()
-
-    async def _handle(self, record: Record, count: AttemptCount) -> Outcome:
-        """Deliver, reply or dead-letter the event: returns only once its offset may be committed."""
-        failures = 0
-        message = record.message
-        while True:
-            try:
-                return await self._deliverer.handle(
-                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels, count,
-                    record=message, decoded=record.http)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A bug, not a delivery failure: never commit past it; try again after a pause.
-                failures += 1
-                log.exception("dispatching failed unexpectedly, will retry", extra=self.labels.as_dict())
-                await asyncio.sleep(min(30.0, 0.1 * 2**failures))
-
     # -- commits ----------------------------------------------------------------------------------
     def take_moved(self) -> list[TopicPartition]:
         """The commit positions that moved since the last call."""
@@ -306,19 +213,7 @@ class TriggerLane:
     async def drain(self, grace: float) -> list[TopicPartition]:
         """Stop starting events, let the in-flight ones finish (bounded), then the marks to commit."""
         self.stopping = True
-        if self._rate_timer is not None:
-            self._rate_timer.cancel()
-        tasks = [t for p in self.parts.values() for t in p.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
-        points = []
-        for part in self.parts.values():
-            for task in list(part.tasks):
-                task.cancel()
-            point = commit_point(self.topic, part)
-            if point is not None:
-                points.append(point)
-        return points
+        return await self._finish(grace)
 
     def stats(self) -> dict[str, Any]:
         partitions = {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "behind": p.number in self.behind,

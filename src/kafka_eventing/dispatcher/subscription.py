@@ -11,7 +11,8 @@ are cancelled and its mark taken before the commit. Polling continues whatever t
 whose local queue is full is paused, not starved of polls), so a long retry sequence never pushes the member past
 ``max.poll.interval.ms`` and never gets its partition revoked for being slow.
 
-The parts: ``flow.FlowControl`` (how much to take, which partitions to pause, the rate limit),
+The parts: ``worker.PartitionWorker`` (pacing, delivery and commit marks, shared with the Broker's Trigger lanes),
+``flow.FlowControl`` (how much to take, which partitions to pause, the rate limit),
 ``ordered.OrderedScheduler`` / ``unordered.UnorderedScheduler`` (which event starts next),
 ``rebalance.Rebalancer`` (assign/revoke/lost and start positions), ``offsets.OffsetTracker`` (what may be
 committed).
@@ -25,20 +26,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
-from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, FlowControl, WakeableSleep, bucket_for
+from kafka_eventing.dispatcher.flow import DEFAULT_QUEUE_BYTES, WakeableSleep
+from kafka_eventing.dispatcher.loop import LoopBound
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
-from kafka_eventing.dispatcher.ordered import OrderedScheduler
 from kafka_eventing.dispatcher.partition import Partition
-from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point
-from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING, Scheduler
+from kafka_eventing.dispatcher.rebalance import Rebalancer
+from kafka_eventing.dispatcher.scheduler import MAX_OUTSTANDING
 from kafka_eventing.dispatcher.status import REASON_JOINED, REASON_TOPIC, StatusBoard, consumer_problem
-from kafka_eventing.dispatcher.unordered import UnorderedScheduler
+from kafka_eventing.dispatcher.worker import PartitionWorker
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,6 @@ HUNGRY_POLL = 0.001
 #: ... but only for this many empty polls in a row (transaction markers also leave the watermark ahead).
 HUNGRY_POLLS = 100
 LAG_INTERVAL = 5.0
-
-#: Longest a rebalance callback waits for the loop to apply its state change (the loop never blocks that long).
-LOOP_HANDOFF_TIMEOUT = 60.0
-
-T = TypeVar("T")
 ConsumerFactory = Callable[[dict[str, Any]], Any]
 #: Decides from the record whether the subscriber wants the event; a record it rejects is finished (its offset
 #: committed) without a delivery.
@@ -62,12 +58,7 @@ EventFilter = Callable[[Message], bool]
 _Headers = list[tuple[str, bytes | str | None]] | None
 
 
-def scheduler_for(subscriber: Subscriber, max_in_flight: int, max_outstanding: int = MAX_OUTSTANDING) -> Scheduler:
-    kind = OrderedScheduler if subscriber.ordered else UnorderedScheduler
-    return kind(max_in_flight, max_outstanding)
-
-
-class SubscriptionConsumer:
+class SubscriptionConsumer(PartitionWorker[Message], LoopBound):
     """The consumer group member of one subscriber; ``run()`` until ``stop()``."""
 
     def __init__(
@@ -87,85 +78,51 @@ class SubscriptionConsumer:
         event_filter: EventFilter | None = None,
         max_outstanding: int = MAX_OUTSTANDING,
     ) -> None:
-        self.topic = subscriber.topic or channel.topic
-        self.group_id = group_id
-        self.labels = Labels(channel.namespace, channel.name, subscriber.uid)
-        self._subscriber = subscriber
+        topic = subscriber.topic or channel.topic
+        super().__init__(topic, subscriber, Labels(channel.namespace, channel.name, subscriber.uid),
+                         group_id=group_id, deliverer=deliverer, metrics=metrics, max_in_flight=max_in_flight,
+                         queue_bytes=queue_bytes, max_outstanding=max_outstanding)
         self._config = {**consumer_config, "error_cb": self._on_error}
-        self._deliverer = deliverer
-        self._metrics = metrics
         self._board = board
-        self.max_in_flight = max(1, max_in_flight)
-        # channels.py already defaults the subscriber's order to the channel's.
-        self._max_outstanding = max_outstanding
-        self._scheduler = scheduler_for(subscriber, self.max_in_flight, max_outstanding)
-        self._flow = FlowControl(queue_bytes)
         self._rebalancer = Rebalancer(self.topic, str(consumer_config.get("auto.offset.reset", "latest")), self,
                                       {**self.labels.as_dict(), "group": group_id})
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._poller: concurrent.futures.ThreadPoolExecutor | None = None
         self._factory = consumer_factory
         self._filter = event_filter
         self._grace = shutdown_grace
         self._consumer: Any = None
-        self._parts: dict[int, Partition] = {}
-        self._in_flight = 0
-        self._stopping = False
         self._alarm = WakeableSleep()
-        self._bucket = bucket_for(subscriber.rate_limit)
-        self._rate_timer: asyncio.TimerHandle | None = None
         self._joined = False
         self._next_lag = 0.0
         self._lag_seen: set[tuple[str, str, str]] = set()
         self._unstored: list[Partition] = []
         #: While the poll loop sleeps on a full budget: bytes still to start before it is woken (0: not waiting).
         self._wake_after = 0
-        # Read when scraped instead of two updates per event; a replacement consumer of the same subscriber
-        # takes the gauge over.
-        metrics.in_flight.labels(*self.labels).set_function(lambda: self._in_flight)
-        self._outcomes = {o: metrics.outcomes.labels(*self.labels, o.value) for o in Outcome}
-        self._filtered = metrics.filtered.labels(*self.labels)
 
     # -- public -------------------------------------------------------------------------------------
-    @property
-    def subscriber(self) -> Subscriber:
-        return self._subscriber
-
     @property
     def joined(self) -> bool:
         return self._joined
 
     @property
-    def ordered(self) -> bool:
-        return self._scheduler.ordered
-
-    @property
     def queue_bytes(self) -> int:
-        return self._flow.queue_bytes
+        return self.flow.queue_bytes
 
-    def update(self, subscriber: Subscriber) -> None:
-        """A changed delivery spec, URI, order or rate limit applies to the next event, without a restart."""
-        self._subscriber = subscriber
-        if subscriber.ordered != self._scheduler.ordered:
-            self._scheduler = scheduler_for(subscriber, self.max_in_flight, self._max_outstanding)
-        self._bucket = bucket_for(subscriber.rate_limit, self._bucket)
-        self._flow.resize(self._parts.values(), self._scheduler)
+    def _updated(self, subscriber: Subscriber) -> None:
         current = self._board.get(subscriber.uid)
         if current is not None:
             self._board.set(subscriber.uid, subscriber.generation, current.ready, current.message, current.reason)
-        self._pump()
 
     def stop(self) -> None:
-        self._stopping = True
+        self.stopping = True
         self._wake()
 
     def stats(self) -> dict[str, Any]:
         partitions = {p.number: {"queued": len(p.queue), "in_flight": p.in_flight, "paused": p.paused,
                                  "outstanding": p.tracker.outstanding, "committable": p.tracker.commit_position}
-                      for p in self._parts.values()}
+                      for p in self.parts.values()}
         return {"group": self.group_id, "joined": self._joined, "ordered": self.ordered,
-                "in_flight": self._in_flight, "partitions": partitions}
+                "in_flight": self.in_flight, "partitions": partitions}
 
     async def run(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -179,8 +136,8 @@ class SubscriptionConsumer:
                                      on_lost=rebalancer.on_lost)
             idle = 0
             wait = 0.0  # > 0: the next poll waits up to this long for a first record (see _take)
-            while not self._stopping:
-                room, full = self._flow.room(self._parts.values(), self._scheduler)
+            while not self.stopping:
+                room, full = self.flow.room(self.parts.values(), self.scheduler)
                 try:
                     messages = await loop.run_in_executor(poller, self._take, room, wait)
                 except KafkaException as exc:
@@ -190,13 +147,13 @@ class SubscriptionConsumer:
                 for message in messages:
                     self._accept(message)
                 if messages:
-                    for part in self._parts.values():
+                    for part in self.parts.values():
                         if part.received:  # one counter update per partition and poll round, not per record
                             part.consumed.inc(part.received)
                             part.received = 0
-                    self._pump()
+                    self.pump()
                 self._store_done()
-                self._flow.apply(self._consumer, self._parts.values(), self._scheduler, self.labels.as_dict())
+                self.flow.apply(self._consumer, self.parts.values(), self.scheduler, self.labels.as_dict())
                 self._report_lag()
                 if len(messages) >= room > 1:
                     await asyncio.sleep(0)  # a full batch: more is probably waiting
@@ -205,9 +162,9 @@ class SubscriptionConsumer:
                 # instead of spinning on one-record polls; a freed queue slot wakes the loop early.
                 # A full budget counts as idle too: one record per poll would otherwise grow the queues past it.
                 idle = idle + 1 if not messages or full else 1
-                if not messages and idle <= HUNGRY_POLLS and self._flow.hungry(self._consumer, self._parts.values()):
+                if not messages and idle <= HUNGRY_POLLS and self.flow.hungry(self._consumer, self.parts.values()):
                     await self._sleep(HUNGRY_POLL)
-                elif not full and self._parts and not any(p.paused for p in self._parts.values()):
+                elif not full and self.parts and not any(p.paused for p in self.parts.values()):
                     # Room everywhere, so nothing waits on a wake-up (a resume, a freed budget): wait in the poll
                     # itself, which a record arriving ends at once, instead of sleeping past it.
                     wait = min(MAX_IDLE_POLL, 0.002 * idle)
@@ -216,7 +173,7 @@ class SubscriptionConsumer:
                         # The local queues hold the whole budget: poll again as soon as deliveries have taken half
                         # of it out (not after the idle back-off, up to 50 ms, by when a 64-in-flight subscription
                         # has emptied them and waits on the next poll with nothing to start).
-                        self._wake_after = max(1, self._flow.queue_bytes // 2)
+                        self._wake_after = max(1, self.flow.queue_bytes // 2)
                     await self._sleep(min(MAX_IDLE_POLL, 0.002 * idle))
                     self._wake_after = 0
             await self._drain()
@@ -232,23 +189,6 @@ class SubscriptionConsumer:
                 poller.shutdown(wait=False)
                 self._drop_all()
 
-    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on the event loop and return its result: from a rebalance callback on the poll thread."""
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread or not loop.is_running():
-            # On the loop already, or the loop has finished (a close() outliving it): nothing runs concurrently.
-            return fn(*args)
-        result: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def call() -> None:
-            try:
-                result.set_result(fn(*args))
-            except BaseException as exc:
-                result.set_exception(exc)
-
-        loop.call_soon_threadsafe(call)
-        return result.result(LOOP_HANDOFF_TIMEOUT)
-
     # -- intake -------------------------------------------------------------------------------------
     def _accept(self, message: Message) -> None:
         err = message.error()
@@ -258,7 +198,7 @@ class SubscriptionConsumer:
             self._on_error(err)
             return
         number, offset = message.partition(), message.offset()
-        part = self._parts.get(number) if number is not None else None
+        part = self.parts.get(number) if number is not None else None
         if part is None or offset is None:
             return  # revoked between fetch and now: the new owner reads it
         if not part.tracker.add(offset):
@@ -267,7 +207,7 @@ class SubscriptionConsumer:
         part.queue.append(message)
         size = len(message.value() or b"")
         part.queued_bytes += size
-        self._flow.taken(size)
+        self.flow.taken(size)
         part.received += 1
 
     def _take(self, room: int, wait: float) -> list[Message]:
@@ -288,79 +228,44 @@ class SubscriptionConsumer:
     def _wake(self) -> None:
         self._alarm.wake()
 
-    # -- scheduling ---------------------------------------------------------------------------------
-    def _rate_ok(self) -> bool:
-        if self._bucket is None:
-            return True
-        wait = self._bucket.take()
-        if wait == 0.0:
-            return True
-        if self._rate_timer is None:
-            loop = asyncio.get_running_loop()
-            self._rate_timer = loop.call_later(wait, self._rate_wakeup)
-        return False
+    # -- the worker's adapter -----------------------------------------------------------------------
+    def _size(self, item: Message) -> int:
+        return len(item.value() or b"")
 
-    def _rate_wakeup(self) -> None:
-        self._rate_timer = None
-        self._pump()
+    def _offset(self, item: Message) -> int:
+        return cast(int, item.offset())
 
-    def _pump(self) -> None:
-        if self._stopping or self._consumer is None:
-            return
-        self._scheduler.pump(self._parts.values(), self._in_flight, self._rate_ok, self._start)
+    def _wants(self, item: Message) -> bool:
+        accept = self._subscriber.event_filter or self._filter
+        return accept is None or accept(item)
 
-    def _start(self, part: Partition, message: Message) -> None:
-        size = len(message.value() or b"")
-        part.queued_bytes -= size
+    async def _send(self, item: Message, count: AttemptCount) -> Outcome:
+        return await self._deliverer.handle(cast(_Headers, item.headers()), item.value(), self._subscriber,
+                                            self.labels, count, record=item)
+
+    def _may_start(self) -> bool:
+        return self._consumer is not None
+
+    def _started(self, size: int) -> None:
         if self._wake_after > 0:
             self._wake_after -= size
             if self._wake_after <= 0:
                 self._wake()  # the poll loop waits for room in a full budget: there is room now
-        part.in_flight += 1
-        self._in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._deliver(part, message))
-        part.tasks.add(task)
-        task.add_done_callback(part.tasks.discard)
 
-    async def _deliver(self, part: Partition, message: Message) -> None:
-        offset = cast(int, message.offset())
-        accept = self._subscriber.event_filter or self._filter
-        if accept is None or accept(message):
-            count = part.attempts.get(offset)
-            if count is None:
-                count = part.attempts[offset] = AttemptCount()
-            self._outcomes[await self._handle(message, count)].inc()
-            part.attempts.pop(offset, None)
-        else:
-            self._filtered.inc()
-        if self._parts.get(part.number) is not part:
-            return  # revoked meanwhile; the new owner redelivers from the committed offset
-        part.in_flight -= 1
-        self._in_flight -= 1
-        position = part.tracker.done(offset)
-        if position is not None:
-            if part.unstored is None:
-                self._unstored.append(part)
-            part.unstored = position
-        self._pump()
-        if part.paused and self._flow.may_resume(part, self._parts.values(), self._scheduler):
+    def _moved(self, part: Partition, position: int) -> None:
+        if part.unstored is None:
+            self._unstored.append(part)
+        part.unstored = position
+
+    def _delivered(self, part: Partition) -> None:
+        if part.paused and self.flow.may_resume(part, self.parts.values(), self.scheduler):
             self._wake()  # let the poll loop resume the partition now rather than after its idle sleep
 
-    async def _handle(self, message: Message, count: AttemptCount) -> Outcome:
-        """Deliver, reply or dead-letter the event: returns only once its offset may be committed."""
-        failures = 0
-        while True:
-            try:
-                return await self._deliverer.handle(
-                    cast(_Headers, message.headers()), message.value(), self._subscriber, self.labels, count,
-                    record=message)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A bug, not a delivery failure: never commit past it; try again after a pause.
-                failures += 1
-                log.exception("dispatching failed unexpectedly, will retry", extra=self.labels.as_dict())
-                await asyncio.sleep(min(30.0, 0.1 * 2**failures))
+    def _forget(self, number: int) -> None:
+        key = (self.group_id, str(number), self.topic)
+        if key in self._lag_seen:
+            self._lag_seen.discard(key)
+            self._metrics.lag.remove(*key)
 
     def _store_done(self) -> None:
         """Hand the moved marks to librdkafka's auto-commit: once per poll round, in one call.
@@ -373,7 +278,7 @@ class SubscriptionConsumer:
             return
         offsets = []
         for part in self._unstored:
-            if part.unstored is not None and self._parts.get(part.number) is part:
+            if part.unstored is not None and self.parts.get(part.number) is part:
                 offsets.append(TopicPartition(self.topic, part.number, part.unstored))
             part.unstored = None
         self._unstored.clear()
@@ -392,15 +297,12 @@ class SubscriptionConsumer:
         self._on_loop(self._group_joined, topic_exists)
 
     def release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return self._on_loop(self._release, partitions)
+        return self._on_loop(self._release, [tp.partition for tp in partitions])
 
     def _assigned(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            child = self._metrics.consumed.labels(self.group_id, str(tp.partition), tp.topic)
-            part = self._parts[tp.partition] = Partition(tp.partition, child, TopicPartition(self.topic, tp.partition))
-            # Attempts another owner made before the partition moved (see rebalance.commit_point).
-            part.attempts = {o: AttemptCount(n) for o, n in attempts_from(tp.metadata).items() if o >= tp.offset}
-        self._flow.resize(self._parts.values(), self._scheduler)
+            self._new_partition(tp.partition, tp.offset, tp.metadata)
+        self.flow.resize(self.parts.values(), self.scheduler)
 
     def _group_joined(self, topic_exists: bool) -> None:
         self._joined = True
@@ -409,25 +311,6 @@ class SubscriptionConsumer:
             self._board.set(sub.uid, sub.generation, True, "", REASON_JOINED)
         else:
             self._board.set(sub.uid, sub.generation, False, f"topic {self.topic} does not exist", REASON_TOPIC)
-
-    def _release(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        done = []
-        for tp in partitions:
-            part = self._parts.pop(tp.partition, None)
-            if part is None:
-                continue
-            self._in_flight -= part.in_flight
-            for task in list(part.tasks):
-                task.cancel()
-            point = commit_point(self.topic, part)
-            if point is not None:
-                done.append(point)
-            key = (self.group_id, str(part.number), self.topic)
-            if key in self._lag_seen:
-                self._lag_seen.discard(key)
-                self._metrics.lag.remove(*key)
-        self._flow.resize(self._parts.values(), self._scheduler)
-        return done
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback (on the poll thread): handled on the loop."""
@@ -450,16 +333,7 @@ class SubscriptionConsumer:
     # -- shutdown -----------------------------------------------------------------------------------
     async def _drain(self) -> None:
         """Let in-flight deliveries finish (bounded), then commit what is done."""
-        tasks = [t for p in self._parts.values() for t in p.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=self._grace)
-        done = []
-        for part in self._parts.values():
-            for task in list(part.tasks):
-                task.cancel()
-            point = commit_point(self.topic, part)
-            if point is not None:
-                done.append(point)
+        done = await self._finish(self._grace)
         if done:
             commit = self._consumer.commit
             try:
@@ -469,18 +343,18 @@ class SubscriptionConsumer:
                 log.warning("final commit failed", extra={**self.labels.as_dict(), "error": str(exc)})
 
     def _drop_all(self) -> None:
-        for part in self._parts.values():
+        for part in self.parts.values():
             for task in list(part.tasks):
                 task.cancel()
-        self._parts.clear()
-        self._in_flight = 0
+        self.parts.clear()
+        self.in_flight = 0
 
     def _report_lag(self) -> None:
         now = time.monotonic()
         if now < self._next_lag:
             return
         self._next_lag = now + LAG_INTERVAL
-        for part in self._parts.values():
+        for part in self.parts.values():
             position = part.tracker.commit_position
             if position is None:
                 continue
