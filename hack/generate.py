@@ -60,7 +60,8 @@ def write(path: Path, text: str) -> None:
 
 def comment(text: str, width: int = 116, indent: str = "") -> list[str]:
     """``text`` as ``# `` comment lines of at most ``width`` characters."""
-    return [f"{indent}# {line}" for line in textwrap.wrap(" ".join(text.split()), width - len(indent) - 2)]
+    return [f"{indent}# {line}" for line in textwrap.wrap(" ".join(text.split()), width - len(indent) - 2,
+                                                          break_on_hyphens=False)]
 
 
 def dump(data: Any) -> str:
@@ -159,18 +160,42 @@ def how_to(preset: dict[str, Any]) -> list[str]:
     return [f"# {pad}{line}".rstrip() for line in lines]
 
 
+ROLE_ARN = "eks.amazonaws.com/role-arn"
+ROLE_ARN_SET = ROLE_ARN.replace(".", "\\.")  # the annotation's key in a `--set` path
+
+
+def preset_sets(preset: dict[str, Any]) -> list[str]:
+    """The `--set`s a preset needs at install: its examples, for what every cluster has its own of (empty in the
+    values file, so that `helm install` fails until they are given). Commas escaped as `--set` wants them."""
+    sets = []
+    if "bootstrapExample" in preset:
+        sets.append("kafka.bootstrapServers=" + preset["bootstrapExample"].replace(",", "\\,"))
+    if "roleArnExample" in preset:
+        sets += [f"{role}.serviceAccount.annotations.{ROLE_ARN_SET}={preset['roleArnExample']}"
+                 for role in ROLES]
+    return sets
+
+
 def values_file(name: str, preset: dict[str, Any], providers: dict[str, Any]) -> str:
     protocol, mechanism = connection(name, preset, providers)
+    install = [f"#   helm install kafka-eventing charts/kafka-eventing -n {NAMESPACE} "
+               f"-f charts/kafka-eventing/values-{name}.yaml"]
+    install += [f"#     --set{'-string' if 'role-arn' in s else ''} '{s}'" for s in preset_sets(preset)]
+    install = [line + " \\" for line in install[:-1]] + install[-1:]
     out = [HEADER.format(source=f"src/kafka_eventing/core/providers.yaml (presets.{name})"),
-           *comment(preset["title"] + ":"),
-           f"#   helm install kafka-eventing charts/kafka-eventing -n {NAMESPACE} "
-           f"-f charts/kafka-eventing/values-{name}.yaml",
-           *how_to(preset),
+           *comment(preset["title"] + "."),
+           "# First the connection Secret (the install checks it has the keys below), then the install:",
+           *how_to(preset), *install,
            "# The producer's idempotence follows the provider preset; set kafka.idempotence only to override it.",
            "kafka:", f"  provider: {preset['provider']}"]
     if preset.get("bootstrapNote"):
         out += comment(preset["bootstrapNote"], indent="  ")
-    out.append(f"  bootstrapServers: {preset['bootstrapServers']}")
+    if "bootstrapExample" in preset:
+        out += comment(f"Required: your cluster's address (the install fails without it), e.g. "
+                       f"{preset['bootstrapExample']}.", indent="  ")
+        out.append('  bootstrapServers: ""')
+    else:
+        out.append(f"  bootstrapServers: {preset['bootstrapServers']}")
     if preset.get("topicNote"):
         out += comment(preset["topicNote"], indent="  ")
     out.append(f"  topicManagement: {preset['topicManagement']}")
@@ -181,11 +206,11 @@ def values_file(name: str, preset: dict[str, Any], providers: dict[str, Any]) ->
     if preset.get("secretNote"):
         out += comment(preset["secretNote"], indent="    ")
     out.append(f"    requiredSecretKeys: [{', '.join(preset['secretKeys'])}]")
-    annotations = preset.get("serviceAccountAnnotations")
-    if annotations:
+    if "roleArnExample" in preset:
+        out += comment(f"Required: the IAM role each role's pods assume through IRSA (the install fails without it), "
+                       f"e.g. {preset['roleArnExample']}.")
         for role in ROLES:
-            out += [f"{role}:", "  serviceAccount:", "    annotations:",
-                    *(f"      {k}: {v}" for k, v in annotations.items())]
+            out += [f"{role}:", "  serviceAccount:", "    annotations:", f'      {ROLE_ARN}: ""']
     return "\n".join(out) + "\n"
 
 
@@ -202,7 +227,7 @@ def overlay(name: str, preset: dict[str, Any]) -> tuple[str, str]:
             *(f"  - ../../components/{c}" for c in preset["components"]),
             "configMapGenerator:", "  - name: kafka-eventing-config", "    behavior: merge", "    envs:",
             "      - params.env"]
-    annotations = preset.get("serviceAccountAnnotations")
+    annotations = {ROLE_ARN: preset["roleArnExample"]} if "roleArnExample" in preset else {}
     if annotations:
         kust += ["# The pods' identity: replace the placeholder with a patch in your own overlay.", "patches:",
                  "  - target:", "      kind: ServiceAccount",
@@ -214,7 +239,9 @@ def overlay(name: str, preset: dict[str, Any]) -> tuple[str, str]:
               f"KE_KAFKA_PROVIDER={preset['provider']}"]
     if preset.get("bootstrapNote"):
         params += comment(preset["bootstrapNote"])
-    params.append(f"KE_BOOTSTRAP_SERVERS={preset['bootstrapServers']}")
+    if "bootstrapExample" in preset:
+        params += ["# A placeholder: set your cluster's address in the params.env of your own overlay."]
+    params.append(f"KE_BOOTSTRAP_SERVERS={preset.get('bootstrapServers') or preset['bootstrapExample']}")
     if preset.get("topicNote"):
         params += comment(preset["topicNote"])
     params.append(f"KE_TOPIC_MANAGEMENT={preset['topicManagement']}")
