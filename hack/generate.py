@@ -12,6 +12,8 @@
   the objects of the pdb, networkpolicy, servicemonitor, prometheusrule and grafana-dashboards components. The
   role images are the chart's.
 - The chart's README from values.yaml (helm-docs).
+- Figures in prose: the committed benchmark runs docs/benchmarks/*.json → every `<!--fig NAME-->` span of the
+  README (`figures()`), so a quoted figure is always the one a committed run holds.
 - Every `KE_*` variable: the `Settings` fields of src/kafka_eventing/core/settings.py (their `#:` comments, defaults
   and types) and its `TOOLING_VARS` → docs/settings.md. A field without a `#:` comment fails the generation.
 
@@ -541,6 +543,102 @@ def settings_doc() -> None:
     write(ROOT / "docs" / "settings.md", "\n".join(out))
 
 
+# -- figures in prose, from the committed benchmark runs ----------------------------------------------------------
+
+BENCHMARKS = ROOT / "docs" / "benchmarks"
+#: `<!--fig NAME-->text<!--/fig-->` in a doc: the text is written from the committed JSON by `figures()`.
+FIGURE = re.compile(r"(<!--fig ([\w.-]+)-->)(.*?)(<!--/fig-->)", re.DOTALL)
+#: The docs whose figures are generated.
+FIGURE_DOCS = ("README.md",)
+
+
+def _num(value: float, digits: int = 2) -> str:
+    """``value`` rounded half away from zero (as a reader rounds), with thousands separators."""
+    scaled = round(abs(value) * 10 ** digits + 1e-9)
+    text = f"{scaled / 10 ** digits:,.{digits}f}"
+    return ("-" if value < 0 else "") + text
+
+
+def _rounds(runs: list[dict[str, Any]]) -> str:
+    return " / ".join(_p99(r["open_loop"]["p99_ms"]) for r in runs)
+
+
+def _loads(runs: list[dict[str, Any]]) -> str:
+    loads = [r["load_average_before"][0] for r in runs]
+    low, high = _num(min(loads), 1), _num(max(loads), 1)
+    return low if low == high else f"{low}–{high}"
+
+
+def _p99(ms: float) -> str:
+    return _num(ms, 1) if ms < 100 else _num(ms, 0)
+
+
+def figure_values() -> dict[str, str]:
+    """Every generated figure by name, each computed from one committed run in docs/benchmarks/."""
+    def load(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((BENCHMARKS / f"{name}.json").read_text())
+        return data
+
+    out: dict[str, str] = {}
+    receiver = load("receiver")
+    peer = receiver["summary"]["vs_peer_1KB"]
+    out["receiver.rate"] = _num(peer["saturated_rate"])
+    out["receiver.cpu"] = _num(peer["cpu_per_event_at_saturation"])
+    out["receiver.memory"] = _num(peer["pss"])
+    out["receiver.p99.1000"] = _num(peer["1000"]["p99_ratio"])
+    out["receiver.p99.3000"] = _num(peer["3000"]["p99_ratio"])
+    out["receiver.cpu.1000"] = _num(peer["1000"]["cpu_ratio"])
+    out["receiver.floor.1000"] = _num(peer["1000"]["stack_floor_cpu_us_per_event"]
+                                      / peer["1000"]["peer_cpu_us_per_event"], 1)
+    runs = receiver["runs"]
+    out["receiver.granian.cpu.1000"] = _num(runs["granian/bare/1KB"]["fixed_rate_median"]["1000"]["cpu_s_per_1000"]
+                                            / runs["uvicorn/bare/1KB"]["fixed_rate_median"]["1000"]["cpu_s_per_1000"], 1)
+
+    e2e = load("e2e")["median"]
+    out["e2e.p50"] = _num(e2e["ours"]["e2e_p50_ms"], 1)
+    out["e2e.p99"] = _p99(e2e["ours"]["e2e_p99_ms"])
+    out["e2e.peer.p50"] = _num(e2e["peer"]["e2e_p50_ms"], 1)
+    out["e2e.peer.p99"] = _p99(e2e["peer"]["e2e_p99_ms"])
+    out["e2e.cpu"] = _num(e2e["ours"]["whole_run_cpu_us_per_event"] / e2e["peer"]["whole_run_cpu_us_per_event"])
+
+    drain = load("broker-drain")["drain"]
+    for triggers in ("10", "100"):
+        ours, java, channel = (drain[triggers][side]["medians"] for side in ("fanout", "peer", "channel"))
+        out[f"broker.drain.{triggers}.cpu"] = _num(ours["cpu_us_per_delivery"], 0)
+        out[f"broker.drain.{triggers}.vs-channel"] = _num(ours["cpu_us_per_delivery"] / channel["cpu_us_per_delivery"])
+        out[f"broker.drain.{triggers}.vs-peer"] = _num(java["cpu_us_per_delivery"] / ours["cpu_us_per_delivery"], 1)
+        out[f"broker.drain.{triggers}.memory"] = _num(ours["pss_mib"] / java["pss_mib"])
+    out["broker.drain.load"] = _loads([r for t in drain.values() for side in t.values() for r in side["runs"]])
+
+    for name, key in (("broker-peer", "broker.peer.10"), ("broker-peer-100", "broker.peer.100")):
+        run = load(name)
+        ours, java = run["broker"], run["peer"]
+        out[f"{key}.p99"] = _p99(ours["medians"]["p99_ms"])
+        out[f"{key}.p99.rounds"] = _rounds(ours["runs"])
+        out[f"{key}.peer.p99"] = _p99(java["medians"]["p99_ms"])
+        out[f"{key}.peer.p99.rounds"] = _rounds(java["runs"])
+        out[f"{key}.per-cpu"] = _num(java["medians"]["cpu_us_per_delivered"] / ours["medians"]["cpu_us_per_delivered"], 1)
+        out[f"{key}.memory"] = _num(ours["medians"]["pss_mib"] / java["medians"]["pss_mib"])
+        out[f"{key}.load"] = _loads(ours["runs"])
+        out[f"{key}.peer.load"] = _loads(java["runs"])
+    latency = load("broker-latency")
+    out["broker.latency.p99"] = _p99(latency["broker"]["medians"]["p99_ms"])
+    out["broker.latency.channel.p99"] = _p99(latency["channel"]["medians"]["p99_ms"])
+    return out
+
+
+def figures() -> None:
+    """Rewrite each marked figure of FIGURE_DOCS from the committed runs; an unknown name fails the generation, so
+    a figure no JSON holds cannot be marked."""
+    values = figure_values()
+    for doc in FIGURE_DOCS:
+        path = ROOT / doc
+        unknown = sorted({m.group(2) for m in FIGURE.finditer(path.read_text())} - set(values))
+        if unknown:
+            sys.exit(f"{doc}: figures {', '.join(unknown)} are not computed by hack/generate.py figure_values()")
+        write(path, FIGURE.sub(lambda m: m.group(1) + values[m.group(2)] + m.group(4), path.read_text()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--helm", required=True, help="helm binary (renders the Kustomize base from the chart)")
@@ -551,6 +649,7 @@ def main() -> None:
     crds()
     presets()
     settings_doc()
+    figures()
     helm_docs(args.helm_docs)
 
 
