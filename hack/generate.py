@@ -590,9 +590,9 @@ def figure_values() -> dict[str, str]:
     out["receiver.cpu.1000"] = _num(peer["1000"]["cpu_ratio"])
     out["receiver.floor.1000"] = _num(peer["1000"]["stack_floor_cpu_us_per_event"]
                                       / peer["1000"]["peer_cpu_us_per_event"], 1)
-    runs = receiver["runs"]
-    out["receiver.granian.cpu.1000"] = _num(runs["granian/bare/1KB"]["fixed_rate_median"]["1000"]["cpu_s_per_1000"]
-                                            / runs["uvicorn/bare/1KB"]["fixed_rate_median"]["1000"]["cpu_s_per_1000"], 1)
+    granian, uvicorn = (receiver["runs"][f"{server}/bare/1KB"]["fixed_rate_median"]["1000"]["cpu_s_per_1000"]
+                        for server in ("granian", "uvicorn"))
+    out["receiver.granian.cpu.1000"] = _num(granian / uvicorn, 1)
 
     e2e = load("e2e")["median"]
     out["e2e.p50"] = _num(e2e["ours"]["e2e_p50_ms"], 1)
@@ -617,7 +617,8 @@ def figure_values() -> dict[str, str]:
         out[f"{key}.p99.rounds"] = _rounds(ours["runs"])
         out[f"{key}.peer.p99"] = _p99(java["medians"]["p99_ms"])
         out[f"{key}.peer.p99.rounds"] = _rounds(java["runs"])
-        out[f"{key}.per-cpu"] = _num(java["medians"]["cpu_us_per_delivered"] / ours["medians"]["cpu_us_per_delivered"], 1)
+        cpu = java["medians"]["cpu_us_per_delivered"] / ours["medians"]["cpu_us_per_delivered"]
+        out[f"{key}.per-cpu"] = _num(cpu, 1)
         out[f"{key}.memory"] = _num(ours["medians"]["pss_mib"] / java["medians"]["pss_mib"])
         out[f"{key}.load"] = _loads(ours["runs"])
         out[f"{key}.peer.load"] = _loads(java["runs"])

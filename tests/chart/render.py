@@ -262,7 +262,8 @@ def notes(*files: str, sets: tuple[str, ...] = (), apis: tuple[str, ...] = ()) -
         shutil.copytree(CHART, chart)
         body = (CHART / "templates" / "NOTES.txt").read_text()
         (chart / "templates" / "zz-notes-under-test.yaml").write_text(
-            '{{- define "notes-under-test" }}' + body + '{{- end }}\nnotes: {{ include "notes-under-test" . | toJson }}\n')
+            '{{- define "notes-under-test" }}' + body + '{{- end }}\n'
+            'notes: {{ include "notes-under-test" . | toJson }}\n')
         args = [tool("helm"), "template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", K8S_VERSION,
                 "--show-only", "templates/zz-notes-under-test.yaml"]
         for f in files:
