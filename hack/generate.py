@@ -14,6 +14,7 @@
 - The chart's README from values.yaml (helm-docs).
 - Figures in prose: the committed benchmark runs docs/benchmarks/*.json → every `<!--fig NAME-->` span of the
   README (`figures()`), so a quoted figure is always the one a committed run holds.
+- Manifests of docs/getting-started.md: docs/examples/*.yaml → each `<!--example NAME-->` block of the page.
 - Every `KE_*` variable: the `Settings` fields of src/kafka_eventing/core/settings.py (their `#:` comments, defaults
   and types) and its `TOOLING_VARS` → docs/settings.md. A field without a `#:` comment fails the generation.
 
@@ -550,6 +551,10 @@ BENCHMARKS = ROOT / "docs" / "benchmarks"
 FIGURE = re.compile(r"(<!--fig ([\w.-]+)-->)(.*?)(<!--/fig-->)", re.DOTALL)
 #: The docs whose figures are generated.
 FIGURE_DOCS = ("README.md",)
+#: `<!--example NAME-->` ... `<!--/example-->` in docs/getting-started.md: docs/examples/NAME as a YAML block.
+EXAMPLE = re.compile(r"(<!--example ([\w.-]+)-->\n).*?(<!--/example-->)", re.DOTALL)
+#: `<!--preset-secret NAME-->` ... `<!--/preset-secret-->`: the commands of presets.NAME.secretHowTo.
+PRESET_SECRET = re.compile(r"(<!--preset-secret ([\w.-]+)-->\n).*?(<!--/preset-secret-->)", re.DOTALL)
 
 
 def _num(value: float, digits: int = 2) -> str:
@@ -640,6 +645,27 @@ def figures() -> None:
         write(path, FIGURE.sub(lambda m: m.group(1) + values[m.group(2)] + m.group(4), path.read_text()))
 
 
+def examples() -> None:
+    """docs/getting-started.md shows each manifest of docs/examples/ as it is (the files a test applies)."""
+    path = ROOT / "docs" / "getting-started.md"
+    folder = ROOT / "docs" / "examples"
+    text = path.read_text()
+    missing = sorted({m.group(2) for m in EXAMPLE.finditer(text)} - {p.name for p in folder.glob("*.yaml")})
+    if missing:
+        sys.exit(f"docs/getting-started.md includes {', '.join(missing)}, which docs/examples/ does not have")
+    text = EXAMPLE.sub(lambda m: m.group(1) + "```yaml\n" + (folder / m.group(2)).read_text() + "```\n"
+                       + m.group(3), text)
+    presets = yaml.safe_load(PROVIDERS_FILE.read_text())["presets"]
+
+    def secret_commands(m: re.Match[str]) -> str:
+        lines = presets[m.group(2)]["secretHowTo"].splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("kubectl"))
+        commands = textwrap.dedent("\n".join(lines[start:]))
+        return f"{m.group(1)}```console\nkubectl create namespace {NAMESPACE}\n{commands}\n```\n{m.group(3)}"
+
+    write(path, PRESET_SECRET.sub(secret_commands, text))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--helm", required=True, help="helm binary (renders the Kustomize base from the chart)")
@@ -651,6 +677,7 @@ def main() -> None:
     presets()
     settings_doc()
     figures()
+    examples()
     helm_docs(args.helm_docs)
 
 

@@ -59,3 +59,10 @@ def test_notes_say_when_prometheus_operator_objects_are_left_out(opt_in: str) ->
         in text and "monitoring.coreos.com/v1" in text
     assert "NOT INSTALLED" not in notes(sets=(opt_in,), apis=("monitoring.coreos.com/v1",))
     assert "NOT INSTALLED" not in notes()
+
+
+def test_a_fractional_sample_ratio_from_set_renders() -> None:
+    """`--set` makes a string of 0.1; the schema takes it as the number it is."""
+    (config,) = [d for d in helm(sets=("tracing.sampleRatio=0.1",)) if d["metadata"]["name"] == "kafka-eventing-config"]
+    assert config["data"]["KE_TRACING_SAMPLE_RATIO"] == "0.1"
+    assert "sampleRatio" in helm_error(sets=("tracing.sampleRatio=1.5",))
