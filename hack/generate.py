@@ -12,6 +12,9 @@
   the objects of the pdb, networkpolicy, servicemonitor, prometheusrule and grafana-dashboards components. The
   role images are the chart's.
 - The chart's README from values.yaml (helm-docs).
+- Figures in prose: the committed benchmark runs docs/benchmarks/*.json → every `<!--fig NAME-->` span of the
+  README (`figures()`), so a quoted figure is always the one a committed run holds.
+- Manifests of docs/getting-started.md: docs/examples/*.yaml → each `<!--example NAME-->` block of the page.
 - Every `KE_*` variable: the `Settings` fields of src/kafka_eventing/core/settings.py (their `#:` comments, defaults
   and types) and its `TOOLING_VARS` → docs/settings.md. A field without a `#:` comment fails the generation.
 
@@ -60,7 +63,8 @@ def write(path: Path, text: str) -> None:
 
 def comment(text: str, width: int = 116, indent: str = "") -> list[str]:
     """``text`` as ``# `` comment lines of at most ``width`` characters."""
-    return [f"{indent}# {line}" for line in textwrap.wrap(" ".join(text.split()), width - len(indent) - 2)]
+    return [f"{indent}# {line}" for line in textwrap.wrap(" ".join(text.split()), width - len(indent) - 2,
+                                                          break_on_hyphens=False)]
 
 
 def dump(data: Any) -> str:
@@ -159,18 +163,42 @@ def how_to(preset: dict[str, Any]) -> list[str]:
     return [f"# {pad}{line}".rstrip() for line in lines]
 
 
+ROLE_ARN = "eks.amazonaws.com/role-arn"
+ROLE_ARN_SET = ROLE_ARN.replace(".", "\\.")  # the annotation's key in a `--set` path
+
+
+def preset_sets(preset: dict[str, Any]) -> list[str]:
+    """The `--set`s a preset needs at install: its examples, for what every cluster has its own of (empty in the
+    values file, so that `helm install` fails until they are given). Commas escaped as `--set` wants them."""
+    sets = []
+    if "bootstrapExample" in preset:
+        sets.append("kafka.bootstrapServers=" + preset["bootstrapExample"].replace(",", "\\,"))
+    if "roleArnExample" in preset:
+        sets += [f"{role}.serviceAccount.annotations.{ROLE_ARN_SET}={preset['roleArnExample']}"
+                 for role in ROLES]
+    return sets
+
+
 def values_file(name: str, preset: dict[str, Any], providers: dict[str, Any]) -> str:
     protocol, mechanism = connection(name, preset, providers)
+    install = [f"#   helm install kafka-eventing charts/kafka-eventing -n {NAMESPACE} "
+               f"-f charts/kafka-eventing/values-{name}.yaml"]
+    install += [f"#     --set{'-string' if 'role-arn' in s else ''} '{s}'" for s in preset_sets(preset)]
+    install = [line + " \\" for line in install[:-1]] + install[-1:]
     out = [HEADER.format(source=f"src/kafka_eventing/core/providers.yaml (presets.{name})"),
-           *comment(preset["title"] + ":"),
-           f"#   helm install kafka-eventing charts/kafka-eventing -n {NAMESPACE} "
-           f"-f charts/kafka-eventing/values-{name}.yaml",
-           *how_to(preset),
+           *comment(preset["title"] + "."),
+           "# First the connection Secret (the install checks it has the keys below), then the install:",
+           *how_to(preset), *install,
            "# The producer's idempotence follows the provider preset; set kafka.idempotence only to override it.",
            "kafka:", f"  provider: {preset['provider']}"]
     if preset.get("bootstrapNote"):
         out += comment(preset["bootstrapNote"], indent="  ")
-    out.append(f"  bootstrapServers: {preset['bootstrapServers']}")
+    if "bootstrapExample" in preset:
+        out += comment(f"Required: your cluster's address (the install fails without it), e.g. "
+                       f"{preset['bootstrapExample']}.", indent="  ")
+        out.append('  bootstrapServers: ""')
+    else:
+        out.append(f"  bootstrapServers: {preset['bootstrapServers']}")
     if preset.get("topicNote"):
         out += comment(preset["topicNote"], indent="  ")
     out.append(f"  topicManagement: {preset['topicManagement']}")
@@ -181,11 +209,11 @@ def values_file(name: str, preset: dict[str, Any], providers: dict[str, Any]) ->
     if preset.get("secretNote"):
         out += comment(preset["secretNote"], indent="    ")
     out.append(f"    requiredSecretKeys: [{', '.join(preset['secretKeys'])}]")
-    annotations = preset.get("serviceAccountAnnotations")
-    if annotations:
+    if "roleArnExample" in preset:
+        out += comment(f"Required: the IAM role each role's pods assume through IRSA (the install fails without it), "
+                       f"e.g. {preset['roleArnExample']}.")
         for role in ROLES:
-            out += [f"{role}:", "  serviceAccount:", "    annotations:",
-                    *(f"      {k}: {v}" for k, v in annotations.items())]
+            out += [f"{role}:", "  serviceAccount:", "    annotations:", f'      {ROLE_ARN}: ""']
     return "\n".join(out) + "\n"
 
 
@@ -202,7 +230,7 @@ def overlay(name: str, preset: dict[str, Any]) -> tuple[str, str]:
             *(f"  - ../../components/{c}" for c in preset["components"]),
             "configMapGenerator:", "  - name: kafka-eventing-config", "    behavior: merge", "    envs:",
             "      - params.env"]
-    annotations = preset.get("serviceAccountAnnotations")
+    annotations = {ROLE_ARN: preset["roleArnExample"]} if "roleArnExample" in preset else {}
     if annotations:
         kust += ["# The pods' identity: replace the placeholder with a patch in your own overlay.", "patches:",
                  "  - target:", "      kind: ServiceAccount",
@@ -214,7 +242,9 @@ def overlay(name: str, preset: dict[str, Any]) -> tuple[str, str]:
               f"KE_KAFKA_PROVIDER={preset['provider']}"]
     if preset.get("bootstrapNote"):
         params += comment(preset["bootstrapNote"])
-    params.append(f"KE_BOOTSTRAP_SERVERS={preset['bootstrapServers']}")
+    if "bootstrapExample" in preset:
+        params += ["# A placeholder: set your cluster's address in the params.env of your own overlay."]
+    params.append(f"KE_BOOTSTRAP_SERVERS={preset.get('bootstrapServers') or preset['bootstrapExample']}")
     if preset.get("topicNote"):
         params += comment(preset["topicNote"])
     params.append(f"KE_TOPIC_MANAGEMENT={preset['topicManagement']}")
@@ -514,6 +544,128 @@ def settings_doc() -> None:
     write(ROOT / "docs" / "settings.md", "\n".join(out))
 
 
+# -- figures in prose, from the committed benchmark runs ----------------------------------------------------------
+
+BENCHMARKS = ROOT / "docs" / "benchmarks"
+#: `<!--fig NAME-->text<!--/fig-->` in a doc: the text is written from the committed JSON by `figures()`.
+FIGURE = re.compile(r"(<!--fig ([\w.-]+)-->)(.*?)(<!--/fig-->)", re.DOTALL)
+#: The docs whose figures are generated.
+FIGURE_DOCS = ("README.md",)
+#: `<!--example NAME-->` ... `<!--/example-->` in docs/getting-started.md: docs/examples/NAME as a YAML block.
+EXAMPLE = re.compile(r"(<!--example ([\w.-]+)-->\n).*?(<!--/example-->)", re.DOTALL)
+#: `<!--preset-secret NAME-->` ... `<!--/preset-secret-->`: the commands of presets.NAME.secretHowTo.
+PRESET_SECRET = re.compile(r"(<!--preset-secret ([\w.-]+)-->\n).*?(<!--/preset-secret-->)", re.DOTALL)
+
+
+def _num(value: float, digits: int = 2) -> str:
+    """``value`` rounded half away from zero (as a reader rounds), with thousands separators."""
+    scaled = round(abs(value) * 10 ** digits + 1e-9)
+    text = f"{scaled / 10 ** digits:,.{digits}f}"
+    return ("-" if value < 0 else "") + text
+
+
+def _rounds(runs: list[dict[str, Any]]) -> str:
+    return " / ".join(_p99(r["open_loop"]["p99_ms"]) for r in runs)
+
+
+def _loads(runs: list[dict[str, Any]]) -> str:
+    loads = [r["load_average_before"][0] for r in runs]
+    low, high = _num(min(loads), 1), _num(max(loads), 1)
+    return low if low == high else f"{low}–{high}"
+
+
+def _p99(ms: float) -> str:
+    return _num(ms, 1) if ms < 100 else _num(ms, 0)
+
+
+def figure_values() -> dict[str, str]:
+    """Every generated figure by name, each computed from one committed run in docs/benchmarks/."""
+    def load(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((BENCHMARKS / f"{name}.json").read_text())
+        return data
+
+    out: dict[str, str] = {}
+    receiver = load("receiver")
+    peer = receiver["summary"]["vs_peer_1KB"]
+    out["receiver.rate"] = _num(peer["saturated_rate"])
+    out["receiver.cpu"] = _num(peer["cpu_per_event_at_saturation"])
+    out["receiver.memory"] = _num(peer["pss"])
+    out["receiver.p99.1000"] = _num(peer["1000"]["p99_ratio"])
+    out["receiver.p99.3000"] = _num(peer["3000"]["p99_ratio"])
+    out["receiver.cpu.1000"] = _num(peer["1000"]["cpu_ratio"])
+    out["receiver.floor.1000"] = _num(peer["1000"]["stack_floor_cpu_us_per_event"]
+                                      / peer["1000"]["peer_cpu_us_per_event"], 1)
+    granian, uvicorn = (receiver["runs"][f"{server}/bare/1KB"]["fixed_rate_median"]["1000"]["cpu_s_per_1000"]
+                        for server in ("granian", "uvicorn"))
+    out["receiver.granian.cpu.1000"] = _num(granian / uvicorn, 1)
+
+    e2e = load("e2e")["median"]
+    out["e2e.p50"] = _num(e2e["ours"]["e2e_p50_ms"], 1)
+    out["e2e.p99"] = _p99(e2e["ours"]["e2e_p99_ms"])
+    out["e2e.peer.p50"] = _num(e2e["peer"]["e2e_p50_ms"], 1)
+    out["e2e.peer.p99"] = _p99(e2e["peer"]["e2e_p99_ms"])
+    out["e2e.cpu"] = _num(e2e["ours"]["whole_run_cpu_us_per_event"] / e2e["peer"]["whole_run_cpu_us_per_event"])
+
+    drain = load("broker-drain")["drain"]
+    for triggers in ("10", "100"):
+        ours, java, channel = (drain[triggers][side]["medians"] for side in ("fanout", "peer", "channel"))
+        out[f"broker.drain.{triggers}.cpu"] = _num(ours["cpu_us_per_delivery"], 0)
+        out[f"broker.drain.{triggers}.vs-channel"] = _num(ours["cpu_us_per_delivery"] / channel["cpu_us_per_delivery"])
+        out[f"broker.drain.{triggers}.vs-peer"] = _num(java["cpu_us_per_delivery"] / ours["cpu_us_per_delivery"], 1)
+        out[f"broker.drain.{triggers}.memory"] = _num(ours["pss_mib"] / java["pss_mib"])
+    out["broker.drain.load"] = _loads([r for t in drain.values() for side in t.values() for r in side["runs"]])
+
+    for name, key in (("broker-peer", "broker.peer.10"), ("broker-peer-100", "broker.peer.100")):
+        run = load(name)
+        ours, java = run["broker"], run["peer"]
+        out[f"{key}.p99"] = _p99(ours["medians"]["p99_ms"])
+        out[f"{key}.p99.rounds"] = _rounds(ours["runs"])
+        out[f"{key}.peer.p99"] = _p99(java["medians"]["p99_ms"])
+        out[f"{key}.peer.p99.rounds"] = _rounds(java["runs"])
+        cpu = java["medians"]["cpu_us_per_delivered"] / ours["medians"]["cpu_us_per_delivered"]
+        out[f"{key}.per-cpu"] = _num(cpu, 1)
+        out[f"{key}.memory"] = _num(ours["medians"]["pss_mib"] / java["medians"]["pss_mib"])
+        out[f"{key}.load"] = _loads(ours["runs"])
+        out[f"{key}.peer.load"] = _loads(java["runs"])
+    latency = load("broker-latency")
+    out["broker.latency.p99"] = _p99(latency["broker"]["medians"]["p99_ms"])
+    out["broker.latency.channel.p99"] = _p99(latency["channel"]["medians"]["p99_ms"])
+    return out
+
+
+def figures() -> None:
+    """Rewrite each marked figure of FIGURE_DOCS from the committed runs; an unknown name fails the generation, so
+    a figure no JSON holds cannot be marked."""
+    values = figure_values()
+    for doc in FIGURE_DOCS:
+        path = ROOT / doc
+        unknown = sorted({m.group(2) for m in FIGURE.finditer(path.read_text())} - set(values))
+        if unknown:
+            sys.exit(f"{doc}: figures {', '.join(unknown)} are not computed by hack/generate.py figure_values()")
+        write(path, FIGURE.sub(lambda m: m.group(1) + values[m.group(2)] + m.group(4), path.read_text()))
+
+
+def examples() -> None:
+    """docs/getting-started.md shows each manifest of docs/examples/ as it is (the files a test applies)."""
+    path = ROOT / "docs" / "getting-started.md"
+    folder = ROOT / "docs" / "examples"
+    text = path.read_text()
+    missing = sorted({m.group(2) for m in EXAMPLE.finditer(text)} - {p.name for p in folder.glob("*.yaml")})
+    if missing:
+        sys.exit(f"docs/getting-started.md includes {', '.join(missing)}, which docs/examples/ does not have")
+    text = EXAMPLE.sub(lambda m: m.group(1) + "```yaml\n" + (folder / m.group(2)).read_text() + "```\n"
+                       + m.group(3), text)
+    presets = yaml.safe_load(PROVIDERS_FILE.read_text())["presets"]
+
+    def secret_commands(m: re.Match[str]) -> str:
+        lines = presets[m.group(2)]["secretHowTo"].splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("kubectl"))
+        commands = textwrap.dedent("\n".join(lines[start:]))
+        return f"{m.group(1)}```console\nkubectl create namespace {NAMESPACE}\n{commands}\n```\n{m.group(3)}"
+
+    write(path, PRESET_SECRET.sub(secret_commands, text))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--helm", required=True, help="helm binary (renders the Kustomize base from the chart)")
@@ -524,6 +676,8 @@ def main() -> None:
     crds()
     presets()
     settings_doc()
+    figures()
+    examples()
     helm_docs(args.helm_docs)
 
 

@@ -8,7 +8,9 @@ import dataclasses
 import functools
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -113,9 +115,18 @@ def kustomize(overlay: str) -> tuple[dict[str, Any], ...]:
     return parse(run([tool("kustomize"), "build", str(KUSTOMIZE / "overlays" / overlay)]).stdout)
 
 
+def preset_sets(name: str) -> tuple[str, ...]:
+    """What a preset's header says to add to its `helm install` (`--set 'path=value'` lines): the preset leaves
+    empty what every cluster has its own of (bootstrap address, IAM role), and the install fails without it."""
+    if not name.startswith("values-"):
+        return ()
+    return tuple(re.findall(r"^#\s+--set(?:-string)? '([^']+)'", (CHART / name).read_text(), re.MULTILINE))
+
+
 def scenario(name: str) -> tuple[dict[str, Any], ...]:
-    # Scenarios render with the optional APIs served, so capability-guarded objects are checked too.
-    return helm(name, apis=OPTIONAL_APIS)
+    # Scenarios render with the optional APIs served, so capability-guarded objects are checked too; a preset with
+    # the `--set`s its header gives.
+    return helm(name, sets=preset_sets(name), apis=OPTIONAL_APIS)
 
 
 def render(name: str) -> tuple[dict[str, Any], ...]:
@@ -229,3 +240,37 @@ def validate(doc: dict[str, Any]) -> None:
         assert spec["selector"]["matchLabels"] and spec["endpoints"], doc["metadata"]["name"]
         return
     k8s_validator(*key).validate(doc)
+
+
+def helm_error(*files: str, sets: tuple[str, ...] = ()) -> str:
+    """The error of a `helm template` that must fail (it fails the test when the render succeeds)."""
+    args = [tool("helm"), "template", RELEASE, str(CHART), "-n", NAMESPACE, "--kube-version", K8S_VERSION]
+    for f in files:
+        args += ["-f", str(CHART / f)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run(args, ok=False)
+    assert proc.returncode != 0, f"{' '.join(args)} rendered, expected a failure"
+    return proc.stderr
+
+
+def notes(*files: str, sets: tuple[str, ...] = (), apis: tuple[str, ...] = ()) -> str:
+    """NOTES.txt as `helm install` prints it. `helm template` leaves NOTES.txt out, so a copy of the chart renders it
+    as a named template into a ConfigMap-like document."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / CHART.name
+        shutil.copytree(CHART, chart)
+        body = (CHART / "templates" / "NOTES.txt").read_text()
+        (chart / "templates" / "zz-notes-under-test.yaml").write_text(
+            '{{- define "notes-under-test" }}' + body + '{{- end }}\n'
+            'notes: {{ include "notes-under-test" . | toJson }}\n')
+        args = [tool("helm"), "template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", K8S_VERSION,
+                "--show-only", "templates/zz-notes-under-test.yaml"]
+        for f in files:
+            args += ["-f", str(CHART / f)]
+        for s in sets:
+            args += ["--set", s]
+        for a in apis:
+            args += ["--api-versions", a]
+        text: str = yaml.safe_load(run(args).stdout)["notes"]
+        return text

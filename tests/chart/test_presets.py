@@ -25,6 +25,7 @@ from .render import (
     merged_values,
     of_kind,
     one,
+    preset_sets,
     scenario,
 )
 
@@ -107,7 +108,9 @@ def test_preset_wiring(name: str) -> None:
     config = one(docs, "ConfigMap", "kafka-eventing-config")["data"]
     assert config["KE_KAFKA_PROVIDER"] == values["kafka"]["provider"]
     assert config["KE_TOPIC_MANAGEMENT"] == values["kafka"]["topicManagement"]
-    assert config["KE_BOOTSTRAP_SERVERS"] == values["kafka"]["bootstrapServers"]
+    set_address = [s.partition("=")[2].replace("\\,", ",") for s in preset_sets(name)
+                   if s.startswith("kafka.bootstrapServers=")]
+    assert config["KE_BOOTSTRAP_SERVERS"] == (values["kafka"]["bootstrapServers"] or set_address[0])
     assert "enable.idempotence" not in config["KE_KAFKA_EXTRA"], "the provider preset decides idempotence"
     assert not of_kind(docs, "Secret"), "presets reference an existing Secret, never create one"
     volumes = one(docs, "Deployment", "kafka-eventing-receiver")["spec"]["template"]["spec"]["volumes"]

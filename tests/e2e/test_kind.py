@@ -331,7 +331,8 @@ def _connection_secret(cl: Kind, connection: dict[str, str]) -> None:
 
 def _kafka(cl: Kind) -> dict[str, str]:
     """Kafka in the cluster: PLAINTEXT on Service ``kafka`` (9092), SASL_SSL with SCRAM-SHA-512 on Service
-    ``my-cluster-kafka-bootstrap`` (9093); returns the connection Secret's data for the Strimzi preset."""
+    ``my-cluster-kafka-bootstrap`` (9093, and PLAINTEXT on its 9092 as Strimzi's plain listener); returns the
+    connection Secret's data for the Strimzi preset."""
     tls_host = f"my-cluster-kafka-bootstrap.{KAFKA_NS}.svc"
     ca = CertificateAuthority()
     server = ca.issue("kafka", (tls_host, f"{tls_host}.cluster.local"))
@@ -384,9 +385,11 @@ def _kafka(cl: Kind) -> dict[str, str]:
                                                              "items": [{"key": "server.pem", "path": "server.pem"}]}},
                                   {"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]}}}},
         *[{"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": KAFKA_NS},
-           "spec": {"selector": labels, "ports": [{"name": "kafka", "port": port}]}}
-          # kafka: the ci default; kafka-bootstrap: the chart's; my-cluster-kafka-bootstrap: the Strimzi preset's.
-          for name, port in (("kafka", 9092), ("kafka-bootstrap", 9092), ("my-cluster-kafka-bootstrap", 9093))],
+           "spec": {"selector": labels, "ports": [{"name": f"kafka-{port}", "port": port} for port in ports]}}
+          # kafka: the ci default; kafka-bootstrap: the chart's; my-cluster-kafka-bootstrap: the Strimzi preset's
+          # (9093) and Strimzi's plain listener (9092), which docs/examples' KafkaSource reads.
+          for name, ports in (("kafka", (9092,)), ("kafka-bootstrap", (9092,)),
+                              ("my-cluster-kafka-bootstrap", (9093, 9092)))],
     )
     cl.kubectl("rollout", "status", "deployment/kafka", "-n", KAFKA_NS, "--timeout=600s", timeout=660)
     return {"protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "user": SCRAM_USER, "password": password,
@@ -808,3 +811,106 @@ def test_spark_an_executor_pod_killed_mid_replay_loses_nothing_and_its_resends_a
 ) -> None:
     with phase("Spark: an executor pod killed mid-replay"):
         spark_pods.killed_executor_mid_replay(spark_tier)
+
+
+# ---------------------------------------------------------------------------------------------- getting started
+
+EXAMPLES = ROOT / "docs" / "examples"
+DEMO_NS = "demo"
+DISPLAY = "deployment/event-display"
+CONTROLLER_MADE = "app.kubernetes.io/managed-by=kafka-channel-controller"
+
+
+def _example(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+def _curl(cl: Kind, url: str, event_type: str) -> str:
+    """docs/getting-started.md's `send`: one event POSTed from a pod in the demo namespace; its id (after a 202)."""
+    event_id = f"gs-{uuid.uuid4().hex[:8]}"
+    out = cl.kubectl("run", f"send-{uuid.uuid4().hex[:6]}", "-n", DEMO_NS, "--rm", "-i", "--restart=Never",
+                     f"--image={cl.images['curl']}", "--image-pull-policy=Never", "--command", "--",
+                     "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\n", "-X", "POST", url,
+                     "-H", "ce-specversion: 1.0", "-H", f"ce-id: {event_id}", "-H", "ce-source: getting-started",
+                     "-H", f"ce-type: {event_type}", "-H", "content-type: application/json", "-d", '{"order": 1}',
+                     timeout=300)
+    assert "202" in out.stdout, out.stdout + out.stderr
+    return event_id
+
+
+def _displayed(cl: Kind, event_id: str) -> None:
+    wait(f"{event_id} at event-display", lambda: event_id in sink_ids(cl, DISPLAY, DEMO_NS), timeout=300, interval=2)
+
+
+def _demo_topics(cl: Kind) -> list[str]:
+    out = cl.kubectl("exec", "-n", DEMO_NS, DISPLAY, "--", "python", "-c", TOPICS, f"kafka.{KAFKA_NS}.svc:9092",
+                     timeout=120)
+    topics: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return topics
+
+
+def test_getting_started_manifests_and_uninstall(kind: Kind, kafka: dict[str, str]) -> None:
+    """docs/getting-started.md on kind: the install with the Strimzi preset and the crds.* it gives, then every
+    manifest of docs/examples/ as it is — but event-display's container (no registry here: the receiver image's
+    logging subscriber) and channel.yaml's Subscription (no Knative Eventing core here: channel-subscribers.yaml,
+    which the page gives for that case; channel.yaml is validated by tests/chart) — an event through each, and the
+    page's uninstall, after which nothing of the chart, the controller or the examples is left, CRDs included."""
+    _connection_secret(kind, kafka)
+    with phase("helm install as getting-started.md"):
+        kind.helm("install", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait",
+                  "--timeout=10m")
+        pods_ready(kind, SYSTEM_NS)
+        out = kind.helm("test", RELEASE, "-n", SYSTEM_NS, "--timeout=10m")
+        assert "Phase:          Succeeded" in out.stdout, out.stdout
+    try:
+        with phase("event-display"):
+            display = _example("event-display.yaml")
+            (deployment,) = [d for d in display if d["kind"] == "Deployment"]
+            deployment["spec"]["template"]["spec"]["containers"] = [
+                {**sink_container(kind.images["receiver"], "Never"), "name": "event-display"}]
+            kind.apply(*display)
+            kind.kubectl("rollout", "status", DISPLAY, "-n", DEMO_NS, "--timeout=300s", timeout=360)
+        with phase("KafkaChannel"):
+            kind.apply(*_example("channel-subscribers.yaml"))
+            kind.kubectl("wait", "--for=jsonpath={.status.subscribers[0].ready}=True", "kafkachannel/orders",
+                         "-n", DEMO_NS, "--timeout=300s", timeout=360)
+            _displayed(kind, _curl(kind, f"http://orders-kn-channel.{DEMO_NS}.svc.cluster.local/",
+                                   "com.example.order.created"))
+        with phase("Broker and Trigger"):
+            kind.apply(*_example("broker.yaml"))
+            kind.kubectl("wait", "--for=condition=Ready", "broker/default", "-n", DEMO_NS, "--timeout=300s",
+                         timeout=360)
+            kind.kubectl("wait", "--for=condition=ConsumerGroupReady", "trigger/orders-created", "-n", DEMO_NS,
+                         "--timeout=300s", timeout=360)
+            url = get(kind, "broker", "default", "-n", DEMO_NS)["status"]["address"]["url"]
+            shipped = _curl(kind, url, "com.example.order.shipped")
+            _displayed(kind, _curl(kind, url, "com.example.order.created"))
+            assert shipped not in sink_ids(kind, DISPLAY, DEMO_NS), "the Trigger's filter let another type through"
+        with phase("KafkaSink and KafkaSource"):
+            kind.apply(*_example("sink-and-source.yaml"))
+            kind.kubectl("wait", "--for=condition=Ready", "kafkasink/shipments", "kafkasource/shipments", "-n",
+                         DEMO_NS, "--timeout=300s", timeout=360)
+            url = get(kind, "kafkasink", "shipments", "-n", DEMO_NS)["status"]["address"]["url"]
+            _displayed(kind, _curl(kind, url, "com.example.shipment.sent"))
+        before = _demo_topics(kind)
+        assert {f"{DEMO_NS}.orders", kb.broker_topic(DEMO_NS, "default"), f"{DEMO_NS}.shipments"} <= set(before)
+
+        with phase("uninstall, as getting-started.md: resources, what the controller made, topics"):
+            for name in ("sink-and-source.yaml", "broker.yaml", "channel-subscribers.yaml"):
+                kind.kubectl("delete", "-f", str(EXAMPLES / name), "--timeout=300s", timeout=360)
+            left = get(kind, "deploy,svc,secret", "-A", "-l", CONTROLLER_MADE)["items"]
+            assert not left, [f"{i['kind']}/{i['metadata']['namespace']}/{i['metadata']['name']}" for i in left]
+            after = set(_demo_topics(kind))
+            assert not {f"{DEMO_NS}.orders", kb.broker_topic(DEMO_NS, "default")} & after, after
+            assert f"{DEMO_NS}.shipments" in after, "a KafkaSink's topic is never deleted"
+    finally:
+        kind.kubectl("delete", "namespace", DEMO_NS, "--ignore-not-found", "--timeout=300s", check=False, timeout=360)
+
+    with phase("uninstall, as getting-started.md: the release, its CRDs, the namespace"):
+        kind.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=5m")
+        instance = f"app.kubernetes.io/instance={RELEASE}"
+        assert get(kind, "crd", "-l", instance)["items"], "helm uninstall kept no CRD (crds.keep)"
+        kind.kubectl("delete", "crd", "-l", instance, "--timeout=300s", timeout=360)
+        kind.kubectl("delete", "namespace", SYSTEM_NS, "--timeout=300s", timeout=360)
+    assert not get(kind, "crd", "-l", instance)["items"]
+    assert _chart_objects(kind) == [], "the uninstall left objects of the chart"
