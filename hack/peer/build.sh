@@ -8,7 +8,7 @@
 # Maven Central through the ordinary `mvn` client; the generated protobuf classes are committed upstream
 # (data-plane/contract), so no protoc is needed.
 #
-#   KNATIVE_KAFKA_SRC  a bare git dir or a directory holding data-plane/ (default: the mirror below, if present)
+#   KNATIVE_KAFKA_SRC  a bare git dir or a directory holding data-plane/ (required)
 #   KNATIVE_KAFKA_REF  the ref to build when KNATIVE_KAFKA_SRC is a git dir (default knative-v1.20.3)
 #   KE_CACHE           output root (default .cache) -> $KE_CACHE/peer/{receiver.jar,dispatcher.jar,config/,BUILD_INFO}
 #   JAVA_HOME_PEER     a JDK >= 21 for the build (default /usr/lib/jvm/temurin-25-jdk-amd64; JAVA_HOME is left alone
@@ -23,9 +23,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-DEFAULT_SRC=/work/.mirror/knative-extensions+eventing-kafka-broker/repo
 SRC="${KNATIVE_KAFKA_SRC:-}"
-if [[ -z "$SRC" && -d "$DEFAULT_SRC" ]]; then SRC="$DEFAULT_SRC"; fi
 [[ -n "$SRC" && -d "$SRC" ]] || { echo "build.sh: set KNATIVE_KAFKA_SRC to a bare git dir or a checkout of eventing-kafka-broker" >&2; exit 2; }
 REF="${KNATIVE_KAFKA_REF:-knative-v1.20.3}"
 CACHE="${KE_CACHE:-.cache}"
