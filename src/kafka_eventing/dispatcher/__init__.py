@@ -5,6 +5,7 @@ to its Triggers (``fanout``, ``lane``), each with its own group's offsets; a Kaf
 over its topics (``sources``). It also carries out the ResetOffsets of its groups (``resets``). docs/dispatcher.md.
 """
 
-from kafka_eventing.dispatcher.app import Dispatcher, create_dispatcher
+from kafka_eventing.dispatcher.app import Dispatcher
+from kafka_eventing.dispatcher.factory import create_dispatcher
 
 __all__ = ["Dispatcher", "create_dispatcher"]

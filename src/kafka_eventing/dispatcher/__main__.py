@@ -36,7 +36,7 @@ from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.kube import api_client as kube_api_client
 from kafka_eventing.core.settings import Settings, SettingsError
 from kafka_eventing.core.tokens import TokenSource, kube_requester
-from kafka_eventing.dispatcher.app import create_dispatcher
+from kafka_eventing.dispatcher.factory import create_dispatcher
 from kafka_eventing.dispatcher.resets import KubeResetApi, Resets, serves_resetoffsets
 from kafka_eventing.dispatcher.status import (
     KubeStatusWriter,

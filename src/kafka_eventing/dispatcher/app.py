@@ -3,8 +3,8 @@
 
 A Broker's dispatcher (``fanout.BrokerDispatcher``) is the same with one shared read fanned out to its Triggers.
 
-``create_dispatcher`` builds it from injected parts (settings, Kafka connection, channel source, HTTP session,
-status writer); only ``__main__`` reads the environment.
+``factory.create_dispatcher`` builds it (or the Broker's) from injected parts (settings, Kafka connection, channel
+source, HTTP session, status writer); only ``__main__`` reads the environment.
 """
 
 from __future__ import annotations
@@ -456,24 +456,3 @@ class Dispatcher:
         sockets = getattr(server, "sockets", None) or []
         self.bound_port = int(sockets[0].getsockname()[1]) if sockets else self.port
         return runner
-
-
-def create_dispatcher(
-    settings: Settings,
-    connection: KafkaConnection,
-    channel_source: ChannelSource,
-    *,
-    http_session: aiohttp.ClientSession | None = None,
-    status_writer: StatusWriter | None = None,
-    **kwargs: Any,
-) -> Dispatcher:
-    """The dispatcher for ``settings.channel_namespace``/``settings.channel_name`` from injected parts; for a
-    Broker (``settings.broker_name``), the fan-out dispatcher of ``fanout.py``."""
-    if settings.broker_name:
-        # Imported here: a channel's dispatcher has no use for the Trigger filters (CESQL's grammar).
-        from kafka_eventing.dispatcher.fanout import BrokerDispatcher
-
-        return BrokerDispatcher(settings, connection, channel_source, http_session=http_session,
-                                status_writer=status_writer, **kwargs)
-    return Dispatcher(settings, connection, channel_source, http_session=http_session,
-                      status_writer=status_writer, **kwargs)
