@@ -22,6 +22,44 @@ from kafka_eventing.core.durations import DurationError, parse_duration
 RETRYABLE_STATUS = frozenset({404, 408, 409, 429})
 
 
+#: What makes a ``delivery`` count in upstream's merge (eventing-kafka-broker ``EgressConfigFromDelivery``): one of
+#: these set; a delivery with none of them (only a backoff, say) is as if absent.
+_EGRESS_FIELDS = ("deadLetterSink", "retry", "timeout")
+
+
+def trigger_delivery(trigger: Mapping[str, Any] | None, broker: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A Trigger's effective ``delivery``: upstream's Kafka Broker rule (``MergeEgressConfig`` of the Trigger's over
+    the Broker's, eventing-kafka-broker control-plane/pkg/core/config), field by field:
+
+    - either side counts only if it sets ``deadLetterSink``, ``retry`` or ``timeout``; if one does not, the other
+      is taken whole;
+    - ``deadLetterSink``, ``retry`` and ``timeout``: the Trigger's if set (a ``retry`` of 0 counts as unset), else
+      the Broker's;
+    - ``backoffPolicy`` and ``backoffDelay``: the Trigger's when it sets ``retry`` (their defaults if it does not
+      name them); otherwise the policy is the default (exponential) and the delay the Broker's when the Broker sets
+      ``retry``;
+    - ``retryAfterMax`` and ``format`` (outside upstream's merge): the Trigger's if set, else the Broker's.
+    """
+    t = trigger if trigger and any(trigger.get(k) is not None for k in _EGRESS_FIELDS) else None
+    b = broker if broker and any(broker.get(k) is not None for k in _EGRESS_FIELDS) else None
+    if t is None or b is None:
+        return t if b is None else b
+    merged: dict[str, Any] = {}
+    for key in ("deadLetterSink", "retry", "timeout"):
+        value = t.get(key) or b.get(key)
+        if value:
+            merged[key] = value
+    if t.get("retry") is not None:
+        merged.update({k: t[k] for k in ("backoffPolicy", "backoffDelay") if t.get(k) is not None})
+    elif b.get("retry") is not None and b.get("backoffDelay") is not None:
+        merged["backoffDelay"] = b["backoffDelay"]
+    for key in ("retryAfterMax", "format"):
+        value = t.get(key) if t.get(key) is not None else b.get(key)
+        if value is not None:
+            merged[key] = value
+    return merged
+
+
 #: Events per second delivered to one subscriber (each consumer group), as an annotation: on a KafkaChannel for
 #: every Subscription to it (Knative's Subscription controller writes ``spec.subscribers`` and has no field for
 #: it), on a Trigger, on a KafkaSource. A burst of one second's worth is allowed; unset or 0: unlimited.

@@ -4,9 +4,10 @@ consumer group's offsets, ordered or unordered, retries, dead letters, live upda
 
 What a Trigger adds is carried by its ``Subscriber``: uid = the Trigger's name (its consumer group is
 ``knative-trigger-<namespace>-<name>``), the compiled filter (``event_filter``, compiled once per filter change),
-replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery from the Trigger's ``spec.delivery`` else
-the Broker's, and its identity (``status.auth.serviceAccountName``, in its namespace): the tokens of its deliveries,
-replies and dead letters are that account's, never the dispatcher's. A Trigger's group joins only once the
+replies to the Broker's own address with a hop TTL (``hop_ttl``), delivery merged field by field from the Trigger's
+and the Broker's as upstream does (``core.delivery.trigger_delivery``), and its identity
+(``status.auth.serviceAccountName``, in its namespace): the tokens of its deliveries, replies and dead letters are
+that account's, never the dispatcher's. A Trigger's group joins only once the
 controller reports its Broker, subscriber (``status.subscriberUri``) and dependency ready (``dispatch_hold``) and
 its filter compiles; until then it is a ``held`` subscriber, which the dispatcher reports (ConsumerGroupReady=False)
 and does not consume for.
@@ -25,7 +26,7 @@ from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import gates_hold
-from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation
+from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation, trigger_delivery
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.core.tokens import identity_of
 
@@ -63,7 +64,7 @@ def trigger_subscriber(trigger: Mapping[str, Any], broker: Mapping[str, Any], fi
         compiled = filters.get((namespace, name), spec)
     except FilterError as exc:
         hold = hold or f"invalid filter: {exc}"  # the controller reports it too (SubscriptionReady=False)
-    delivery_spec = spec.get("delivery") or (broker.get("spec") or {}).get("delivery")
+    delivery_spec = trigger_delivery(spec.get("delivery"), (broker.get("spec") or {}).get("delivery"))
     try:
         # A dead-letter sink ref without a namespace is in the Trigger's (Knative's rule), never "default".
         delivery = DeliverySpec.from_dict(delivery_spec, status.get("deadLetterSinkUri"), namespace,

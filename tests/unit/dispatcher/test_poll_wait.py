@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.dispatcher.app import create_dispatcher
+from kafka_eventing.dispatcher.factory import create_dispatcher
 from kafka_eventing.dispatcher.status import MemoryStatusWriter
 
 from .test_app import Source

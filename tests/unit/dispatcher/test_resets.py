@@ -369,7 +369,7 @@ async def test_the_dispatcher_pauses_only_the_reset_group_and_rejoins_it_after()
     from prometheus_client import CollectorRegistry
 
     from kafka_eventing.core.kafka_config import connection_from_settings
-    from kafka_eventing.dispatcher.app import create_dispatcher
+    from kafka_eventing.dispatcher.factory import create_dispatcher
 
     source, settings, group = _two_subscriptions()
     obj = reset_obj()
@@ -403,7 +403,7 @@ async def test_a_reset_of_a_running_member_stops_it_and_starts_it_again() -> Non
     from prometheus_client import CollectorRegistry
 
     from kafka_eventing.core.kafka_config import connection_from_settings
-    from kafka_eventing.dispatcher.app import create_dispatcher
+    from kafka_eventing.dispatcher.factory import create_dispatcher
 
     source, settings, group = _two_subscriptions()
     obj = reset_obj(accepted=False)
