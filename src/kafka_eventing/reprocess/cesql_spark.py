@@ -12,8 +12,9 @@ errors as errors, and a function the spec does not define is an error on every e
 The event a row presents (``row_attributes`` is the same view for the Python engine):
 
 * ``id``, ``source``, ``type``, ``specversion``, ``subject``, ``datacontenttype``, ``dataschema``: their columns;
-* ``time``: the ``time`` column in RFC 3339, UTC, ``Z``, microseconds only when non-zero
-  (``2024-05-01T12:34:56.789000Z``) — a decoded row keeps the instant, not the sender's spelling;
+* ``time``: as the sender wrote it (the ``time_text`` column), as a Trigger reads it; only a row of an archive
+  written before ``time_text`` existed gives the instant, in RFC 3339, UTC, ``Z``, microseconds only when non-zero
+  (``2024-05-01T12:34:56.789000Z``);
 * every other name: ``extensions[name]``, a String (a structured-mode number or boolean is its canonical string);
 * ``data``: not accessible to CESQL (spec §1), as in a Trigger: reading it is a missing-attribute error.
 
@@ -105,7 +106,8 @@ def attribute_column(name: str) -> Column:
     """The String column of an attribute by its CESQL (lower-case) name; null when the event lacks it."""
     F = _F()
     if name == "time":
-        return time_text(F.col("time"))
+        text: Column = F.coalesce(F.col("time_text"), time_text(F.col("time")))
+        return text
     column: Column = F.col(name) if name in CORE_ATTRIBUTES else F.col("extensions").getItem(name)
     return column
 
@@ -117,7 +119,9 @@ def row_attributes(row: Mapping[str, Any]) -> dict[str, object]:
         val = row.get(name)
         if val is None:
             continue
-        if isinstance(val, datetime):
+        if name == "time" and row.get("time_text") is not None:
+            out[name] = str(row["time_text"])
+        elif isinstance(val, datetime):
             val = val.astimezone(UTC) if val.tzinfo else val.replace(tzinfo=UTC)
             text = val.isoformat()
             out[name] = text[:-6] + "Z" if text.endswith("+00:00") else text

@@ -63,6 +63,10 @@ def test_row_attributes_is_the_event_a_decoded_row_presents() -> None:
     assert compile_expression("seq + 1 = 11 AND NOT EXISTS subject AND time LIKE '%.789000Z'").matches(view)
     assert row_attributes({**row, "time": datetime(2024, 5, 1, 10, 34, 56, tzinfo=UTC)})["time"] == \
         "2024-05-01T10:34:56Z"
+    # A decoded row keeps the sender's spelling (``time_text``): that is what a Trigger compares.
+    sent = row_attributes({**row, "time_text": "2024-05-01T12:34:56.789+02:00"})
+    assert sent["time"] == "2024-05-01T12:34:56.789+02:00"
+    assert compile_expression("time = '2024-05-01T12:34:56.789+02:00'").matches(sent)
 
 
 def test_check_where_returns_the_tree() -> None:
