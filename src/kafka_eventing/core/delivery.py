@@ -38,26 +38,29 @@ def trigger_delivery(trigger: Mapping[str, Any] | None, broker: Mapping[str, Any
     - ``backoffPolicy`` and ``backoffDelay``: the Trigger's when it sets ``retry`` (their defaults if it does not
       name them); otherwise the policy is the default (exponential) and the delay the Broker's when the Broker sets
       ``retry``;
-    - ``retryAfterMax`` and ``format`` (outside upstream's merge): the Trigger's if set, else the Broker's.
+    - ``retryAfterMax`` and ``format`` (outside upstream's merge): the Trigger's if set, else the Broker's, whether
+      or not either side counts.
     """
     t = trigger if trigger and any(trigger.get(k) is not None for k in _EGRESS_FIELDS) else None
     b = broker if broker and any(broker.get(k) is not None for k in _EGRESS_FIELDS) else None
-    if t is None or b is None:
-        return t if b is None else b
     merged: dict[str, Any] = {}
-    for key in ("deadLetterSink", "retry", "timeout"):
-        value = t.get(key) or b.get(key)
-        if value:
-            merged[key] = value
-    if t.get("retry") is not None:
-        merged.update({k: t[k] for k in ("backoffPolicy", "backoffDelay") if t.get(k) is not None})
-    elif b.get("retry") is not None and b.get("backoffDelay") is not None:
-        merged["backoffDelay"] = b["backoffDelay"]
-    for key in ("retryAfterMax", "format"):
-        value = t.get(key) if t.get(key) is not None else b.get(key)
+    if t is None or b is None:
+        merged.update((t if b is None else b) or {})
+    else:
+        for key in ("deadLetterSink", "retry", "timeout"):
+            value = t.get(key) or b.get(key)
+            if value:
+                merged[key] = value
+        if t.get("retry") is not None:
+            merged.update({k: t[k] for k in ("backoffPolicy", "backoffDelay") if t.get(k) is not None})
+        elif b.get("retry") is not None and b.get("backoffDelay") is not None:
+            merged["backoffDelay"] = b["backoffDelay"]
+    for key in ("retryAfterMax", "format"):  # each side's whether or not it counts
+        value = next((d[key] for d in (trigger, broker) if d and d.get(key) is not None), None)
+        merged.pop(key, None)
         if value is not None:
             merged[key] = value
-    return merged
+    return merged or None
 
 
 #: Events per second delivered to one subscriber (each consumer group), as an annotation: on a KafkaChannel for

@@ -65,7 +65,10 @@ DLS_B = {"uri": "http://broker-dls"}
     # Outside upstream's merge: the Trigger's if set, else the Broker's.
     ({"timeout": "PT1S", "format": "json"}, {"retry": 1, "retryAfterMax": "PT30S", "format": "binary"},
      {"timeout": "PT1S", "retry": 1, "format": "json", "retryAfterMax": "PT30S"}),
+    ({"format": "json"}, None, {"format": "json"}),
+    ({"format": "json"}, {"retry": 2, "format": "binary"}, {"retry": 2, "format": "json"}),
+    (None, None, None),
 ])
 def test_a_triggers_delivery_is_merged_over_its_brokers_as_upstream(
-        trigger: dict[str, Any] | None, broker: dict[str, Any] | None, merged: dict[str, Any]) -> None:
+        trigger: dict[str, Any] | None, broker: dict[str, Any] | None, merged: dict[str, Any] | None) -> None:
     assert trigger_delivery(trigger, broker) == merged
