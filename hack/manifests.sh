@@ -12,21 +12,14 @@ CRDS=$ROOT/src/kafka_eventing/controller/crds
 
 [[ -x $KUSTOMIZE ]] || { echo "kustomize not found at $KUSTOMIZE (run: make setup)" >&2; exit 1; }
 
-# The Kustomize base and the chart carry copies of the CRDs (neither tool may read outside its tree), written by
-# `make generate`; a stale copy would ship an old schema, so refuse to render one.
+# The Kustomize tree and the chart carry copies of the CRDs (neither tool may read outside its tree), written by
+# `make generate` (hack/generate.py decides which Kustomize base or component holds each); a stale or missing copy
+# would ship an old schema, so refuse to render one.
 for crd in "$CRDS"/*.yaml; do
-  base=$ROOT/kustomize/base/crds
-  # Types defined elsewhere (Broker, Trigger; KafkaSink; KafkaSource) are opt-in components, not part of the base
-  # (hack/generate.py's OPTIONAL_CRDS).
-  grep -q '^  group: eventing.knative.dev$' "$crd" && base=$ROOT/kustomize/components/broker-crds
-  # The KafkaSink (upstream eventing-kafka-broker's type) is an opt-in component of its own.
-  [[ ${crd##*/} == kafkasinks.yaml ]] && base=$ROOT/kustomize/components/sink-crds
-  grep -q '^  group: sources.knative.dev$' "$crd" && base=$ROOT/kustomize/components/source-crds
-  # The ResetOffset CRD is an opt-in component too.
-  [[ ${crd##*/} == resetoffsets.yaml ]] && base=$ROOT/kustomize/components/resetoffset-crd
-  # And the EventPolicy CRD (Knative Eventing's type).
-  [[ ${crd##*/} == eventpolicies.yaml ]] && base=$ROOT/kustomize/components/eventpolicy-crd
-  for copy in "$base/${crd##*/}" "$ROOT/charts/kafka-eventing/files/crds/${crd##*/}"; do
+  name=${crd##*/}
+  mapfile -t copies < <(find "$ROOT/kustomize" -name "$name" -type f)
+  [[ ${#copies[@]} -eq 1 ]] || { echo "expected one Kustomize copy of $name, found ${#copies[@]} (run: make generate)" >&2; exit 1; }
+  for copy in "${copies[0]}" "$ROOT/charts/kafka-eventing/files/crds/$name"; do
     if ! cmp -s "$crd" "$copy"; then
       echo "stale CRD copy: $copy differs from $crd (run: make generate)" >&2
       exit 1
