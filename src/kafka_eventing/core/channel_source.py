@@ -50,8 +50,10 @@ class ChannelSource(Protocol):
     def subscribe(self, callback: Callable[[dict[ChannelKey, Channel]], None]) -> None: ...
 
 
-class _Cache:
-    """Snapshot holder shared by both sources: copy-on-write dict, sync flag, change callbacks."""
+class SnapshotCache:
+    """What every ``ChannelSource`` holds, whatever it reads (files or the API; channels, Brokers, sinks, policies
+    here; a Broker's Triggers and KafkaSources in the dispatcher's ``triggers.py`` and ``sources.py``): a
+    copy-on-write snapshot, a sync flag, change callbacks."""
 
     def __init__(self) -> None:
         self._channels: Snapshot = {}
@@ -105,7 +107,7 @@ class _Cache:
         self._thread = None
 
 
-class FileChannelSource(_Cache):
+class FileChannelSource(SnapshotCache):
     """KafkaChannels from a YAML file, reloaded when its mtime or size changes.
 
     A file that cannot be read or parsed keeps the last good set (and logs why); until a first good read the
@@ -189,7 +191,7 @@ class FileSinkSource(FileChannelSource):
         return out
 
 
-class KubeChannelSource(_Cache):
+class KubeChannelSource(SnapshotCache):
     """KafkaChannels from the API server, through the shared ``Informer`` (``core/informer.py``).
 
     The informer lists, watches from the list's resourceVersion, lists again on 410 Gone, and reconnects with

@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from kafka_eventing.core import kafkasources as ks
-from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
+from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, SnapshotCache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import gates_hold
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError
@@ -84,7 +84,7 @@ def source_channel(obj: Mapping[str, Any], *, standalone: bool = False) -> Chann
                    generation=generation, uid=uid, subscribers=subscribers)
 
 
-class KubeSourceSource(_Cache):
+class KubeSourceSource(SnapshotCache):
     """One KafkaSource (by name), watched; a snapshot of at most one entry."""
 
     def __init__(self, api_client: Any, namespace: str, name: str, *, watch_timeout_seconds: int = 240) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kafka_eventing.broker.filters import FilterError, RecordFilter, TriggerFilters
 from kafka_eventing.core import brokers as kb
-from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, _Cache, documents
+from kafka_eventing.core.channel_source import FileChannelSource, Snapshot, SnapshotCache, documents
 from kafka_eventing.core.channels import Channel, Subscriber
 from kafka_eventing.core.conditions import gates_hold
 from kafka_eventing.core.delivery import DeliverySpec, DeliverySpecError, rate_limit_annotation, trigger_delivery
@@ -115,7 +115,7 @@ def broker_channel(broker: Mapping[str, Any], triggers: list[Mapping[str, Any]],
                    ordered=False, generation=base.generation, uid=base.uid, subscribers=tuple(subscribers))
 
 
-class KubeTriggerSource(_Cache):
+class KubeTriggerSource(SnapshotCache):
     """One Broker (by name) and the Triggers of its namespace, watched; a snapshot of at most one entry."""
 
     def __init__(self, api_client: Any, namespace: str, name: str, *, reply_uri: str | None = None,
