@@ -43,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+    except ModuleNotFoundError as exc:
+        if exc.name != "kafka_eventing.localstack":
+            raise
+        print(f"{command}: the dev harness (kafka_eventing.localstack) is not installed here (the role images leave "
+              "it out): run it from a checkout (make run)", file=sys.stderr)
+        return 2
     result = module.main(rest)
     return int(result or 0)

@@ -35,3 +35,16 @@ def test_each_roles_help_names_its_resources_and_variables(role: str, words: tup
     text = help_of(role)
     missing = [w for w in words if w not in text]
     assert not missing, text
+
+
+def test_a_harness_command_without_the_harness_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """In a role image the dev harness is left out: `run` and `local` say so instead of a traceback."""
+    import kafka_eventing.cli as cli
+
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name="kafka_eventing.localstack")
+
+    monkeypatch.setattr(cli.importlib, "import_module", missing)
+    assert cli.main(["local"]) == 2
+    assert "dev harness (kafka_eventing.localstack) is not installed here" in capsys.readouterr().err
