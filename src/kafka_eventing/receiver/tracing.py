@@ -16,8 +16,8 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from kafka_eventing.core import tracing as t
 from kafka_eventing.core.binding import TRACE_HEADERS, KafkaRecord
 from kafka_eventing.core.channels import Channel
-from kafka_eventing.receiver.app import ChannelResource, Request
 from kafka_eventing.receiver.ingress import Answer, Ingress
+from kafka_eventing.receiver.resource import ChannelResource, Request
 from kafka_eventing.receiver.sender import Result
 
 #: The request's produce span, from ``decode`` (records built) to ``finish`` (delivery reports in). Each ASGI
