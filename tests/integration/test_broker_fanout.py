@@ -20,10 +20,11 @@ from prometheus_client import CollectorRegistry
 from test_dispatcher import KAFKA_EXTRA, InProcess, Subscriber, committed, http, produce  # noqa: F401
 
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.brokers import reader_group
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher import create_dispatcher
-from kafka_eventing.dispatcher.fanout import BrokerDispatcher, reader_group
+from kafka_eventing.dispatcher.broker_dispatcher import BrokerDispatcher
 from kafka_eventing.dispatcher.triggers import FileTriggerSource
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for

@@ -1,7 +1,8 @@
 """The dispatcher of one KafkaChannel, Broker or KafkaSource: reconciles one consumer group per subscriber
 (a Trigger, or one topic of a KafkaSource, all of its topics in the source's one group), live, and serves probes.
 
-A Broker's dispatcher (``fanout.BrokerDispatcher``) is the same with one shared read fanned out to its Triggers.
+A Broker's dispatcher (``broker_dispatcher.BrokerDispatcher``) is the same with one shared read fanned out to its
+Triggers.
 
 ``factory.create_dispatcher`` builds it (or the Broker's) from injected parts (settings, Kafka connection, channel
 source, HTTP session, status writer); only ``__main__`` reads the environment.

@@ -1,5 +1,5 @@
-"""Which dispatcher a process runs: a Broker's fan-out (``fanout.BrokerDispatcher``) or the per-subscriber one of a
-KafkaChannel or KafkaSource (``app.Dispatcher``), built from injected parts."""
+"""Which dispatcher a process runs: a Broker's fan-out (``broker_dispatcher.BrokerDispatcher``) or the
+per-subscriber one of a KafkaChannel or KafkaSource (``app.Dispatcher``), built from injected parts."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ def create_dispatcher(
     **kwargs: Any,
 ) -> Dispatcher:
     """The dispatcher for ``settings.channel_namespace``/``settings.channel_name`` from injected parts; for a
-    Broker (``settings.broker_name``), the fan-out dispatcher of ``fanout.py``."""
+    Broker (``settings.broker_name``), the fan-out dispatcher of ``broker_dispatcher.py``."""
     if settings.broker_name:
         # Imported here: a channel's dispatcher has no use for the Trigger filters (CESQL's grammar).
-        from kafka_eventing.dispatcher.fanout import BrokerDispatcher
+        from kafka_eventing.dispatcher.broker_dispatcher import BrokerDispatcher
 
         return BrokerDispatcher(settings, connection, channel_source, http_session=http_session,
                                 status_writer=status_writer, **kwargs)

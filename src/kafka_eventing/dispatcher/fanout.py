@@ -37,18 +37,15 @@ from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kafka_eventing.core import brokers as kb
-from kafka_eventing.core.brokers import reader_group
-from kafka_eventing.core.channels import Channel, Subscriber
-from kafka_eventing.dispatcher.app import Dispatcher, consumer_settings
+from kafka_eventing.core.channels import Channel
+from kafka_eventing.dispatcher.catchup import CatchUp
 from kafka_eventing.dispatcher.flow import CONSUME_BATCH, WakeableSleep
-from kafka_eventing.dispatcher.group_offsets import AdminGroupOffsets, GroupOffsets
+from kafka_eventing.dispatcher.group_offsets import GroupOffsets
 from kafka_eventing.dispatcher.lane import Record, TriggerLane
 from kafka_eventing.dispatcher.loop import LoopBound
 from kafka_eventing.dispatcher.metrics import Metrics
 from kafka_eventing.dispatcher.status import (
     JOINING,
-    REASON_FAILED,
     REASON_JOINED,
     REASON_JOINING,
     REASON_TOPIC,
@@ -56,6 +53,7 @@ from kafka_eventing.dispatcher.status import (
     consumer_problem,
 )
 from kafka_eventing.dispatcher.subscription import MAX_IDLE_POLL, ConsumerFactory
+from kafka_eventing.dispatcher.trigger_commits import COMMIT_TIMEOUT, TriggerCommits, TriggerLag
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +61,6 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW = 5.0
 #: At assignment, Triggers this many records or fewer behind the most advanced one start in the shared read.
 REJOIN_SLACK = 1000
-#: How often the moved marks are committed (the channel dispatcher's auto.commit.interval.ms).
-COMMIT_INTERVAL = 1.0
-LAG_INTERVAL = 5.0
-COMMIT_TIMEOUT = 10.0
 
 T = TypeVar("T")
 
@@ -114,15 +108,13 @@ class SharedReader(LoopBound):
         self._retiring: set[asyncio.Task[None]] = set()
         #: Removed lanes still draining: a revoke meanwhile commits their marks too, before the partition moves.
         self._draining: set[TriggerLane] = set()
-        self._commits: dict[str, tuple[concurrent.futures.Future[Any], TriggerLane, list[int]]] = {}
+        self.commits = TriggerCommits(offsets, clock)
+        self.lag = TriggerLag(self.topic, metrics, clock)
         self._consumer: Any = None
         self._poller: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopping = False
         self.stop_requested = False
         self._alarm = WakeableSleep()
-        self._next_commit = 0.0
-        self._next_lag = 0.0
-        self._lag_seen: set[tuple[str, str, str]] = set()
 
     # -- lanes (on the loop) ----------------------------------------------------------------------
     def add(self, lane: TriggerLane) -> None:
@@ -509,46 +501,19 @@ class SharedReader(LoopBound):
             if done:
                 points[lane.group_id] = done
             for number in numbers:
-                key = (lane.group_id, str(number), self.topic)
-                if key in self._lag_seen:
-                    self._lag_seen.discard(key)
-                    self.metrics.lag.remove(*key)
+                self.lag.forget(lane.group_id, number)
         return points
 
-    # -- commits ----------------------------------------------------------------------------------
+    # -- commits and lag (trigger_commits.py) -----------------------------------------------------
     def _commit_moved(self) -> None:
-        """Every ``COMMIT_INTERVAL``: each lane's moved marks to its group, at most one commit in flight per
-        group (two could land out of order and move the offset back)."""
-        now = self.clock()
-        if now < self._next_commit:
-            return
-        self._next_commit = now + COMMIT_INTERVAL
-        for group, (future, lane, numbers) in list(self._commits.items()):
-            if not future.done():
-                continue
-            del self._commits[group]
-            if future.exception() is not None:
-                log.warning("commit failed, retrying", extra={"group": group, "error": str(future.exception())})
-                lane.moved.update(n for n in numbers if n in lane.parts)
-        for lane in self.lanes.values():
-            if lane.group_id in self._commits or not lane.moved:
-                continue
-            offsets = lane.take_moved()
-            if offsets:
-                self._commits[lane.group_id] = (self.offsets.commit(lane.group_id, offsets), lane,
-                                                [tp.partition for tp in offsets])
+        self.commits.commit_moved(self.lanes.values())
 
     def _commit_now(self, group: str, offsets: list[TopicPartition]) -> None:
-        """Synchronously, after any commit of the group still in flight (off the loop)."""
-        pending = self._commits.get(group)
-        if pending is not None:
-            concurrent.futures.wait([pending[0]], timeout=COMMIT_TIMEOUT)
-        if not offsets:
-            return
-        try:
-            self.offsets.commit(group, offsets).result(COMMIT_TIMEOUT)
-        except (KafkaException, concurrent.futures.TimeoutError) as exc:
-            log.warning("commit failed", extra={"group": group, "error": str(exc)})
+        self.commits.commit_now(group, offsets)
+
+    def _report_lag(self) -> None:
+        if self._consumer is not None:
+            self.lag.report(self._consumer, self.next, self.lanes.values())
 
     async def _drain(self) -> None:
         """Shutdown: every lane drains (bounded) and commits what is done."""
@@ -559,27 +524,6 @@ class SharedReader(LoopBound):
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, self._commit_now, lane.group_id, points)
                                for lane, points in zip(lanes, results, strict=True)))
-
-    def _report_lag(self) -> None:
-        now = self.clock()
-        if now < self._next_lag or self._consumer is None:
-            return
-        self._next_lag = now + LAG_INTERVAL
-        highs: dict[int, int] = {}
-        for number in self.next:
-            try:
-                highs[number] = self._consumer.get_watermark_offsets(TopicPartition(self.topic, number),
-                                                                     cached=True)[1]
-            except KafkaException:
-                continue
-        for lane in self.lanes.values():
-            for part in lane.parts.values():
-                high, position = highs.get(part.number, -1), part.tracker.commit_position
-                if high < 0 or position is None:
-                    continue
-                key = (lane.group_id, str(part.number), self.topic)
-                self._lag_seen.add(key)
-                self.metrics.lag.labels(*key).set(max(0, high - position))
 
     # -- errors -----------------------------------------------------------------------------------
     def _on_error(self, err: KafkaError) -> None:
@@ -599,219 +543,3 @@ class SharedReader(LoopBound):
         if not self.joined or reason == REASON_TOPIC:
             for lane in self.lanes.values():
                 self.board.set(lane.subscriber.uid, lane.subscriber.generation, False, message, reason)
-
-
-class CatchUp:
-    """A lane's own reader while it is behind: a consumer *assigned* the lane's behind partitions at the lane's
-    positions (no group membership, nothing committed by it: the shared reader commits the lane's marks), fed
-    into the same lane within the lane's own budget, until each partition rejoins the shared read."""
-
-    def __init__(self, lane: TriggerLane, reader: SharedReader, config: dict[str, Any],
-                 factory: ConsumerFactory) -> None:
-        self.lane = lane
-        self.reader = reader
-        self.config = {**config, "enable.auto.commit": False, "auto.offset.reset": "earliest"}
-        self.factory = factory
-        self.done = asyncio.Event()
-        self._stopping = False
-        self._alarm = WakeableSleep()
-        self._assigned: set[int] = set()
-
-    def stop(self) -> None:
-        self._stopping = True
-        self.wake()
-
-    def wake(self) -> None:
-        self._alarm.wake()
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        lane, topic = self.lane, self.lane.topic
-        poller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"catchup-{lane.subscriber.uid}"[:40])
-        consumer = self.factory(self.config)
-        try:
-            while not self._stopping:
-                for number in sorted(lane.behind):
-                    if self.reader.rejoin(lane, number):
-                        lane.parts[number].paused = False
-                want = {n for n in lane.behind if n in lane.parts}
-                add = [TopicPartition(topic, n, lane.position(n)) for n in want - self._assigned]
-                drop = [TopicPartition(topic, n) for n in self._assigned - want]
-                if add or drop:
-                    await loop.run_in_executor(poller, self._reassign, consumer, add, drop)
-                    self._assigned = want
-                if not want:
-                    return
-                parts = lane.behind_parts()
-                room, full = lane.room(parts)
-                queued = lane.flow.queued(parts)
-                pause = [p for p in parts if lane.wants_paused(p, queued)]
-                if full or len(pause) == len(parts):
-                    await self._sleep(MAX_IDLE_POLL)
-                    continue
-                await loop.run_in_executor(poller, self._pause, consumer, pause, parts)
-                messages = await loop.run_in_executor(poller, consumer.consume, room, MAX_IDLE_POLL)
-                for message in messages:
-                    if message.error() is not None:
-                        continue
-                    number = cast(int, message.partition())
-                    if number in lane.behind:
-                        lane.offer(Record(message))
-                lane.count_consumed()
-                lane.pump()
-        finally:
-            try:
-                await asyncio.shield(loop.run_in_executor(poller, consumer.close))
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("catch-up consumer close failed", extra={"subscriber": lane.subscriber.uid,
-                                                                      "error": str(exc)})
-            poller.shutdown(wait=False)
-            self.done.set()
-
-    @staticmethod
-    def _reassign(consumer: Any, add: list[TopicPartition], drop: list[TopicPartition]) -> None:
-        if drop:
-            consumer.incremental_unassign(drop)
-        if add:
-            consumer.incremental_assign(add)
-
-    @staticmethod
-    def _pause(consumer: Any, pause: list[Any], parts: list[Any]) -> None:
-        paused = {p.number for p in pause}
-        if paused:
-            consumer.pause([p.tp for p in pause])
-        resume = [p.tp for p in parts if p.number not in paused]
-        if resume:
-            consumer.resume(resume)
-
-    async def _sleep(self, seconds: float) -> None:
-        await self._alarm.sleep(seconds)
-
-
-class BrokerDispatcher(Dispatcher):
-    """The dispatcher of one Broker: one ``SharedReader`` fanning out to a lane per Trigger ready for dispatch."""
-
-    def __init__(self, *args: Any, group_offsets: GroupOffsets | None = None, window: float = DEFAULT_WINDOW,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._group_offsets = group_offsets
-        self.window = window
-        self._reader: SharedReader | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._old_readers: set[asyncio.Task[None]] = set()
-
-    async def pause_group(self, group: str) -> None:
-        """A Trigger's group is being reset (``Resets.holds``): its lane leaves the shared read, drains and commits
-        its marks (the group keeps no members, so the reset's commit is accepted) before the reset commits."""
-        self._reconcile()
-        if self._reader is not None:
-            await self._reader.retired()
-        if self._old_readers:
-            await asyncio.gather(*list(self._old_readers), return_exceptions=True)
-
-    def _apply(self, channel: Channel | None, wanted: dict[str, Subscriber]) -> None:
-        reader = self._reader
-        if reader is not None and (channel is None or reader.topic != channel.topic):
-            self._stop_reader()
-            reader = None
-        if channel is None:
-            return
-        known = {s.uid for s in channel.subscribers}
-        if reader is None:
-            if not wanted:
-                return
-            reader = self._start_reader(channel)
-        for uid in list(reader.lanes):
-            if uid not in wanted:
-                reader.remove(uid, delete_group=uid not in known)
-        if not wanted:
-            self._stop_reader()  # nothing to read for (the Broker not ready, every Trigger held or gone)
-            return
-        for uid, sub in wanted.items():
-            lane = reader.lanes.get(uid)
-            if lane is None:
-                reader.add(self._lane(channel, sub))
-            elif lane.subscriber != sub:
-                log.info("trigger changed, applying", extra={"subscriber": uid})
-                lane.update(sub)
-
-    def _lane(self, channel: Channel, sub: Subscriber) -> TriggerLane:
-        assert self._deliverer is not None
-        return TriggerLane(channel.topic, channel.namespace, channel.name, sub,
-                           group_id=kb.trigger_group(channel.namespace, sub.uid), deliverer=self._deliverer,
-                           metrics=self.metrics, max_in_flight=self.settings.max_in_flight,
-                           queue_bytes=max(128, self.settings.queued_max_messages_kbytes) * 1024 // 4,
-                           max_outstanding=self.max_outstanding)
-
-    def _start_reader(self, channel: Channel) -> SharedReader:
-        group = reader_group(channel.namespace, channel.name)
-        config = consumer_settings(self.settings, self.connection, group, self.initial_offset,
-                                   channel.num_partitions)
-
-        def catchup_config(trigger_group: str) -> dict[str, Any]:
-            return consumer_settings(self.settings, self.connection, trigger_group, "earliest",
-                                     channel.num_partitions)
-
-        if self._group_offsets is None:
-            self._group_offsets = AdminGroupOffsets(self.connection.admin_config())
-        kwargs: dict[str, Any] = {} if self._factory is None else {"consumer_factory": self._factory}
-        reader = self._reader = SharedReader(channel, group_id=group, consumer_config=config,
-                                             catchup_config=catchup_config, offsets=self._group_offsets,
-                                             board=self.board, metrics=self.metrics, window=self.window,
-                                             shutdown_grace=self.shutdown_grace, **kwargs)
-        previous = set(self._old_readers)
-        self._reader_task = asyncio.get_running_loop().create_task(self._supervise_reader(reader, previous),
-                                                                   name=f"broker-{channel.name}")
-        log.info("broker reader started", extra={"group": group, "topic": channel.topic})
-        return reader
-
-    async def _supervise_reader(self, reader: SharedReader, previous: set[asyncio.Task[None]]) -> None:
-        if previous:
-            await asyncio.gather(*previous, return_exceptions=True)
-        failures = 0
-        while True:
-            try:
-                await reader.run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if reader.stop_requested:
-                    return
-                failures += 1
-                log.exception("broker reader failed, restarting")
-                for lane in reader.lanes.values():
-                    sub = lane.subscriber
-                    self.board.set(sub.uid, sub.generation, False, f"consumer failed: {type(exc).__name__}: {exc}",
-                                   REASON_FAILED)
-                    lane.release(list(lane.parts))
-                    reader._unplaced.add(sub.uid)
-                reader.next.clear()
-                reader.paused.clear()
-                reader._stopping = False
-                await asyncio.sleep(min(30.0, 0.5 * 2**failures))
-
-    def _stop_reader(self) -> None:
-        reader, task = self._reader, self._reader_task
-        self._reader = self._reader_task = None
-        if reader is None or task is None:
-            return
-        reader.stop()
-        self._old_readers.add(task)
-        task.add_done_callback(self._old_readers.discard)
-
-    async def _stop_all(self) -> None:
-        self._stop_reader()
-        if self._old_readers:
-            await asyncio.gather(*self._old_readers, return_exceptions=True)
-
-    def _waiting(self) -> list[str]:
-        reader = self._reader
-        if reader is None:
-            return []
-        if not reader.joined:
-            return sorted(reader.lanes)
-        return sorted(uid for uid in reader.lanes if uid in reader._unplaced)
-
-    def _stats(self) -> dict[str, Any]:
-        return {} if self._reader is None else self._reader.stats()

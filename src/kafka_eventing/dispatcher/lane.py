@@ -9,7 +9,7 @@ deliveries through the shared ``Deliverer`` (retries, dead letters, replies): th
 offset trackers and rate limit, so its progress is its own; only its intake is shared.
 
 A partition of a lane is either *attached* (fed by the shared reader) or *behind* (fed by the lane's own catch-up
-consumer, from the lane's own position): see ``fanout.py`` for when a lane falls behind and rejoins.
+consumer, from the lane's own position): see ``fanout.py`` and ``catchup.py`` for when a lane falls behind and rejoins.
 """
 
 from __future__ import annotations

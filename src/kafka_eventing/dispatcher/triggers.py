@@ -1,6 +1,6 @@
 """A Broker and its Triggers as the dispatcher's ``ChannelSource``: the Broker is the "channel" (its topic), each
-Trigger a subscriber — served by ``fanout.BrokerDispatcher``: one shared read, each Trigger a lane with its own
-consumer group's offsets, ordered or unordered, retries, dead letters, live updates.
+Trigger a subscriber — served by ``broker_dispatcher.BrokerDispatcher``: one shared read, each Trigger a lane with
+its own consumer group's offsets, ordered or unordered, retries, dead letters, live updates.
 
 What a Trigger adds is carried by its ``Subscriber``: uid = the Trigger's name (its consumer group is
 ``knative-trigger-<namespace>-<name>``), the compiled filter (``event_filter``, compiled once per filter change),

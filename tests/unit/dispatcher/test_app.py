@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from kafka_eventing.broker.filters import TriggerFilters
 from kafka_eventing.core import brokers as kb
+from kafka_eventing.core.brokers import reader_group
 from kafka_eventing.core.channels import Channel, ChannelKey
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.factory import create_dispatcher
-from kafka_eventing.dispatcher.fanout import reader_group
 from kafka_eventing.dispatcher.status import (
     JOINING,
     REASON_JOINING,
