@@ -43,6 +43,14 @@ from kafka_eventing.controller.connection import (
     ResolvedConnection,
     connection_annotations,
 )
+from kafka_eventing.controller.dependencies import (
+    Ref,
+    annotated_ref,
+    dead_letter_sink_waits,
+    ref_of,
+    waiting_for,
+    watch_dependencies,
+)
 from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_address
 from kafka_eventing.controller.host import (
     RESYNC,
@@ -50,6 +58,7 @@ from kafka_eventing.controller.host import (
     Host,
     Kind,
     enqueue_object,
+    namespace_of,
     on_policies,
     on_status_secret,
     readiness,
@@ -656,6 +665,17 @@ def setup(host: Host) -> None:
     host.on(BROKER, on_broker)
     host.on(TRIGGER, enqueue_object(host, TRIGGER))
     host.on(SECRET, on_secret)
+
+    def trigger_waits(trigger: Mapping[str, Any]) -> set[Ref]:
+        namespace, spec = namespace_of(trigger), trigger.get("spec") or {}
+        dependency = ((trigger.get("metadata") or {}).get("annotations") or {}).get(kb.ANNOTATION_DEPENDENCY)
+        return (waiting_for(trigger, SUBSCRIBER_RESOLVED, ref_of(spec.get("subscriber"), namespace))
+                | waiting_for(trigger, DEPENDENCY_READY, annotated_ref(dependency, namespace))
+                | dead_letter_sink_waits(trigger))
+
+    # The subscribers, dead-letter sinks and dependencies a Trigger (or a Broker's sink) waits for, watched by name.
+    watch_dependencies(host, BROKER, dead_letter_sink_waits)
+    watch_dependencies(host, TRIGGER, trigger_waits)
     on_status_secret(host, BROKER, brokers)
     on_policies(host, BROKER, brokers)
 

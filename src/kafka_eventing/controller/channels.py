@@ -23,6 +23,7 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import HTTP_NOT_FOUND, api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
 from kafka_eventing.controller.connection import ResolvedConnection
+from kafka_eventing.controller.dependencies import dead_letter_sink_waits, watch_dependencies
 from kafka_eventing.controller.host import Host, Kind, enqueue_object, on_policies, readiness
 from kafka_eventing.controller.identities import IdentityError
 from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result, dead_letter_status
@@ -327,6 +328,7 @@ def setup(host: Host) -> None:
     host.reconciles(KIND, reconciler.reconcile)
     host.on(KIND, enqueue_object(host, KIND))
     host.owns(res.ANNOTATION_CHANNEL, KIND)
+    watch_dependencies(host, KIND, dead_letter_sink_waits)  # a dead-letter sink that does not exist yet
     on_policies(host, KIND, channels)
     host.registry.register(ChannelReadiness(channels))
 

@@ -43,8 +43,15 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
+from kafka_eventing.controller.dependencies import (
+    Ref,
+    dead_letter_sink_waits,
+    ref_of,
+    waiting_for,
+    watch_dependencies,
+)
 from kafka_eventing.controller.destinations import Unresolved, resolve_address
-from kafka_eventing.controller.host import SECRET, Host, Kind, enqueue_object
+from kafka_eventing.controller.host import SECRET, Host, Kind, enqueue_object, namespace_of
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
 from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result, SecretProblem
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
@@ -463,6 +470,14 @@ def setup(host: Host) -> None:
     host.on(ks.KIND, enqueue)
     host.on(SECRET, on_secret)
     host.owns(ANNOTATION_SOURCE, ks.KIND)
+
+    def source_waits(source: Mapping[str, Any]) -> set[Ref]:
+        sink = (source.get("spec") or {}).get("sink")
+        return (waiting_for(source, ks.SINK_PROVIDED, ref_of(sink, namespace_of(source)))
+                | dead_letter_sink_waits(source))
+
+    # The sink and dead-letter sink a source waits for, watched by name while it does.
+    watch_dependencies(host, ks.KIND, source_waits)
 
 
 KIND_SOURCE = Kind(ks.KIND, "sources", ks.GROUP, ks.VERSION, frozenset({ks.PLURAL}), setup)
