@@ -112,8 +112,14 @@ class Dependencies:
             changed = {ref[:2] for ref in before ^ refs}
             wanted = {gvk: {(ns, name) for waits in self._waits.values() for (av, k, ns, name) in waits
                             if (av, k) == gvk} for gvk in changed}
+        # Already watched for another object and already there: its event may have come before this object waited
+        # for it (created between this object's read and its status write), so look again now. A watch started
+        # here enqueues it from its first listing instead.
+        there = any(self._named(ref[:2]).get(*ref[2:]) is not None for ref in refs - before)
         for gvk, keys in wanted.items():
             self._named(gvk).want(keys)
+        if there:
+            self.host.enqueue(self.kind, *key)
 
     # -- events of the watched objects ---------------------------------------------------------------------
     def _on_dependency(self, gvk: Gvk) -> Callable[[str, Mapping[str, Any]], None]:
