@@ -310,7 +310,7 @@ def test_initial_offset_earliest_is_committed_at_the_start(sources: Sources) -> 
 
 def test_a_source_is_ready_within_seconds_of_its_topic_or_sink_appearing(slow_sources: Sources) -> None:
     """A KafkaSource whose topic is created after it is Ready within 5 s of the topic's creation (a missing topic is
-    looked for again after 1, 2, then every 4 s); one whose sink Service is created after it, within 5 s of the
+    looked for again after 1, 2, then every 3 s); one whose sink Service is created after it, within 5 s of the
     Service's (watched by name). The test plays the kubelet for the dispatcher's pods as it polls."""
     s = slow_sources
     (ctl,) = s.env.controllers

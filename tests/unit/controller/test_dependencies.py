@@ -1,6 +1,6 @@
 """controller.dependencies: which refs an object waits for (from its conditions), one watch by name per waited-for
 object while something waits for it, and its events enqueue the waiting objects; controller.reconciler.TopicWait:
-a missing topic is looked for again after 1, 2, then every 4 s. On the real API server and Kafka:
+a missing topic is looked for again after 1, 2, then every 3 s. On the real API server and Kafka:
 tests/integration/test_broker_controller.py and test_source_controller.py (``within_seconds``)."""
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def test_only_a_missing_or_unaddressable_ref_is_waited_for() -> None:
 
 
 class FakeApi:
-    """A list function per API: lists what exists by the field selector's name; its watches end at once (the informer backs off)."""
+    """A list function per API: lists what exists by the field selector's name; its watches end at once (the
+    informer backs off)."""
 
     def __init__(self, existing: list[Mapping[str, Any]]) -> None:
         self.existing, self.listed = existing, []  # type: list[Mapping[str, Any]], list[dict[str, Any]]
@@ -136,9 +137,9 @@ def test_a_core_kind_other_than_service_is_not_watched(api: FakeApi) -> None:
         deps.stop()
 
 
-def test_a_missing_topic_is_looked_for_after_1_2_then_every_4_seconds_until_found() -> None:
+def test_a_missing_topic_is_looked_for_after_1_2_then_every_3_seconds_until_found() -> None:
     wait = TopicWait()
-    assert [wait.retry("shop", "s").requeue_after for _ in range(5)] == [1.0, 2.0, 4.0, 4.0, 4.0]
+    assert [wait.retry("shop", "s").requeue_after for _ in range(5)] == [1.0, 2.0, 3.0, 3.0, 3.0]
     assert wait.retry("shop", "other").requeue_after == 1.0  # per object
     wait.found("shop", "s")
     assert wait.retry("shop", "s").requeue_after == 1.0
