@@ -12,7 +12,9 @@ costs no watch, so the API server holds one watch per missing dependency, never 
 RBAC: what the controller resolves it may list and watch too (``controller.rbac.readableKinds`` renders get, list
 and watch; core Services are in the base rule). A ref the controller may not read at all (``…Forbidden``) is not
 watched — the watch would be refused and retried forever; the reconcile's recheck is then the (bounded) fallback,
-and the condition names the chart value to extend.
+and the condition names the chart value to extend. Where a hand-made ClusterRole grants get but not list/watch, the
+refused watch retries with the informer's backoff (capped at 30 s, one request each) and the recheck still
+reconciles the resource: slower, never a loop.
 """
 
 from __future__ import annotations
