@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from test_controller import FAST, RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
+from test_controller import FAST, RECEIVER, Env, env, eventually, settle  # noqa: F401 - env is a fixture used by name
 
 from fixtures.kube import gone
 from kafka_eventing.controller import resources as res
@@ -37,6 +37,7 @@ from kafka_eventing.core.kafka_config import STATUS_SECRET
 from kafka_eventing.dispatcher.status import REASON_JOINED, KubeTriggerStatusWriter, SubscriberStatus
 from kafka_eventing.localstack.kube import KubeControlPlane
 from kafka_eventing.localstack.tools import tool_path
+from waiting import seconds_until
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -568,6 +569,41 @@ def test_a_broker_sees_its_configmap_and_secret_as_soon_as_they_exist(brokers: B
     e.core.create_namespaced_secret(e.system, {"metadata": {"name": "late-secret"},
                                                "stringData": e.kafka.connection_secret()})
     brokers.wait(kb.BROKERS, "waits", "ConfigParsed", "True", timeout=60)
+
+
+def test_a_trigger_is_ready_within_seconds_of_its_subscriber_or_dead_letter_sink_appearing(brokers: Brokers) -> None:
+    """A Trigger whose subscriber Service, or dead-letter sink Service, is created after it: the missing Service is
+    watched by name, so the Trigger is Ready within 5 s of the Service's creation — with the recheck and the resync
+    set long, as in production, nothing else would reconcile it for two minutes."""
+    e = brokers.env
+    e.start_controller(e.settings(), brokers=True, topic_recheck_seconds=120, resync_seconds=300)
+    (ctl,) = e.controllers
+    brokers.ready_broker("b")
+    subscriber = {"ref": {"apiVersion": "v1", "kind": "Service", "name": "late-subscriber"}}
+    brokers.trigger("sub", {"broker": "b", "subscriber": subscriber})
+    brokers.trigger("dls", {"broker": "b", "subscriber": {"uri": "http://sink.example.invalid/"},
+                            "delivery": {"deadLetterSink": {"ref": {"apiVersion": "v1", "kind": "Service",
+                                                                    "name": "late-dls"}}}})
+    brokers.wait(kb.TRIGGERS, "sub", kb.SUBSCRIBER_RESOLVED, "False", "DestinationNotFound")
+    brokers.wait(kb.TRIGGERS, "dls", "DeadLetterSinkResolved", "False", "DeadLetterSinkUnresolved")
+    for name in ("sub", "dls"):
+        brokers.group_joined(name)  # as the dispatcher reports it: Ready then waits for the Service alone
+        brokers.wait(kb.TRIGGERS, name, kb.CONSUMER_GROUP_READY, "True")
+    settle(ctl)
+
+    took = {}
+    for trigger, service in (("sub", "late-subscriber"), ("dls", "late-dls")):
+        assert brokers.condition(kb.TRIGGERS, trigger, "Ready")["status"] == "False"
+        e.core.create_namespaced_service(e.namespace, {"metadata": {"name": service},
+                                                       "spec": {"ports": [{"port": 80}]}})
+        took[trigger] = seconds_until(
+            lambda t=trigger: (brokers.condition(kb.TRIGGERS, t, "Ready") or {}).get("status") == "True",
+            timeout=30, what=f"Trigger {trigger} Ready", interval=0.1)
+    print(f"Ready after the Service's creation: {took}")
+    assert took["sub"] < 5, f"subscriber noticed after {took['sub']:.1f}s"
+    assert took["dls"] < 5, f"dead-letter sink noticed after {took['dls']:.1f}s"
+    assert brokers.get(kb.TRIGGERS, "sub")["status"]["subscriberUri"] == (
+        f"http://late-subscriber.{e.namespace}.svc.cluster.local")
 
 
 def test_a_broker_config_names_a_secret_of_its_own_namespace(brokers: Brokers) -> None:

@@ -222,6 +222,25 @@ def reconciles(ctl: Controller) -> float:
     return ctl.metrics.registry.get_sample_value("kafkachannel_reconcile_total", {"result": "success"}) or 0.0
 
 
+def settle(ctl: Controller, quiet: float = 1.0, timeout: float = 30) -> None:
+    """Wait until the controller has nothing left to do — no key queued, no reconcile for ``quiet`` seconds (the
+    echoes of its own writes are done) — so that what it does next is a reaction to what the test does next."""
+    def total() -> float:
+        return sum(ctl.metrics.registry.get_sample_value("kafkachannel_reconcile_total", {"result": r}) or 0.0
+                   for r in ("success", "error"))
+
+    seen = [total(), time.monotonic()]
+
+    def quiet_now() -> bool:
+        count = total()
+        if count != seen[0] or len(ctl.queue):
+            seen[:] = [count, time.monotonic()]
+            return False
+        return time.monotonic() - seen[1] >= quiet
+
+    wait_for(quiet_now, timeout, "the controller idle", interval=0.1)
+
+
 def dispatcher(env: Env, name: str) -> str:
     return res.dispatcher_name(env.namespace, name)
 

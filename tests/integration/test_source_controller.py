@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
-from test_controller import RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
+from test_controller import RECEIVER, Env, env, eventually, settle  # noqa: F401 - env is a fixture used by name
 from test_dispatcher import Subscriber, http  # noqa: F401 - http is a fixture used by name
 
 from fixtures.kube import gone
@@ -53,7 +53,7 @@ from kafka_eventing.dispatcher.sources import KubeSourceSource
 from kafka_eventing.localstack._proc import free_port, terminate
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
-from waiting import wait_for
+from waiting import seconds_until, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -215,6 +215,13 @@ def keda_sources(env: Env, kafka_running: KafkaNode, keda_crds: Any) -> Iterator
     yield from _sources(env, kafka_running, keda_discovery_seconds=0.5)
 
 
+@pytest.fixture
+def slow_sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F811
+    """The controller with production's recheck and resync (two and five minutes): only a watch, or the short retry
+    of a missing topic, reconciles a source in seconds."""
+    yield from _sources(env, kafka_running, topic_recheck_seconds=120, resync_seconds=300)
+
+
 def sink_service(s: Sources, name: str = "sink") -> None:
     s.env.core.create_namespaced_service(s.ns, {"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}})
 
@@ -300,6 +307,40 @@ def test_initial_offset_earliest_is_committed_at_the_start(sources: Sources) -> 
     s.produce(topic, [b"d"], partition=0)
     time.sleep(2.5)
     assert s.committed(f"knative-kafka-source-{uid}", topic, 2) == [0, 0]
+
+
+def test_a_source_is_ready_within_seconds_of_its_topic_or_sink_appearing(slow_sources: Sources) -> None:
+    """A KafkaSource whose topic is created after it is Ready within 5 s of the topic's creation (a missing topic is
+    looked for again after 1, 2, then every 3 s); one whose sink Service is created after it, within 5 s of the
+    Service's (watched by name). The test plays the kubelet for the dispatcher's pods as it polls."""
+    s = slow_sources
+    (ctl,) = s.env.controllers
+    servers = [s.kafka.bootstrap_servers]
+    missing = f"ks.late.{uuid.uuid4().hex[:6]}"
+    s.create("late-topic", {"bootstrapServers": servers, "topics": [missing], "sink": {"uri": "http://127.0.0.1:9/"}})
+    s.create("late-sink", {"bootstrapServers": servers, "topics": [s.topic(1)],
+                           "sink": {"ref": {"apiVersion": "v1", "kind": "Service", "name": "late-sink"}}})
+    s.wait("late-topic", ks.CONNECTION_ESTABLISHED, "False", "TopicNotFound")
+    s.wait("late-sink", ks.SINK_PROVIDED, "False", "DestinationNotFound")
+    settle(ctl)  # the echoes of the controller's own writes are done (the retries of the topic are seconds apart)
+
+    def ready(name: str) -> bool:
+        dispatcher = source_dispatcher_name(s.ns, name)
+        with contextlib.suppress(ApiException):
+            s.env.mark_pods_ready(dispatcher)
+        return (s.condition(name, "Ready") or {}).get("status") == "True"
+
+    took = {}
+    for fut in s.admin.create_topics([NewTopic(missing, num_partitions=1, replication_factor=1)]).values():
+        fut.result(timeout=30)
+    took["topic"] = seconds_until(lambda: ready("late-topic"), 30, "late-topic Ready", interval=0.1,
+                                  tolerate=(ApiException,))
+    sink_service(s, "late-sink")
+    took["sink"] = seconds_until(lambda: ready("late-sink"), 30, "late-sink Ready", interval=0.1,
+                                 tolerate=(ApiException,))
+    print(f"Ready after the dependency's creation: {took}")
+    assert took["topic"] < 5, f"topic noticed after {took['topic']:.1f}s"
+    assert took["sink"] < 5, f"sink Service noticed after {took['sink']:.1f}s"
 
 
 def test_condition_reasons_and_recovery(sources: Sources) -> None:
