@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_reprocess import Sink, _event, _produce, _produce_raw, sink  # noqa: F401 (the sink fixture)
+from support.reprocess import Sink, _event, _produce, _produce_raw
 
 from kafka_eventing.core.delivery import DeliverySpec
 from kafka_eventing.core.kafka_config import connection_from_secret
@@ -78,7 +78,7 @@ def _rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(repr(r[c]) for c in cols) for r in df.select(*cols).collect())
 
 
-def _requests(sink: Sink, path: str) -> list[tuple[str, tuple[tuple[str, str], ...], bytes]]:  # noqa: F811
+def _requests(sink: Sink, path: str) -> list[tuple[str, tuple[tuple[str, str], ...], bytes]]:
     def kept(h: dict[str, str]) -> tuple[tuple[str, str], ...]:
         return tuple(sorted((k, v) for k, v in h.items() if k.startswith("ce-") or k == "content-type"))
 
@@ -91,7 +91,7 @@ def _manifest(run_dir: Path, target: str) -> dict[str, Any]:
 
 
 def test_every_job_on_a_standalone_cluster_matches_local_mode(
-    spark: Any, spark_cluster: StandaloneCluster, kafka_running: KafkaNode, topic: str, sink: Sink,  # noqa: F811
+    spark: Any, spark_cluster: StandaloneCluster, kafka_running: KafkaNode, topic: str, sink: Sink,
     tmp_path: Path,
 ) -> None:
     events = [_event(i, knativeerrordest=f"{sink.url}/orig", knativeerrorcode=str(500 + i % 3),

@@ -31,8 +31,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
-from test_controller import RECEIVER, Env, env, eventually, settle  # noqa: F401 - env is a fixture used by name
-from test_dispatcher import Subscriber, http  # noqa: F401 - http is a fixture used by name
+from support.controller import Env, eventually, settle
+from support.dispatcher import Subscriber
 
 from fixtures.kube import gone
 from kafka_eventing.controller import keda
@@ -205,18 +205,18 @@ def _sources(environment: Env, kafka: KafkaNode, **options: Any) -> Iterator[Sou
 
 
 @pytest.fixture
-def sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F811 - the fixture imported above
+def sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:
     yield from _sources(env, kafka_running)
 
 
 @pytest.fixture
-def keda_sources(env: Env, kafka_running: KafkaNode, keda_crds: Any) -> Iterator[Sources]:  # noqa: F811
+def keda_sources(env: Env, kafka_running: KafkaNode, keda_crds: Any) -> Iterator[Sources]:
     """KEDA's real CRDs, absent at the start (the test installs them): discovery re-asked every half second."""
     yield from _sources(env, kafka_running, keda_discovery_seconds=0.5)
 
 
 @pytest.fixture
-def slow_sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:  # noqa: F811
+def slow_sources(env: Env, kafka_running: KafkaNode) -> Iterator[Sources]:
     """The controller with production's recheck and resync (two and five minutes): only a watch, or the short retry
     of a missing topic, reconciles a source in seconds."""
     yield from _sources(env, kafka_running, topic_recheck_seconds=120, resync_seconds=300)
@@ -226,7 +226,7 @@ def sink_service(s: Sources, name: str = "sink") -> None:
     s.env.core.create_namespaced_service(s.ns, {"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}})
 
 
-def test_lifecycle_every_field_scale_and_no_replay(sources: Sources, http: Subscriber,  # noqa: F811
+def test_lifecycle_every_field_scale_and_no_replay(sources: Sources, http: Subscriber,
                                                    tmp_path: Path) -> None:
     s = sources
     sink_service(s)
@@ -395,7 +395,7 @@ def test_condition_reasons_and_recovery(sources: Sources) -> None:
         assert "GSSAPI" not in c["message"], c  # a Secret's value is never in a message
 
 
-def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,  # noqa: F811
+def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
                                              tmp_path: Path) -> None:
     s = sources
     topic = s.topic(1)
@@ -446,7 +446,7 @@ def test_sasl_ssl_source_through_net_secrets(sources: Sources, http: Subscriber,
 
 
 def test_delete_removes_the_deployment_then_the_group_while_the_sink_hangs(
-        sources: Sources, http: Subscriber, tmp_path: Path) -> None:  # noqa: F811
+        sources: Sources, http: Subscriber, tmp_path: Path) -> None:
     s = sources
     topic = s.topic(2)
     # The sink holds the request until the test server stops: deletion must not wait for it (nor for the 120 s
@@ -581,7 +581,7 @@ def test_keda_scales_an_annotated_source(keda_sources: Sources, keda_crds: Any) 
     assert _keda(s, keda.SCALED_OBJECTS, name) is None and _keda(s, keda.TRIGGER_AUTHENTICATIONS, name) is None
 
 
-def test_the_dispatcher_process_runs_as_the_deployment_says(sources: Sources, http: Subscriber,  # noqa: F811
+def test_the_dispatcher_process_runs_as_the_deployment_says(sources: Sources, http: Subscriber,
                                                             kube_control_plane: KubeControlPlane,
                                                             tmp_path: Path) -> None:
     """``python -m kafka_eventing.dispatcher`` with exactly the environment of the source's Deployment (plus the
