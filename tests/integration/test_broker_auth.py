@@ -26,7 +26,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 from support.broker_dispatch import PONG, RunningDispatcher, reply_with
-from support.brokers import Brokers
+from support.brokers import (
+    Brokers,
+)
+from support.brokers import api as brokers_api
 from support.dispatcher import Received, Subscriber
 from support.receiver import Receiver, binary_headers, read_all
 
@@ -45,6 +48,9 @@ from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter, MemoryStat
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = brokers_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

@@ -19,7 +19,11 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from support.broker_dispatch import PONG, RunningDispatcher, reply_with
-from support.brokers import Brokers, start
+from support.brokers import (
+    Brokers,
+    start,
+)
+from support.brokers import api as brokers_api
 from support.dispatcher import Received, Subscriber, committed
 from support.receiver import Receiver, binary_headers
 
@@ -30,6 +34,9 @@ from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = brokers_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

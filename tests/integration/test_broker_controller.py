@@ -13,7 +13,6 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,12 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.brokers import MERGE, Brokers, start
+from support.brokers import (
+    MERGE,
+    Brokers,
+    start,
+)
+from support.brokers import api as brokers_api
 from support.controller import FAST, RECEIVER, Env, eventually, settle
 
 from fixtures.kube import gone
@@ -30,7 +34,6 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
 from kafka_eventing.controller.connection import KEY_BOOTSTRAP, KEY_SECRET_NAME
 from kafka_eventing.controller.controller import Controller, ControllerOptions
-from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
 from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.kafka_config import STATUS_SECRET
@@ -39,18 +42,13 @@ from kafka_eventing.localstack.kube import KubeControlPlane
 from kafka_eventing.localstack.tools import tool_path
 from waiting import seconds_until
 
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = brokers_api
+
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 
 
-@pytest.fixture(scope="module")
-def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
-    c = api_client(kube_control_plane.kubeconfig)
-    install_crd(c)
-    for file in BROKER_CRDS:
-        install_crd(c, file=file)
-    yield c
-    c.close()
 
 
 

@@ -19,12 +19,19 @@ from confluent_kafka.admin import AdminClient
 from support.brokers import Brokers
 from support.controller import Env, eventually
 from support.receiver import Receiver, read_topic
-from support.sinks import SINK_HOST, Sinks
+from support.sinks import (
+    SINK_HOST,
+    Sinks,
+)
+from support.sinks import api as sinks_api
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.kafka_config import STATUS_BOOTSTRAP, STATUS_CHECKSUM, STATUS_SECRET
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = sinks_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

@@ -8,35 +8,31 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import NewTopic
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.brokers import Brokers
 from support.controller import Env, eventually
 from support.receiver import Receiver, read_topic
-from support.sinks import SINK_HOST, Sinks
+from support.sinks import (
+    SINK_HOST,
+    Sinks,
+)
+from support.sinks import api as sinks_api
 
-from kafka_eventing.controller.crd import BROKER_CRDS, SINK_CRDS, install_crd
-from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.localstack.kube import KubeControlPlane
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = sinks_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 
 
-@pytest.fixture(scope="module")
-def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
-    c = api_client(kube_control_plane.kubeconfig)
-    install_crd(c)
-    for file in (*BROKER_CRDS, *SINK_CRDS):
-        install_crd(c, file=file)
-    yield c
-    c.close()
 
 
 

@@ -8,12 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.kube import gone
 from kafka_eventing.controller.brokers import broker_dispatcher_name
+from kafka_eventing.controller.crd import BROKER_CRDS, install_crd
+from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.dispatcher.status import REASON_JOINED, KubeTriggerStatusWriter, SubscriberStatus
+from kafka_eventing.localstack.kube import KubeControlPlane
 from support.controller import RECEIVER, Env, eventually
 
 MERGE = "application/merge-patch+json"
@@ -113,3 +117,15 @@ def brokers(env: Env) -> Iterator[Brokers]:
 
 def start(environment: Env, **settings: Any) -> None:
     environment.start_controller(environment.settings(**settings), brokers=True)
+
+
+
+
+@pytest.fixture(scope="module")
+def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
+    c = api_client(kube_control_plane.kubeconfig)
+    install_crd(c)
+    for file in BROKER_CRDS:
+        install_crd(c, file=file)
+    yield c
+    c.close()

@@ -6,8 +6,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 
+from kafka_eventing.controller.crd import BROKER_CRDS, SINK_CRDS, install_crd
+from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import sinks as ks
+from kafka_eventing.localstack.kube import KubeControlPlane
 from support.controller import Env, eventually
 
 SINK_HOST = "kafka-sink-ingress"
@@ -50,3 +54,15 @@ def sinks(env: Env) -> Iterator[Sinks]:
     for ctl in env.controllers:
         ctl.stop()
     env.controllers.clear()
+
+
+
+
+@pytest.fixture(scope="module")
+def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
+    c = api_client(kube_control_plane.kubeconfig)
+    install_crd(c)
+    for file in (*BROKER_CRDS, *SINK_CRDS):
+        install_crd(c, file=file)
+    yield c
+    c.close()
