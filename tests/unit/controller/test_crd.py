@@ -77,7 +77,7 @@ def _cel(rule: str, value: str) -> bool:
         negate = conjunct.startswith("!")
         term = conjunct.removeprefix("!")
         if m := re.fullmatch(r"self\.matches\('(.+)'\)", term):
-            ok = re.search(m.group(1), value) is not None
+            ok = re.search(m.group(1).replace("\\\\", "\\"), value) is not None  # a CEL string escapes its backslashes
         elif m := re.fullmatch(r"self\.endsWith\('(.*)'\)", term):
             ok = value.endswith(m.group(1))
         elif m := re.fullmatch(r"self != '(.*)'", term):
