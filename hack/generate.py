@@ -760,6 +760,12 @@ API_NOTES = {
                     "rules of their `delivery` within the API server's CEL cost budget.",
     "Broker": "Upstream also makes the `eventing.knative.dev/broker.class` annotation immutable; CRD rules cannot read "
               "annotations, so that stays unchecked here.",
+    "Trigger": "A `filters` entry may set one dialect, as upstream; the entries nested in `all`, `any` and `not`, and "
+               "the attribute names of `filter.attributes`, `exact`, `prefix` and `suffix` (lower-case letters and "
+               "digits, starting with a letter), are checked by the controller instead (`SubscriptionReady=False` "
+               "with the field path): the schema does not recurse, and a CEL rule over map keys of unbounded length "
+               "exceeds the API server's cost budget. `filters` holds at most 100 entries, which keeps the dialect "
+               "rule within that budget.",
     "KafkaSink": "Unlike upstream, `bootstrapServers` may be left out: the sink then uses the controller's own "
                  "cluster (config-kafka).",
 }

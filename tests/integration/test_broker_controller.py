@@ -336,8 +336,9 @@ def test_invalid_filters_make_the_trigger_not_ready_with_the_reason(brokers: Bro
     uri = {"uri": "http://sink.example.invalid/"}
     cases = {
         "unknown-dialect": ([{"regex": {"type": "a.*"}}], "UnknownFilterDialect", "spec.filters[0]"),
-        "two-dialects": ([{"exact": {"type": "a"}, "suffix": {"type": "a"}}], "MultipleFilterDialects",
-                         "spec.filters[0]"),
+        # At the top level the CRD refuses two dialects (below); nested, only the controller sees them.
+        "two-dialects": ([{"all": [{"exact": {"type": "a"}, "suffix": {"type": "a"}}]}], "MultipleFilterDialects",
+                         "spec.filters[0].all[0]"),
         "empty-value": ([{"all": [{"exact": {"type": ""}}]}], "InvalidFilter", "spec.filters[0].all[0].exact.type"),
     }
     for name, (filters, _, _) in cases.items():
@@ -346,6 +347,10 @@ def test_invalid_filters_make_the_trigger_not_ready_with_the_reason(brokers: Bro
         c = brokers.wait(kb.TRIGGERS, name, "SubscriptionReady", "False", reason)
         assert c["message"].startswith(f"{path}: ")
         assert brokers.wait(kb.TRIGGERS, name, "Ready", "False")["reason"] == reason
+    with pytest.raises(ApiException) as info:
+        brokers.trigger("top-two-dialects", {"broker": "b", "subscriber": uri,
+                                             "filters": [{"exact": {"type": "a"}, "suffix": {"type": "a"}}]})
+    assert info.value.status == 422 and "spec.filters[0]: " in info.value.body
     # Fixing the filter makes it Ready.
     brokers.patch(kb.TRIGGERS, "unknown-dialect", {"spec": {"filters": [{"prefix": {"type": "a"}}]}})
     brokers.ready_trigger("unknown-dialect")

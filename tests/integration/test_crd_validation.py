@@ -183,6 +183,8 @@ FIELD_RULES = [
     ("Trigger", {"subscriber": {"uri": None, "audience": "a"}}, "spec.subscriber",
      ("subscriber needs a ref or a uri",),
      {"subscriber": {"uri": None, "ref": {"apiVersion": "v1", "kind": "Service", "name": "s"}}}),
+    ("Trigger", {"filters": [{"exact": {"type": "x"}, "cesql": "true"}]}, "spec.filters[0]",
+     ("a filter sets one dialect",), {"filters": [{"all": [{"exact": {"type": "x"}}, {"cesql": "true"}]}]}),
     ("Broker", {"config": {"kind": "ConfigMap"}}, "spec.config.name", ("Required value",),
      {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "kafka-broker-config"}}),
 ]
