@@ -766,6 +766,10 @@ API_NOTES = {
                "with the field path): the schema does not recurse, and a CEL rule over map keys of unbounded length "
                "exceeds the API server's cost budget. `filters` holds at most 100 entries, which keeps the dialect "
                "rule within that budget.",
+    "EventPolicy": "Upstream's webhook also refuses an EventPolicy while its oidc-authentication feature is off; "
+                   "here one is accepted either way and takes effect once `receiver.auth.enabled` is on "
+                   "(security.md). `from` holds at most 1000 entries, which keeps the `sub` rule within the API "
+                   "server's CEL cost budget.",
     "KafkaSink": "Unlike upstream, `bootstrapServers` may be left out: the sink then uses the controller's own "
                  "cluster (config-kafka).",
 }

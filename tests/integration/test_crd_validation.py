@@ -27,7 +27,7 @@ from kafka_eventing.localstack.kube import KubeControlPlane
 pytestmark = [pytest.mark.kube]
 
 MERGE = "application/merge-patch+json"
-FILES = (CHANNEL_CRD, *BROKER_CRDS, *SINK_CRDS, SOURCE_CRD)
+FILES = (CHANNEL_CRD, *BROKER_CRDS, *SINK_CRDS, SOURCE_CRD, "eventpolicies.yaml")
 
 #: kind → (group, version, plural, a valid spec).
 KINDS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
@@ -37,7 +37,10 @@ KINDS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "KafkaSink": ("eventing.knative.dev", "v1alpha1", "kafkasinks", {"topic": "orders"}),
     "KafkaSource": ("sources.knative.dev", "v1", "kafkasources",
                     {"bootstrapServers": ["kafka:9092"], "topics": ["orders"], "sink": {"uri": "http://s"}}),
+    "EventPolicy": ("eventing.knative.dev", "v1alpha1", "eventpolicies", {}),
 }
+SA = {"apiVersion": "v1", "kind": "ServiceAccount", "name": "sender"}
+BROKER = {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker", "name": "b"}
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +191,18 @@ FIELD_RULES = [
      {"subscriber": {"uri": None, "ref": {"apiVersion": "v1", "kind": "Service", "name": "s"}}}),
     ("Trigger", {"filters": [{"exact": {"type": "x"}, "cesql": "true"}]}, "spec.filters[0]",
      ("a filter sets one dialect",), {"filters": [{"all": [{"exact": {"type": "x"}}, {"cesql": "true"}]}]}),
+    ("EventPolicy", {"from": [{"sub": "a"}, {}]}, "spec.from[1]", ("a from entry names a ref or a sub",),
+     {"from": [{"sub": "a"}, {"ref": SA}]}),
+    ("EventPolicy", {"from": [{"ref": SA, "sub": "a"}]}, "spec.from[0]", ("names a ref or a sub, not both",),
+     {"from": [{"ref": SA}, {"sub": "a"}]}),
+    ("EventPolicy", {"from": [{"sub": "system:serviceaccount:*:x"}]}, "spec.from[0].sub",
+     ("'*' is only allowed as the last character",), {"from": [{"sub": "system:serviceaccount:ns:*"}]}),
+    ("EventPolicy", {"from": [{"ref": {"kind": "ServiceAccount", "name": "a"}}]}, "spec.from[0].ref.apiVersion",
+     ("Required value",), {"from": [{"ref": SA}]}),
+    ("EventPolicy", {"to": [{}]}, "spec.to[0]", ("a to entry names a ref or a selector, exactly one of them",),
+     {"to": [{"ref": BROKER}]}),
+    ("EventPolicy", {"to": [{"ref": BROKER, "selector": {"matchLabels": {"a": "b"}}}]}, "spec.to[0]",
+     ("exactly one of them",), {"to": [{"selector": {"matchLabels": {"a": "b"}}}]}),
     ("Broker", {"config": {"kind": "ConfigMap"}}, "spec.config.name", ("Required value",),
      {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "kafka-broker-config"}}),
 ]
