@@ -97,14 +97,6 @@ def refused(info: pytest.ExceptionInfo[ApiException], field: str, *allowed: str)
     return message
 
 
-def nested(path: str, value: Any) -> dict[str, Any]:
-    """``a.b.c`` → {"a": {"b": {"c": value}}}."""
-    out: Any = value
-    for key in reversed(path.split(".")):
-        out = {key: out}
-    return dict(out)
-
-
 # -- the DeliverySpec, wherever it is: (kind, where in the spec, the field path the server reports) -------------
 
 DELIVERIES = [
