@@ -13,9 +13,11 @@ import copy
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -271,3 +273,15 @@ def test_defaults_written_into_the_spec(objects: Objects) -> None:
     assert objects.create("KafkaSink", {"topic": "t"})["spec"]["contentMode"] == "binary"
     channel = objects.create("KafkaChannel", {})["spec"]
     assert (channel["numPartitions"], channel["replicationFactor"], channel["retentionDuration"]) == (1, 1, "PT168H")
+
+
+def test_the_documented_manifests_are_accepted(objects: Objects) -> None:
+    """Every object of these kinds in docs/examples (what docs/getting-started.md applies) passes the rules; each
+    file is an alternative, so each object is named after its file too."""
+    applied = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "docs" / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] in KINDS:
+                objects.create(doc["kind"], doc.get("spec") or {}, f"{path.stem}-{doc['metadata']['name']}")
+                applied.append(f"{path.name}:{doc['kind']}")
+    assert {a.split(":")[1] for a in applied} >= {"Broker", "Trigger", "KafkaChannel", "KafkaSink", "KafkaSource"}
