@@ -214,8 +214,10 @@ def test_the_controller_reports_policies_on_targets_and_on_themselves(
                [{"apiVersion": ep.API_VERSION, "name": "team-a"}], 40, "status.policies of the channel")
     assert e.condition("orders", ep.TARGET_POLICIES_READY)["reason"] == "EventPoliciesReady"  # type: ignore[index]
 
-    # A policy that cannot be used closes the namespace: it applies, and the channel says so.
-    create("broken", {"to": [{}], "from": [{"sub": "x"}]})
+    # A policy that cannot be used closes the namespace: it applies, and the channel says so. (A `to` entry naming
+    # neither a ref nor a selector is refused at apply by the CRD; a selector's operator only the controller checks.)
+    create("broken", {"to": [{"selector": {"matchExpressions": [{"key": "team", "operator": "Near"}]}}],
+                      "from": [{"sub": "x"}]})
     cond = e.wait_condition("orders", ep.TARGET_POLICIES_READY, "False")
     assert cond["reason"] == "EventPoliciesNotReady" and "broken" in cond["message"]
     assert [p["name"] for p in e.get("orders")["status"]["policies"]] == ["broken", "team-a"]
