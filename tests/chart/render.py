@@ -277,8 +277,6 @@ def notes(*files: str, sets: tuple[str, ...] = (), apis: tuple[str, ...] = ()) -
         return text
 
 
-
-
 READ_VERBS = {"get", "list", "watch"}
 
 

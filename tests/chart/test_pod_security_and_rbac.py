@@ -45,8 +45,6 @@ def pods(docs: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]
         yield f"{d['kind']}/{d['metadata']['name']}", (spec if d["kind"] == "Pod" else spec["template"]["spec"])
 
 
-
-
 @pytest.mark.parametrize("name", RENDERS)
 def test_every_pod_is_restricted(name: str) -> None:
     docs = render(name)
@@ -96,8 +94,6 @@ def test_the_checks_catch_violations() -> None:
         container = {**base["containers"][0], "securityContext": {**base["containers"][0]["securityContext"],
                                                                    **change}}
         assert any(word in v for v in restricted_violations({**base, "containers": [container]})), word
-
-
 
 
 @pytest.mark.parametrize("name", RENDERS)

@@ -147,14 +147,6 @@ print(json.dumps(sorted(AdminClient({"bootstrap.servers": sys.argv[1]}).list_top
 # ---------------------------------------------------------------------------------------------- the host
 
 
-
-
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[dict[str, Any]]:
     # An engine a crashed or manual run left is stopped first: the host is compared with itself without one.

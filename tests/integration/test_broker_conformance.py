@@ -43,8 +43,6 @@ pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 BROKER = "default"
 
 
-
-
 def loop_reply(received: Received, _attempt: int) -> tuple[int, dict[str, str], bytes, float]:
     # Answers every loop event with another one of the same type: only the hop TTL ends it.
     hop = received.headers.get(f"ce-{TTL_EXTENSION}", "?")
@@ -56,8 +54,6 @@ def loop_reply(received: Received, _attempt: int) -> tuple[int, dict[str, str], 
 def http() -> Iterator[Subscriber]:
     with Subscriber().running() as sub:
         yield sub
-
-
 
 
 @pytest.fixture

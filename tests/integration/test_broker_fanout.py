@@ -25,13 +25,6 @@ from waiting import wait_for
 pytestmark = pytest.mark.kafka
 
 
-
-
-
-
-
-
-
 def group_offsets(kafka: KafkaNode, group: str) -> dict[int, int]:
     admin = AdminClient(kafka.client_config())
     result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
@@ -41,8 +34,6 @@ def group_offsets(kafka: KafkaNode, group: str) -> dict[int, int]:
 def groups(kafka: KafkaNode) -> set[str]:
     admin = AdminClient(kafka.client_config())
     return {g.group_id for g in admin.list_consumer_groups().result(10).valid}
-
-
 
 
 def test_each_trigger_commits_to_its_own_group_from_one_shared_read(

@@ -26,20 +26,6 @@ from promtool import assert_promtool_passes
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # -- tests ------------------------------------------------------------------------------------------
 def test_schema_rejects_invalid_specs(env: Env) -> None:
     for i, bad in enumerate(({"numPartitions": 0}, {"replicationFactor": 0}, {"retentionDuration": "1 week"},

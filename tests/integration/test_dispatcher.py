@@ -37,15 +37,6 @@ from waiting import wait_for
 pytestmark = pytest.mark.kafka
 
 
-
-
-
-
-
-
-
-
-
 # -- channels, events, dispatcher -------------------------------------------------------------------
 def sub_doc(uid: str, uri: str, **extra: Any) -> dict[str, Any]:
     return {"uid": uid, "generation": 1, "subscriberUri": uri, **extra}
@@ -65,16 +56,10 @@ def write_channel(path: Path, name: str, topic: str, subscribers: list[dict[str,
     tmp.replace(path)  # atomic: the file source never reads half a file
 
 
-
-
-
-
 def make_settings(kafka: KafkaNode, name: str, **kw: Any) -> Settings:
     kw.setdefault("kafka_extra", KAFKA_EXTRA)
     return Settings(bootstrap_servers=kafka.bootstrap_servers, channel_namespace=NS, channel_name=name,
                     log_level="WARNING", **kw)
-
-
 
 
 @pytest.fixture

@@ -169,7 +169,6 @@ def test_event_policies_and_default_modes_with_real_tokens(
         admin.close()
 
 
-
 def test_the_controller_reports_policies_on_targets_and_on_themselves(
         env: Env, kube_control_plane: KubeControlPlane) -> None:
     """The real controller on the real apiserver: which policies apply to a KafkaChannel (``status.policies``,

@@ -32,13 +32,6 @@ api = sinks_api
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 
-
-
-
-
-
-
-
 def start(environment: Env, **settings: Any) -> None:
     environment.start_controller(environment.settings(**settings), brokers=True, sinks=True)
 

@@ -42,21 +42,6 @@ from waiting import NotYet, wait_for
 pytestmark = pytest.mark.kafka
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def test_binary_structured_and_batch_round_trip(kafka_running: KafkaNode, topic: str,
                                                 start_receiver: Callable[..., Receiver]) -> None:
     structured_topic = topic  # same topic, two channels writing it in the two content modes
@@ -249,10 +234,6 @@ def test_broker_rejecting_a_record_as_too_large_is_413(kafka_running: KafkaNode,
     assert res.status_code == 202, res.text
     ids = [event_from_kafka(m.headers(), m.value()).get_id() for m in read_all(kafka_running, name)]
     assert ids == ["small"]
-
-
-
-
 
 
 def test_fuzzed_requests_never_a_server_error(kafka_running: KafkaNode, topic: str,

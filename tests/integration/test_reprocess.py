@@ -36,20 +36,9 @@ from kafka_eventing.reprocess.stats import run_stats
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.timeout(300)]
 
 
-
-
-
-
-
-
-
 @pytest.fixture
 def plain_options(kafka_running: KafkaNode) -> dict[str, str]:
     return dict(spark_kafka_options(connection_from_secret(kafka_running.connection_secret())))
-
-
-
-
 
 
 def test_archive_round_trip_incremental_and_malformed(
@@ -255,8 +244,6 @@ def _cli(kafka: KafkaNode, *args: str) -> subprocess.CompletedProcess[str]:
                            "--jars", str(jars), "--driver-memory", "512m",
                            "--bootstrap-servers", kafka.bootstrap_servers],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
-
-
 
 
 @pytest.mark.timeout(900)

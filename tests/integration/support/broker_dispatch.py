@@ -52,10 +52,6 @@ class RunningDispatcher:
         assert not self.thread.is_alive()
 
 
-
-
-
-
 NS = "default"
 
 

@@ -119,8 +119,6 @@ def start(environment: Env, **settings: Any) -> None:
     environment.start_controller(environment.settings(**settings), brokers=True)
 
 
-
-
 @pytest.fixture(scope="module")
 def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
     c = api_client(kube_control_plane.kubeconfig)

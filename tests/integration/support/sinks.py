@@ -56,8 +56,6 @@ def sinks(env: Env) -> Iterator[Sinks]:
     env.controllers.clear()
 
 
-
-
 @pytest.fixture(scope="module")
 def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
     c = api_client(kube_control_plane.kubeconfig)

@@ -88,8 +88,6 @@ def _keda_connection(secret: dict[str, str] | None, **cm: str) -> ResolvedConnec
                    environ={"AWS_REGION": "eu-west-1"})
 
 
-
-
 class StatusPatches:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []

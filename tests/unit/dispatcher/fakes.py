@@ -34,8 +34,6 @@ class FakeSender:
         return [c for c in self.calls if c[0] == url]
 
 
-
-
 def broker(**status: Any) -> dict[str, Any]:
     return {"metadata": {"namespace": "ns", "name": "b", "generation": 1,
                          "annotations": {kb.ANNOTATION_BROKER_CLASS: "Kafka"}},
@@ -58,14 +56,10 @@ def trigger(name: str, broker_name: str = "b", uri: str | None = "http://sub/", 
     return {"metadata": meta, "spec": {"broker": broker_name, **spec}, "status": status}
 
 
-
-
 def with_condition(obj: dict[str, Any], kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
     conditions = [c for c in obj["status"]["conditions"] if c["type"] != kind]
     obj["status"]["conditions"] = [*conditions, {"type": kind, "status": status, "reason": reason, "message": message}]
     return obj
-
-
 
 
 class Source:
@@ -97,8 +91,6 @@ class Source:
             callback(self.snapshot())
 
 
-
-
 class FakeOffsets:
     """``GroupOffsets`` in memory."""
 
@@ -124,8 +116,6 @@ class FakeOffsets:
     def delete(self, group: str) -> None:
         self.deleted.append(group)
         self.groups.pop(group, None)
-
-
 
 
 class FakeConsumer:

@@ -52,10 +52,6 @@ def test_record_filter_applies_the_compiled_trigger_filter() -> None:
     assert RecordFilter(compile_trigger(spec)) == RecordFilter(compile_trigger(spec))
 
 
-
-
-
-
 def test_triggers_become_subscribers_of_the_broker_channel() -> None:
     filters = TriggerFilters()
     triggers = [

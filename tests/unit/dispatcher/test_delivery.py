@@ -136,8 +136,6 @@ def test_a_source_record_whose_headers_cannot_be_sent_is_dropped_and_counted(
     assert registry.get_sample_value("eventing_kafka_dropped_total", labels) == 1
 
 
-
-
 def _resumed(made: int, retry: int) -> tuple[Outcome, FakeSender, AttemptCount]:
     sender = FakeSender({"http://s": [Attempt(500)], "http://dls": [Attempt(200)]})
     deliverer = Deliverer(sender, Metrics(CollectorRegistry()), 600, sleep=_no_sleep)  # type: ignore[arg-type]

@@ -121,8 +121,6 @@ class LogConsumer:
     def close(self) -> None: ...
 
 
-
-
 class FakeDeliverer:
     """Delivers at once, except to the URIs in ``hold`` (they wait until released)."""
 

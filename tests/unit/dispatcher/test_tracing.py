@@ -25,8 +25,6 @@ SENDER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{SENDER_TRACE}-b7ad6b7169203331-01"
 
 
-
-
 def test_retries_then_dead_letter_give_one_process_span_and_numbered_attempts() -> None:
     keep = InMemorySpanExporter()
     traces = tracing.setup(Settings(), "dispatcher", exporter=keep)

@@ -150,8 +150,6 @@ def producer() -> FakeProducer:
     return FakeProducer()
 
 
-
-
 AUD = "messaging.knative.dev/kafkachannel/shop/orders"
 
 

@@ -21,25 +21,12 @@ from .fakes import BINARY, Client, FakeChannels, FakeProducer, make_app
 # -- fakes (also used by test_app_fuzz.py and test_sender.py) ------------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
 # -- tests ---------------------------------------------------------------------------------------------------
 
 ORDERS = Channel("shop", "orders", "shop.orders")
 AUDIT = Channel("shop", "audit", "shop.audit", content_mode=ContentMode.STRUCTURED)
 BROKEN = Channel("shop", "broken", "shop.broken", ready=False, reason="topic shop.broken missing")
 HOST = "orders-kn-channel.shop.svc.cluster.local"
-
-
-
 
 
 @pytest.fixture
