@@ -94,6 +94,7 @@ class Reconciler:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.identities = Identities(api_client, settings)  # senders' OIDC ServiceAccounts (Triggers, KafkaSources)
         self.admins = admins or AdminPool()
         self.config_map = config_map

@@ -257,7 +257,8 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
         spec["replicas"] = max(1, min(settings.dispatcher_replicas, num_partitions))
     metadata: dict[str, Any] = {
         "name": name, "namespace": owner.namespace or settings.system_namespace, "labels": pod_labels,
-        "annotations": {owner.annotation: ref.key, ANNOTATION_SCALER: SCALER_KEDA if keda_scaled else SCALER_CONTROLLER}}
+        "annotations": {owner.annotation: ref.key,
+                        ANNOTATION_SCALER: SCALER_KEDA if keda_scaled else SCALER_CONTROLLER}}
     if owner.owner_references:
         metadata["ownerReferences"] = [dict(o) for o in owner.owner_references]
     return stamp({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}, spec)
