@@ -46,7 +46,8 @@ NAMESPACED_SELECTOR = f"{LABEL_DATA_PLANE}={DATA_PLANE_NAMESPACED}"
 NAMESPACED_DEPLOYMENT = "NamespacedDeployment"
 #: what to set when the class is not enabled (the chart value, and the controller settings it sets)
 NAMESPACED_DISABLED = ("the KafkaNamespaced broker class is not enabled: set the chart value "
-                       "broker.namespaced.enabled=true (controller settings KE_NAMESPACED_RECEIVER_ROLE and KE_NAMESPACED_DISPATCHER_ROLE)")
+                       "broker.namespaced.enabled=true (controller settings KE_NAMESPACED_RECEIVER_ROLE and "
+                       "KE_NAMESPACED_DISPATCHER_ROLE)")
 PORTS = {"http": 80, "https": 443}
 
 
