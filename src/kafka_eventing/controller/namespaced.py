@@ -12,9 +12,11 @@ and its Service ``kafka-broker-ingress``. Per Broker: its dispatcher Deployment 
 and deleted by its finalizer (``controller/brokers.py``).
 
 The shared objects are read by name before each write (no cache: RBAC would have to let the controller list them
-everywhere) and written only when their desired content changed; a namespace whose objects were applied with the
-same content within ``recheck_seconds`` is not read again. The Deployments are cached (a label-selected informer over
-every namespace, made only while the class is enabled), so their availability enqueues the Brokers at once.
+everywhere) and written only when their desired content changed — Secret copies excepted, which are written and
+never read (the controller reads no Secret outside the system namespace); a namespace whose objects were applied
+with the same content within ``recheck_seconds`` is not read again. The Deployments are cached (a label-selected
+informer over every namespace, made only while the class is enabled), so their availability enqueues the Brokers at
+once.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class NamespacedDataPlane:
         self.rbac = base.rbac
         self.recheck_seconds, self.clock = recheck_seconds, clock
         self._applied: dict[str, tuple[str, float]] = {}
+        self._secrets: dict[tuple[str, str], str] = {}  # (namespace, name) → the content hash last written
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -252,6 +255,9 @@ class NamespacedDataPlane:
         namespace, name = meta["namespace"], meta["name"]
         content = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
         desired = res.stamp(copy.deepcopy(desired), content)
+        if kind == "Secret":
+            self._write_secret(desired)
+            return
         read, create, replace = {
             "ServiceAccount": (self.core.read_namespaced_service_account, self.core.create_namespaced_service_account,
                                self.core.replace_namespaced_service_account),
@@ -259,8 +265,6 @@ class NamespacedDataPlane:
                             self.rbac.replace_namespaced_role_binding),
             "ConfigMap": (self.core.read_namespaced_config_map, self.core.create_namespaced_config_map,
                           self.core.replace_namespaced_config_map),
-            "Secret": (self.core.read_namespaced_secret, self.core.create_namespaced_secret,
-                       self.core.replace_namespaced_secret),
         }[kind]
         try:
             live = json.loads(read(name, namespace, _request_timeout=(5, 15), _preload_content=False).data)
@@ -289,3 +293,21 @@ class NamespacedDataPlane:
                 if live.get(field):
                     desired[field] = live[field]
         replace(name, namespace, desired, _request_timeout=(5, 30))
+
+    def _write_secret(self, desired: dict[str, Any]) -> None:
+        """A Secret copy is written, never read: the controller may not read Secrets outside the system namespace.
+        Created, or replaced (unconditionally) when its content differs from what this controller last wrote there
+        (so once after a restart, then on a change of the system namespace's Secret)."""
+        meta = desired["metadata"]
+        key = (meta["namespace"], meta["name"])
+        digest = meta["annotations"][res.ANNOTATION_SPEC_HASH]
+        if self._secrets.get(key) == digest:
+            return
+        self.base.writer.check()
+        try:
+            self.core.create_namespaced_secret(meta["namespace"], desired, _request_timeout=(5, 30))
+        except ApiException as exc:
+            if exc.status != HTTP_CONFLICT:
+                raise
+            self.core.replace_namespaced_secret(meta["name"], meta["namespace"], desired, _request_timeout=(5, 30))
+        self._secrets[key] = digest
