@@ -194,7 +194,7 @@ class Settings:
     #: DataPlaneAvailable; empty: the Deployment named ``KE_RECEIVER_SERVICE``.
     receiver_deployment: str = ""
 
-    #: the KafkaNamespaced broker class is served while this and ``namespaced_dispatcher_role`` are set (the chart
+    #: the KafkaNamespaced broker class is served while this and ``KE_NAMESPACED_DISPATCHER_ROLE`` are set (the chart
     #: sets both with ``broker.namespaced.enabled``): the ClusterRole the controller binds, in each namespace with
     #: KafkaNamespaced Brokers, to that namespace's receiver ServiceAccount (the chart's receiver ClusterRole).
     namespaced_receiver_role: str = ""
