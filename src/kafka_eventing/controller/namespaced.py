@@ -181,21 +181,30 @@ class NamespacedDataPlane:
         if not owners:
             return []
         receiver = self.system_receiver()
-        config_maps, secrets = referenced((receiver.get("spec") or {}).get("template") or {})
-        desired = [*self._accounts(namespace, owners), *self._copies(namespace, owners, config_maps, secrets)]
-        deployment = receiver_deployment(receiver, namespace, owners)
-        service = ingress_service(receiver, namespace, owners)
-        digest = res.spec_hash({"objects": desired, "deployment": deployment, "service": service})
+        template = (receiver.get("spec") or {}).get("template") or {}
+        config_maps, secrets = referenced(template)
+        system = self.settings.system_namespace
+        # What the objects are made of, as far as the caches know it: unchanged within recheck_seconds, nothing is
+        # read or written (a ConfigMap's change reaches the copies at the latest then).
+        inputs = res.spec_hash({"owners": owners, "receiver": {"replicas": (receiver.get("spec") or {}).get("replicas"),
+                                                               "template": template},
+                                "secrets": {n: (self.base.stores.secrets.get(system, n) or {}).get("data")
+                                            for n in sorted(secrets)},
+                                "roles": [self.settings.namespaced_receiver_role,
+                                          self.settings.namespaced_dispatcher_role]})
         with self._lock(namespace):
             last = self._applied.get(namespace)
-            if last is None or last[0] != digest or self.clock() - last[1] > self.recheck_seconds:
-                for obj in desired:
-                    self._ensure(obj)
+            if last is None or last[0] != inputs or self.clock() - last[1] > self.recheck_seconds:
+                desired = [*self._accounts(namespace, owners),
+                           *self._copies(namespace, owners, config_maps, secrets)]
+                settled = all([self._ensure(obj) for obj in desired])
                 assert self.deployments is not None
                 self.base.writer.apply(self.deployments, self.base.apps.create_namespaced_deployment,
-                                       self.base.apps.patch_namespaced_deployment, deployment)
-                self.base._apply_service(service)
-                self._applied[namespace] = (digest, self.clock())
+                                       self.base.apps.patch_namespaced_deployment,
+                                       receiver_deployment(receiver, namespace, owners))
+                self.base._apply_service(ingress_service(receiver, namespace, owners))
+                if settled:
+                    self._applied[namespace] = (inputs, self.clock())
         return sorted(secrets)
 
     def forget(self, namespace: str) -> None:
@@ -249,15 +258,16 @@ class NamespacedDataPlane:
                         "type": secret.get("type") or "Opaque", "data": dict(secret.get("data") or {})})
         return out
 
-    def _ensure(self, desired: dict[str, Any]) -> None:
-        """Create, or replace when its content (hash-stamped) differs; read by name first."""
+    def _ensure(self, desired: dict[str, Any]) -> bool:
+        """Create, or replace when its content (hash-stamped) differs; read by name first. False: made meanwhile
+        by another worker, to be compared again at the next apply."""
         kind, meta = desired["kind"], desired["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         content = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
         desired = res.stamp(copy.deepcopy(desired), content)
         if kind == "Secret":
             self._write_secret(desired)
-            return
+            return True
         read, create, replace = {
             "ServiceAccount": (self.core.read_namespaced_service_account, self.core.create_namespaced_service_account,
                                self.core.replace_namespaced_service_account),
@@ -276,16 +286,14 @@ class NamespacedDataPlane:
             self.base.writer.check()
             try:
                 create(namespace, desired, _request_timeout=(5, 30))
-                return
+                return True
             except ApiException as exc:
                 if exc.status != HTTP_CONFLICT:
                     raise
-                # made since the read (another worker): replaced at the next apply
-                self.forget(namespace)
-                return
+                return False
         have = ((live.get("metadata") or {}).get("annotations") or {}).get(res.ANNOTATION_SPEC_HASH)
         if have == desired["metadata"]["annotations"][res.ANNOTATION_SPEC_HASH]:
-            return
+            return True
         self.base.writer.check()
         desired["metadata"]["resourceVersion"] = (live.get("metadata") or {}).get("resourceVersion")
         if kind == "ServiceAccount":  # the token controller's and image-pull entries stay
@@ -293,6 +301,7 @@ class NamespacedDataPlane:
                 if live.get(field):
                     desired[field] = live[field]
         replace(name, namespace, desired, _request_timeout=(5, 30))
+        return True
 
     def _write_secret(self, desired: dict[str, Any]) -> None:
         """A Secret copy is written, never read: the controller may not read Secrets outside the system namespace.
