@@ -25,7 +25,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from test_controller import FAST, RECEIVER, Env, env, eventually  # noqa: F401 - env is a fixture used by name
 
-from fixtures.kube import gone
+from chart.render import helm, one
+from fixtures.kube import account_client, gone
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
 from kafka_eventing.controller.connection import KEY_BOOTSTRAP, KEY_SECRET_NAME
@@ -725,3 +726,65 @@ def test_a_kafkanamespaced_broker_without_the_class_enabled_says_which_value_to_
     assert brokers.wait(kb.BROKERS, "nb", "Ready", "False")["reason"] == "NamespacedBrokersDisabled"
     assert e.apps.list_namespaced_deployment(brokers.ns).items == []
     assert gone(lambda: e.apps.read_namespaced_deployment(broker_dispatcher_name(brokers.ns, "nb"), e.system))
+
+
+def test_the_charts_controller_rbac_is_enough_for_the_namespaced_data_plane(
+        brokers: Brokers, kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:
+    """The controller running as a ServiceAccount holding exactly the chart's controller ClusterRole and Role (with
+    broker.namespaced.enabled) makes a KafkaNamespaced Broker's data plane Ready and removes it again: every write of
+    the namespaced reconcile is one the chart grants (tests/chart/test_namespaced_brokers.py: and no more)."""
+    e, ns = brokers.env, brokers.ns
+    release = f"r{uuid.uuid4().hex[:6]}"
+    docs = helm(sets=("broker.namespaced.enabled=true", "kafka.existingSecret=kafka-connection"), release=release)
+    controller, config_name = f"{release}-kafka-eventing-controller", f"{release}-kafka-eventing-config"
+    config = one(docs, "ConfigMap", config_name)["data"]
+    admin = kube_control_plane.api_client()
+    rbac = client.RbacAuthorizationV1Api(admin)
+    cluster_role = {**one(docs, "ClusterRole", controller), "metadata": {"name": controller}}
+    role = {**one(docs, "Role", controller), "metadata": {"name": controller, "namespace": e.system}}
+    e.core.create_namespaced_service_account(e.system, {"metadata": {"name": "controller"}})
+    subjects = [{"kind": "ServiceAccount", "name": "controller", "namespace": e.system}]
+    rbac.create_cluster_role(cluster_role)
+    rbac.create_cluster_role_binding({"metadata": {"name": controller}, "subjects": subjects, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": controller}})
+    rbac.create_namespaced_role(e.system, role)
+    rbac.create_namespaced_role_binding(e.system, {"metadata": {"name": controller}, "subjects": subjects, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": controller}})
+    # The system receiver as the chart makes it: the settings ConfigMap and the connection Secret.
+    e.core.create_namespaced_config_map(e.system, {"metadata": {"name": config_name}, "data": {"KE_LOG_LEVEL": "INFO"}})
+    e.apps.patch_namespaced_deployment(RECEIVER, e.system, {"spec": {"template": {"spec": {
+        "containers": [{"name": "receiver", "image": "receiver:test",
+                        "envFrom": [{"configMapRef": {"name": config_name}}],
+                        "ports": [{"name": "http", "containerPort": 8080}]}],
+        "volumes": [{"name": "kafka-secret", "secret": {"secretName": "kafka-connection"}}]}}}})
+    try:
+        as_controller = account_client(kube_control_plane, e.system, "controller", tmp_path / "controller.kubeconfig")
+        settings = e.settings(namespaced_receiver_role=config["KE_NAMESPACED_RECEIVER_ROLE"],
+                              namespaced_dispatcher_role=config["KE_NAMESPACED_DISPATCHER_ROLE"])
+        opts = ControllerOptions(**{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}",
+                                    "kinds": {"brokers": True}})
+        ctl = Controller(as_controller, settings, opts)
+        ctl.start()
+        e.controllers.append(ctl)
+        namespaced_broker(brokers, "nb")
+        dispatcher = broker_dispatcher_name(ns, "nb")
+        eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, ns), what="dispatcher in the namespace")
+        eventually(lambda: e.apps.read_namespaced_deployment("kafka-broker-receiver", ns), what="the receiver")
+        e.make_available(dispatcher, namespace=ns)
+        e.make_available("kafka-broker-receiver", namespace=ns)
+        brokers.wait(kb.BROKERS, "nb", "Ready", "True")
+        assert e.core.read_namespaced_secret("kafka-connection", ns).data == \
+            e.core.read_namespaced_secret("kafka-connection", e.system).data
+        bound = rbac.read_namespaced_role_binding("kafka-broker-receiver", ns)
+        assert bound.role_ref.name == f"{release}-kafka-eventing-receiver"
+
+        brokers.delete(kb.BROKERS, "nb")
+        eventually(lambda: brokers.gone(kb.BROKERS, "nb"), what="the Broker finalized by the controller")
+        assert gone(lambda: e.apps.read_namespaced_deployment(dispatcher, ns))
+    finally:
+        for ctl in e.controllers:
+            ctl.stop()
+        e.controllers.clear()
+        rbac.delete_cluster_role_binding(controller)
+        rbac.delete_cluster_role(controller)
+        admin.close()
