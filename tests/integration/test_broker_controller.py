@@ -717,6 +717,24 @@ def test_a_kafkanamespaced_broker_runs_its_data_plane_in_its_own_namespace(broke
             e.core.delete_namespace(other)
 
 
+def test_a_broker_changing_class_moves_its_dispatcher(brokers: Brokers) -> None:
+    """Kafka → KafkaNamespaced: the dispatcher of the system namespace goes, one in the Broker's namespace comes;
+    and back."""
+    e, ns = brokers.env, brokers.ns
+    start(e, **NAMESPACED_ROLES)
+    brokers.broker("b")
+    dispatcher = broker_dispatcher_name(ns, "b")
+    eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system), what="the system dispatcher")
+    brokers.patch(kb.BROKERS, "b", {"metadata": {"annotations": {
+        kb.ANNOTATION_BROKER_CLASS: kb.NAMESPACED_BROKER_CLASS}}})
+    eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, ns), what="the dispatcher in the namespace")
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system)), 40,
+               "the system dispatcher gone")
+    brokers.patch(kb.BROKERS, "b", {"metadata": {"annotations": {kb.ANNOTATION_BROKER_CLASS: kb.BROKER_CLASS}}})
+    eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system), what="the system dispatcher again")
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, ns)), 40,
+               "the namespace's dispatcher gone")
+
 def test_a_kafkanamespaced_broker_without_the_class_enabled_says_which_value_to_set(brokers: Brokers) -> None:
     e = brokers.env
     start(e)

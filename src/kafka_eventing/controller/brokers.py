@@ -388,20 +388,20 @@ class BrokerReconciler:
         if not plane.enabled or plane.deployments is None:
             return Condition.false(DATA_PLANE_AVAILABLE, "NamespacedBrokersDisabled", NAMESPACED_DISABLED)
         namespace, system = ref.namespace, self.settings.system_namespace
+        secret = config.connection.secret_name
+        if secret and config.connection.ref is not None:
+            return Condition.false(
+                DATA_PLANE_AVAILABLE, "NamespacedConnectionUnsupported",
+                f"{config.source} names a connection Secret of its own ({secret}): a KafkaNamespaced Broker's data "
+                "plane uses the installation's connection (config-kafka's Secret) for now; drop auth.secret.ref.name "
+                "from the config or use the Kafka class")
         try:
-            mountable = plane.apply(namespace)
+            plane.apply(namespace, secret)  # the installation's Secret: copied beside the receiver's
         except NamespacedProblem as exc:
             return Condition.false(DATA_PLANE_AVAILABLE, exc.reason, str(exc))
         except ApiException as exc:
             errors.append(f"namespaced data plane of {namespace}: {api_error(exc)}")
             return Condition.false(DATA_PLANE_AVAILABLE, "NamespacedDataPlaneFailed", api_error(exc))
-        secret = config.connection.secret_name
-        if secret and secret not in mountable:
-            return Condition.false(
-                DATA_PLANE_AVAILABLE, "NamespacedConnectionUnsupported",
-                f"{config.source} names the connection Secret {secret}: a KafkaNamespaced Broker's data plane uses "
-                "the installation's connection (the Secret the receiver mounts); drop auth.secret.ref.name from the "
-                "config or use the Kafka class")
         name = broker_dispatcher_name(namespace, ref.name)
         owner = res.Owner(name, ANNOTATION_BROKER,
                           (("KE_CHANNEL_NAME", ""), ("KE_CHANNEL_NAMESPACE", ""),

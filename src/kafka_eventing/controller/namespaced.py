@@ -174,15 +174,18 @@ class NamespacedDataPlane:
         return found
 
     # -- the namespace's shared objects ---------------------------------------------------------------
-    def apply(self, namespace: str) -> list[str]:
-        """Make the namespace's shared data plane; the Secrets its pods may mount (their names). Raises
+    def apply(self, namespace: str, connection_secret: str | None = None) -> None:
+        """Make the namespace's shared data plane, with copies of the Secrets the receiver's pods read and of
+        ``connection_secret`` (the installation's connection Secret, which the dispatchers mount). Raises
         ``NamespacedProblem`` or ``ApiException``."""
         owners = self.owners(namespace)
         if not owners:
-            return []
+            return
         receiver = self.system_receiver()
         template = (receiver.get("spec") or {}).get("template") or {}
         config_maps, secrets = referenced(template)
+        if connection_secret:
+            secrets.add(connection_secret)
         system = self.settings.system_namespace
         # What the objects are made of, as far as the caches know it: unchanged within recheck_seconds, nothing is
         # read or written (a ConfigMap's change reaches the copies at the latest then).
@@ -205,7 +208,6 @@ class NamespacedDataPlane:
                 self.base._apply_service(ingress_service(receiver, namespace, owners))
                 if settled:
                     self._applied[namespace] = (inputs, self.clock())
-        return sorted(secrets)
 
     def forget(self, namespace: str) -> None:
         """Apply again at the next reconcile (an object of the namespace changed)."""
@@ -252,8 +254,8 @@ class NamespacedDataPlane:
         for name in sorted(secrets):
             secret = self.base.stores.secrets.get(system, name)
             if secret is None:
-                raise NamespacedProblem("SecretMissing",
-                                        f"Secret {system}/{name}, which the receiver mounts, does not exist")
+                raise NamespacedProblem("SecretMissing", f"Secret {system}/{name}, which the receiver or the "
+                                        "dispatchers mount, does not exist")
             out.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, **meta},
                         "type": secret.get("type") or "Opaque", "data": dict(secret.get("data") or {})})
         return out
