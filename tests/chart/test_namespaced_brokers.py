@@ -12,8 +12,8 @@ from kafka_eventing.controller.resources import DISPATCHER_SERVICE_ACCOUNT
 from .render import RELEASE, helm, of_kind, one
 
 ON = "broker.namespaced.enabled=true"
-#: the receiver mounts a connection Secret and serves HTTPS: both Secrets are copied
-FULL = ("kafka.existingSecret=team-kafka", "receiver.tls.enabled=true")
+#: the receiver mounts a connection Secret, serves HTTPS and pulls from a private registry: each Secret is copied
+FULL = ("kafka.existingSecret=team-kafka", "receiver.tls.enabled=true", "imagePullSecrets={registry}")
 CONTROLLER, RECEIVER, DISPATCHER = (f"{RELEASE}-{c}" for c in ("controller", "receiver", "dispatcher"))
 
 
@@ -43,7 +43,7 @@ def test_on_the_controller_may_do_exactly_what_the_namespaced_reconcile_does() -
     bound = {b["roleRef"]["name"]: b["subjects"][0]["name"] for b in of_kind(on, "ClusterRoleBinding")}
     assert bound[RECEIVER] == RECEIVER and bound[DISPATCHER] == DISPATCHER_SERVICE_ACCOUNT
     config_maps, secrets = referenced(one(on, "Deployment", RECEIVER)["spec"]["template"])
-    assert secrets == {"team-kafka", f"{RELEASE}-receiver-tls"}
+    assert secrets == {"team-kafka", f"{RELEASE}-receiver-tls", "registry"}
 
     extra = [r for r in rules(on) if r not in rules(off)]
     granted = {(group, resource, verb, tuple(sorted(r.get("resourceNames") or ())))

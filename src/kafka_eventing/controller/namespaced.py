@@ -72,10 +72,11 @@ def data_plane_labels(component: str) -> dict[str, str]:
 
 
 def referenced(template: Mapping[str, Any]) -> tuple[set[str], set[str]]:
-    """(ConfigMaps, Secrets) a pod template reads: volumes (projected too), ``envFrom`` and ``env`` references."""
+    """(ConfigMaps, Secrets) a pod template reads: volumes (projected too), ``envFrom`` and ``env`` references, and
+    its image pull Secrets."""
     spec = template.get("spec") or {}
     config_maps: set[str] = set()
-    secrets: set[str] = set()
+    secrets: set[str] = {s["name"] for s in spec.get("imagePullSecrets") or () if s.get("name")}
     for volume in spec.get("volumes") or ():
         if (cm := volume.get("configMap")) and cm.get("name"):
             config_maps.add(cm["name"])

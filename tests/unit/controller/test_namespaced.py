@@ -19,7 +19,7 @@ from kafka_eventing.core import brokers as kb
 SYSTEM_RECEIVER: dict[str, Any] = {"metadata": {"name": "kafka-eventing-receiver", "namespace": "knative-eventing"},
                                    "spec": {"replicas": 2, "template": {
     "metadata": {"labels": {"app.kubernetes.io/name": "kafka-eventing"}, "annotations": {"checksum/config": "abc"}},
-    "spec": {"serviceAccountName": "kafka-eventing-receiver",
+    "spec": {"serviceAccountName": "kafka-eventing-receiver", "imagePullSecrets": [{"name": "registry"}],
              "containers": [{"name": "receiver", "image": "receiver:1",
                              "envFrom": [{"configMapRef": {"name": "kafka-eventing-config"}}],
                              "env": [{"name": "KE_CHANNEL_SOURCE", "value": "kube"},
@@ -34,7 +34,7 @@ OWNERS = [{"apiVersion": "eventing.knative.dev/v1", "kind": "Broker", "name": "b
 
 def test_the_copies_are_every_configmap_and_secret_the_receiver_pods_read() -> None:
     assert referenced(SYSTEM_RECEIVER["spec"]["template"]) == (
-        {"kafka-eventing-config", "ca"}, {"kafka-connection", "receiver-tls", "tok"})
+        {"kafka-eventing-config", "ca"}, {"kafka-connection", "receiver-tls", "tok", "registry"})
 
 
 def test_the_namespaced_receiver_is_the_system_one_scoped_to_its_namespace_on_its_own_account() -> None:
