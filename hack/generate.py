@@ -15,6 +15,8 @@
 - Figures in prose: the committed benchmark runs docs/benchmarks/*.json → every `<!--fig NAME-->` span of the
   README (`figures()`), so a quoted figure is always the one a committed run holds.
 - Manifests of docs/getting-started.md: docs/examples/*.yaml → each `<!--example NAME-->` block of the page.
+- What the API server refuses and defaults: the CRD sources' schemas (enums, bounds, patterns, defaults and the CEL
+  rules, x-kubernetes-validations) → docs/api.md.
 - Every `KE_*` variable: the `Settings` fields of src/kafka_eventing/core/settings.py (their `#:` comments, defaults
   and types) and its `TOOLING_VARS` → docs/settings.md. A field without a `#:` comment fails the generation.
 
@@ -666,6 +668,113 @@ def examples() -> None:
     write(path, PRESET_SECRET.sub(secret_commands, text))
 
 
+# -- the CRDs' rules, for the docs --------------------------------------------------------------------------------
+
+#: Schema keys shown in docs/api.md's "allowed" column, with how each reads.
+CONSTRAINTS = (("enum", "one of {}"), ("minimum", "≥ {}"), ("maximum", "≤ {}"), ("minLength", "at least {} chars"),
+               ("maxLength", "at most {} chars"), ("minItems", "at least {} items"), ("maxItems", "at most {} items"),
+               ("pattern", "matches {}"), ("required", "needs {}"))
+
+
+def _code(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(_code(v) for v in value)
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _cell(text: str) -> str:
+    """Prose for a table cell: one line, its pipes escaped, ``<...>`` shown rather than read as HTML."""
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
+
+
+def _schema_rows(schema: dict[str, Any], path: str, rows: dict[str, tuple[list[str], list[str], list[str]]]) -> None:
+    """Under ``path``, each field's (default, allowed, CEL rules) into ``rows``, in schema order; a rule with a
+    fieldPath is listed under that field."""
+    row = rows.setdefault(path, ([], [], []))
+    if schema.get("default") not in (None, {}):
+        row[0].append(_code(schema["default"]))
+    row[1].extend(fmt.format(_code(schema[key])) for key, fmt in CONSTRAINTS if key in schema)
+    for rule in schema.get("x-kubernetes-validations") or ():
+        when = "on update: " if "oldSelf" in rule["rule"] else ""
+        rows.setdefault(path + rule.get("fieldPath", ""), ([], [], []))[2].append(
+            f"{when}{_cell(rule['message'])} ({_code(rule['rule'])})")
+    for name, sub in (schema.get("properties") or {}).items():
+        _schema_rows(sub, f"{path}.{name}", rows)
+    if "items" in schema:
+        _schema_rows(schema["items"], f"{path}[]", rows)
+
+
+def api_doc() -> None:
+    """docs/api.md: per kind, what `kubectl apply` refuses (and with which message) and what it fills in, from the
+    CRD sources' schemas."""
+    source = "src/kafka_eventing/controller/crds/*.yaml (the CRD schemas)"
+    out = ["<!-- " + HEADER.format(source=source).removeprefix("# ") + " -->",
+           "# API: what the API server refuses and fills in", "",
+           "The CRDs validate every object at `kubectl apply`, before any controller sees it: a value outside what is",
+           "allowed is refused (HTTP 422) with the field and the rule's message, e.g.",
+           "`spec.initialOffset: Unsupported value: \"oldest\": supported values: \"earliest\", \"latest\"`. Rules",
+           "marked *on update* compare the object with its stored version (CEL `oldSelf`): the fields upstream makes",
+           "immutable. A default is written into the stored spec. These are the rules of upstream's admission webhooks",
+           "(knative.dev/eventing, eventing-kafka-broker) written as CRD rules, so no webhook runs; where this",
+           "implementation differs from upstream the field's row or the kind's note says so. One test per rule",
+           "applies an invalid object and its valid counterpart to a real API server:",
+           "`tests/integration/test_crd_validation.py`.",
+           ""]
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        versions = [v for v in crd["spec"]["versions"] if v["served"]]
+        storage = next(v for v in versions if v.get("storage"))
+        if any(v["schema"] != storage["schema"] for v in versions):
+            sys.exit(f"{path.name}: its served versions' schemas differ; docs/api.md shows one schema per kind")
+        rows: dict[str, tuple[list[str], list[str], list[str]]] = {}
+        _schema_rows(storage["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec", rows)
+        served = ", ".join(f"`{crd['spec']['group']}/{v['name']}`" for v in versions)
+        out += [f"## {crd['spec']['names']['kind']}", "", f"`{path.name}`, served as {served} (one schema).", ""]
+        notes = API_NOTES.get(crd["spec"]["names"]["kind"])
+        if notes:
+            out += [*textwrap.wrap(" ".join(notes.split()), 116), ""]
+        shown = [(f, d, a, r) for f, (d, a, r) in rows.items() if d or a or r]
+        if not shown:
+            out += ["No rule beyond the fields' types.", ""]
+            continue
+        out += ["| field | default | allowed | refused with (CEL rule) |", "| --- | --- | --- | --- |",
+                *(f"| `{f}` | {' '.join(d)} | {'; '.join(a)} | {'<br>'.join(r)} |"
+                  for f, d, a, r in shown), ""]
+    write(ROOT / "docs" / "api.md", "\n".join(out))
+
+
+#: What a kind's table cannot say: a default or an immutability a CRD rule cannot express, or where this
+#: implementation differs from upstream.
+API_NOTES = {
+    "KafkaSource": "`consumerGroup` has no CRD default: upstream's webhook writes "
+                   "`knative-kafka-source-<random UUID>`, which a CRD default cannot. Unset, the controller and the "
+                   "dispatcher use "
+                   "`knative-kafka-source-<metadata.uid>` for the source's lifetime (the field stays unset); once "
+                   "created, the field may not be added, changed or removed, since another group would start again "
+                   "from `initialOffset`.",
+    "KafkaChannel": "Upstream makes the whole spec but `subscribers` and `delivery` immutable. Here "
+                    "`replicationFactor` is immutable, `numPartitions` may grow (the controller adds partitions to "
+                    "the topic) but not shrink, and `retentionDuration` may change (the controller alters the "
+                    "topic's `retention.ms`). `subscribers` holds at most 1000 entries, which keeps the duration "
+                    "rules of their `delivery` within the API server's CEL cost budget.",
+    "Broker": "Upstream also makes the `eventing.knative.dev/broker.class` annotation immutable; CRD rules cannot read "
+              "annotations, so that stays unchecked here.",
+    "Trigger": "A `filters` entry may set one dialect, as upstream; the entries nested in `all`, `any` and `not`, and "
+               "the attribute names of `filter.attributes`, `exact`, `prefix` and `suffix` (lower-case letters and "
+               "digits, starting with a letter), are checked by the controller instead (`SubscriptionReady=False` "
+               "with the field path): the schema does not recurse, and a CEL rule over map keys of unbounded length "
+               "exceeds the API server's cost budget. `filters` holds at most 100 entries, which keeps the dialect "
+               "rule within that budget.",
+    "EventPolicy": "Upstream's webhook also refuses an EventPolicy while its oidc-authentication feature is off; "
+                   "here one is accepted either way and takes effect once `receiver.auth.enabled` is on "
+                   "(security.md). `from` holds at most 1000 entries, which keeps the `sub` rule within the API "
+                   "server's CEL cost budget.",
+    "KafkaSink": "Unlike upstream, `bootstrapServers` may be left out: the sink then uses the controller's own "
+                 "cluster (config-kafka).",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--helm", required=True, help="helm binary (renders the Kustomize base from the chart)")
@@ -678,6 +787,7 @@ def main() -> None:
     settings_doc()
     figures()
     examples()
+    api_doc()
     helm_docs(args.helm_docs)
 
 

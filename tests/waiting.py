@@ -33,3 +33,13 @@ def wait_for(check: Callable[[], T], timeout: float = 30.0, what: str = "conditi
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
         time.sleep(interval)
+
+
+def seconds_until(check: Callable[[], object], timeout: float = 30.0, what: str = "condition", *,
+                  interval: float = 0.05, tolerate: tuple[type[BaseException], ...] = ()) -> float:
+    """How long, from now, until ``check`` holds (polled as ``wait_for`` does): for tests that assert a latency —
+    start the clock at the cause, then assert on the returned seconds, with ``timeout`` well past the bound so a
+    failure says how late it was (or that it never came)."""
+    start = time.monotonic()
+    wait_for(check, timeout, what, interval=interval, tolerate=tolerate)
+    return time.monotonic() - start

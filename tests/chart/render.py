@@ -23,6 +23,7 @@ from referencing import Registry, Resource
 
 from kafka_eventing.core.kafka_config import load_providers
 from kafka_eventing.core.settings import Settings
+from kafka_eventing.core.tokens import TOKEN_ROLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -274,3 +275,122 @@ def notes(*files: str, sets: tuple[str, ...] = (), apis: tuple[str, ...] = ()) -
             args += ["--api-versions", a]
         text: str = yaml.safe_load(run(args).stdout)["notes"]
         return text
+
+
+
+
+READ_VERBS = {"get", "list", "watch"}
+
+
+#: Verbs that hand out more than the role holds: never granted.
+ESCALATING_VERBS = {"escalate", "bind", "impersonate"}
+
+
+#: Volume types the restricted profile allows.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+def restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """What keeps a pod spec from the Pod Security Standard "restricted" (v1.34), plus a writable root fs."""
+    out: list[str] = []
+    psc = spec.get("securityContext") or {}
+    for flag in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"):
+        if spec.get(flag) is (flag != "hostUsers"):
+            out.append(f"{flag}={spec.get(flag)}")
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            out.append(f"volume {volume['name']}: {sorted(kinds - RESTRICTED_VOLUMES)}")
+    if psc.get("runAsUser") == 0:
+        out.append("pod runAsUser=0")
+    for sysctl in psc.get("sysctls", []):
+        out.append(f"sysctl {sysctl.get('name')}")
+    containers = spec.get("containers", []) + spec.get("initContainers", []) + spec.get("ephemeralContainers", [])
+    assert spec.get("containers"), "a pod without containers"
+    for c in containers:
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+
+        def effective(key: str, sc: dict[str, Any] = sc) -> Any:
+            return sc[key] if key in sc else psc.get(key)
+
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation is not false")
+        if effective("runAsNonRoot") is not True:
+            out.append(f"{name}: runAsNonRoot is not true")
+        if effective("runAsUser") == 0:
+            out.append(f"{name}: runAsUser=0")
+        if (effective("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            out.append(f"{name}: seccompProfile is not RuntimeDefault")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: adds capabilities {caps['add']}")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount {sc['procMount']}")
+        if (effective("appArmorProfile") or {}).get("type") == "Unconfined":
+            out.append(f"{name}: AppArmor unconfined")
+        if (effective("windowsOptions") or {}).get("hostProcess"):
+            out.append(f"{name}: hostProcess")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{name}: hostPort")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            out.append(f"{name}: root filesystem writable")
+    return out
+
+
+def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
+    """Wildcards, escalation verbs, aggregated roles, and Secret access beyond reading in the release namespace."""
+    docs = list(docs)
+    out: list[str] = []
+    roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    #: the ClusterRoles the controller binds in KafkaNamespaced Brokers' namespaces (broker.namespaced.enabled)
+    data_plane = {name for kind, _, name in roles if kind == "ClusterRole" and name.endswith(("-receiver",
+                                                                                               "-dispatcher"))}
+    for (kind, ns, name), role in roles.items():
+        if role.get("aggregationRule"):
+            out.append(f"{kind}/{name}: aggregationRule (grants whatever other roles match)")
+        for rule in role.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                if any("*" in item for item in rule.get(field, [])):
+                    out.append(f"{kind}/{name}: wildcard in {field}: {rule}")
+            # escalate/bind only on the one Role that lists the senders' OIDC accounts (controller/identities.py).
+            # bind also on the chart's data-plane ClusterRoles, by name, for the KafkaNamespaced data planes.
+            binds_data_plane = (rule.get("verbs") == ["bind"] and rule.get("resources") == ["clusterroles"]
+                                and set(rule.get("resourceNames") or ["*"]) <= data_plane)
+            if set(rule.get("verbs", [])) & ESCALATING_VERBS and not binds_data_plane and (
+                    rule.get("resources") != ["roles"] or rule.get("resourceNames") != [TOKEN_ROLE]):
+                out.append(f"{kind}/{name}: escalating verbs {rule['verbs']}")
+            secrets = "" in rule.get("apiGroups", []) and "secrets" in rule.get("resources", [])
+            # The one writer: the controller, of its copies of KafkaSources' net keys, in the release namespace.
+            copies = kind == "Role" and ns == NAMESPACE and name.endswith("-controller")
+            # ... and, everywhere, of the receiver's Secrets for KafkaNamespaced data planes: created, or updated by
+            # name, never read.
+            namespaced_copies = kind == "ClusterRole" and name.endswith("-controller") and (
+                rule["verbs"] == ["create"] or (rule["verbs"] == ["update"] and rule.get("resourceNames")))
+            if secrets and set(rule["verbs"]) - READ_VERBS and not (copies or namespaced_copies):
+                out.append(f"{kind}/{name}: writes Secrets: {rule['verbs']}")
+            # Minting tokens is acting as that ServiceAccount: only named accounts, in one namespace.
+            if "" in rule.get("apiGroups", []) and "serviceaccounts/token" in rule.get("resources", []) and (
+                    kind == "ClusterRole" or not rule.get("resourceNames")):
+                out.append(f"{kind}/{name}: serviceaccounts/token for unnamed accounts or in every namespace")
+    # Where each role's Secret rules apply: a ClusterRoleBinding makes them cluster-wide.
+    for binding in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding"):
+        ref = binding["roleRef"]
+        ns = "" if ref["kind"] == "ClusterRole" else binding["metadata"].get("namespace", "")
+        role = roles.get((ref["kind"], ns, ref["name"]))
+        reads_secrets = role is not None and any(
+            "" in r.get("apiGroups", []) and "secrets" in r.get("resources", []) and set(r["verbs"]) & READ_VERBS
+            for r in role.get("rules", []))
+        if not reads_secrets:
+            continue
+        where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        if where != NAMESPACE:
+            out.append(f"{binding['kind']}/{binding['metadata']['name']}: Secrets readable in "
+                       f"{where or 'every namespace'}")
+    return out

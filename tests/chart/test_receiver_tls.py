@@ -10,8 +10,20 @@ import pytest
 
 from kafka_eventing.core.settings import Settings
 
-from .render import CHART, NAMESPACE, OPTIONAL_APIS, RELEASE, container_env, helm, of_kind, one, run, tool, validate
-from .test_pod_security_and_rbac import restricted_violations
+from .render import (
+    CHART,
+    NAMESPACE,
+    OPTIONAL_APIS,
+    RELEASE,
+    container_env,
+    helm,
+    of_kind,
+    one,
+    restricted_violations,
+    run,
+    tool,
+    validate,
+)
 
 RECEIVER = f"{RELEASE}-receiver"
 CONTROLLER = f"{RELEASE}-controller"

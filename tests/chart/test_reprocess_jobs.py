@@ -23,11 +23,12 @@ from .render import (
     one,
     parse,
     pod_spec,
+    rbac_problems,
+    restricted_violations,
     run,
     scenario,
     tool,
 )
-from .test_pod_security_and_rbac import rbac_problems, restricted_violations
 
 
 def job_env(docs: tuple[dict[str, Any], ...], doc: dict[str, Any]) -> dict[str, Any]:

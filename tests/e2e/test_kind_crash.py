@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from e2e._host import assert_host_unchanged, hold_netns, host_state
 from e2e._scenario import wait
-from e2e.test_kind import assert_host_unchanged, hold_netns, host_state
 from kafka_eventing.localstack import kind as engine_mod
 from kafka_eventing.localstack.cluster import netns_command
 from kafka_eventing.localstack.tools import tool_path

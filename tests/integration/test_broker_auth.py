@@ -25,11 +25,13 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
-from test_broker_conformance import PONG, RunningDispatcher, reply_with
-from test_broker_controller import Brokers, api, brokers, start  # noqa: F401 - fixtures used by name
-from test_controller import Env, env  # noqa: F401
-from test_dispatcher import Received, Subscriber
-from test_receiver import Receiver, binary_headers, read_all, start_receiver  # noqa: F401
+from support.broker_dispatch import PONG, RunningDispatcher, reply_with
+from support.brokers import (
+    Brokers,
+)
+from support.brokers import api as brokers_api
+from support.dispatcher import Received, Subscriber
+from support.receiver import Receiver, binary_headers, read_all
 
 from fixtures.kube import account_client
 from kafka_eventing.controller.crd import SOURCE_CRD, install_crd
@@ -46,6 +48,9 @@ from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter, MemoryStat
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = brokers_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -86,7 +91,7 @@ def trigger_subject(namespace: str, name: str) -> str:
 
 
 def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_broker(
-        brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:
     from kubernetes import client
 
@@ -287,7 +292,7 @@ def test_each_trigger_sends_as_itself_and_a_token_it_received_opens_no_other_bro
 
 
 def test_with_exactly_the_charts_rbac_the_controller_grants_the_dispatchers_a_triggers_token_and_no_more(
-        brokers: Brokers, kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:  # noqa: F811
+        brokers: Brokers, kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:
     """The controller's side of the RBAC, as the chart grants it (escalate and bind on the token Role's name only):
     it creates a Trigger's account and the Role and RoleBinding, and then the dispatchers may request that account's
     token. What it was not granted stays refused: another Role name, a ClusterRole; an account of the Trigger's name

@@ -10,9 +10,7 @@ out (dropped and counted); failed deliveries are retried then dead-lettered with
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,31 +18,31 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from prometheus_client import CollectorRegistry
-from test_broker_controller import Brokers, api, brokers, start  # noqa: F401 - fixtures used by name
-from test_controller import Env, env  # noqa: F401
-from test_dispatcher import Received, Subscriber, committed
-from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401
+from support.broker_dispatch import PONG, RunningDispatcher, reply_with
+from support.brokers import (
+    Brokers,
+    start,
+)
+from support.brokers import api as brokers_api
+from support.dispatcher import Received, Subscriber, committed
+from support.receiver import Receiver, binary_headers
 
 from kafka_eventing.core import brokers as kb
-from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
-from kafka_eventing.dispatcher import create_dispatcher
 from kafka_eventing.dispatcher.delivery import TTL_EXTENSION
 from kafka_eventing.dispatcher.status import KubeTriggerStatusWriter
 from kafka_eventing.dispatcher.triggers import KubeTriggerSource
 from kafka_eventing.localstack.kube import KubeControlPlane
 from waiting import wait_for
 
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = brokers_api
+
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 BROKER = "default"
-PONG = {"ce-specversion": "1.0", "ce-id": "pong-1", "ce-source": "/replier", "ce-type": "com.example.pong",
-        "content-type": "text/plain"}
 
 
-def reply_with(headers: dict[str, str]) -> Callable[[Received, int], tuple[int, dict[str, str], bytes, float]]:
-    return lambda _r, _a: (200, headers, b"pong", 0.0)
 
 
 def loop_reply(received: Received, _attempt: int) -> tuple[int, dict[str, str], bytes, float]:
@@ -60,27 +58,10 @@ def http() -> Iterator[Subscriber]:
         yield sub
 
 
-class RunningDispatcher:
-    def __init__(self, settings: Settings, source: KubeTriggerSource, writer: KubeTriggerStatusWriter,
-                 **options: Any) -> None:
-        self.dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
-                                            status_writer=writer, registry=CollectorRegistry(), host="127.0.0.1",
-                                            port=0, **options)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.dispatcher.run()), daemon=True)
-        self.thread.start()
-
-    def metric(self, name: str, **labels: str) -> float:
-        registry = self.dispatcher.metrics.registry
-        return registry.get_sample_value(name, labels) or 0.0
-
-    def stop(self) -> None:
-        self.dispatcher.stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
-def dispatcher(kube_control_plane: KubeControlPlane, brokers: Brokers) -> Iterator[Callable[[str], RunningDispatcher]]:  # noqa: F811
+def dispatcher(kube_control_plane: KubeControlPlane, brokers: Brokers) -> Iterator[Callable[[str], RunningDispatcher]]:
     running: list[RunningDispatcher] = []
 
     def run(reply_uri: str) -> RunningDispatcher:
@@ -101,7 +82,7 @@ def dispatcher(kube_control_plane: KubeControlPlane, brokers: Brokers) -> Iterat
             d.stop()
 
 
-def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],
                            kube_control_plane: KubeControlPlane,
                            dispatcher: Callable[[str], RunningDispatcher]) -> None:
     e = brokers.env
@@ -221,7 +202,7 @@ def test_broker_data_plane(brokers: Brokers, http: Subscriber, start_receiver: C
 
 
 def test_trigger_consumes_only_once_ready_from_the_latest_offset_and_keeps_its_group_across_restarts(
-        brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        brokers: Brokers, http: Subscriber, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane, dispatcher: Callable[[str], RunningDispatcher]) -> None:
     e = brokers.env
     start(e)

@@ -8,79 +8,28 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
-from prometheus_client import CollectorRegistry
-from test_dispatcher import KAFKA_EXTRA, InProcess, Subscriber, committed, http, produce  # noqa: F401
+from support.broker_dispatch import BROKER, NS, ends, trigger, write_broker
+from support.dispatcher import InProcess, Subscriber, committed, produce
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.brokers import reader_group
-from kafka_eventing.core.kafka_config import connection_from_settings
-from kafka_eventing.core.settings import Settings
-from kafka_eventing.dispatcher import create_dispatcher
-from kafka_eventing.dispatcher.broker_dispatcher import BrokerDispatcher
-from kafka_eventing.dispatcher.triggers import FileTriggerSource
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
-NS = "default"
-BROKER = "b"
 
 
-def write_broker(path: Path, topic: str, triggers: list[dict[str, Any]]) -> None:
-    docs: list[dict[str, Any]] = [{
-        "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
-        "metadata": {"name": BROKER, "namespace": NS, "annotations": {
-            kb.ANNOTATION_BROKER_CLASS: "Kafka", kb.ANNOTATION_EXTERNAL_TOPIC: topic}}, "spec": {}}]
-    docs += triggers
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump_all(docs))
-    tmp.replace(path)
 
 
-def trigger(name: str, uri: str, *, ordered: bool = False, filters: list[dict[str, Any]] | None = None,
-            delivery: dict[str, Any] | None = None) -> dict[str, Any]:
-    annotations = {kb.ANNOTATION_DELIVERY_ORDER: "ordered"} if ordered else {}
-    spec: dict[str, Any] = {"broker": BROKER, "subscriber": {"uri": uri}}
-    if filters:
-        spec["filters"] = filters
-    if delivery:
-        spec["delivery"] = delivery
-    return {"apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
-            "metadata": {"name": name, "namespace": NS, "generation": 1, "annotations": annotations}, "spec": spec}
 
 
-@pytest.fixture
-def broker_dispatch(kafka_running: KafkaNode) -> Iterator[Callable[..., InProcess]]:
-    started: list[InProcess] = []
-
-    def make(path: Path, *, window: float = 5.0, **settings_kw: Any) -> InProcess:
-        settings = Settings(bootstrap_servers=kafka_running.bootstrap_servers, broker_namespace=NS,
-                            broker_name=BROKER, channels_file=path, log_level="WARNING",
-                            kafka_extra=KAFKA_EXTRA, **settings_kw)
-        source = FileTriggerSource(path, settings, NS, BROKER, poll_interval=0.1)
-        dispatcher = create_dispatcher(settings, connection_from_settings(settings), source,
-                                       registry=CollectorRegistry(), host="127.0.0.1", port=0, window=window)
-        assert isinstance(dispatcher, BrokerDispatcher)
-        running = InProcess(dispatcher, source).start()
-        started.append(running)
-        wait_for(running.ready, 30, "the shared reader joined and every Trigger placed")
-        return running
-
-    try:
-        yield make
-    finally:
-        for running in started:
-            if running.thread.is_alive():
-                running.stop()
 
 
 def group_offsets(kafka: KafkaNode, group: str) -> dict[int, int]:
@@ -94,18 +43,10 @@ def groups(kafka: KafkaNode) -> set[str]:
     return {g.group_id for g in admin.list_consumer_groups().result(10).valid}
 
 
-def ends(kafka: KafkaNode, topic: str) -> list[int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka.client_config(), "group.id": "probe"})
-    try:
-        return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(3)]
-    finally:
-        consumer.close()
 
 
 def test_each_trigger_commits_to_its_own_group_from_one_shared_read(
-        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,
         broker_dispatch: Callable[..., InProcess]) -> None:
     path = tmp_path / "broker.yaml"
     write_broker(path, topic, [
@@ -132,7 +73,7 @@ def test_each_trigger_commits_to_its_own_group_from_one_shared_read(
 
 
 def test_a_failing_trigger_holds_the_others_back_at_most_the_window_then_catches_up(
-        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,
         broker_dispatch: Callable[..., InProcess]) -> None:
     failing = {"on": True}
     http.behaviours["/slow"] = lambda _r, _a: (503 if failing["on"] else 200, {}, b"", 0.0)
@@ -167,7 +108,7 @@ def test_a_failing_trigger_holds_the_others_back_at_most_the_window_then_catches
 
 
 def test_trigger_added_later_starts_at_latest_and_a_deleted_triggers_group_goes(
-        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,
         broker_dispatch: Callable[..., InProcess]) -> None:
     path = tmp_path / "broker.yaml"
     first = trigger("first", http.url("/first"))
@@ -192,7 +133,7 @@ def test_trigger_added_later_starts_at_latest_and_a_deleted_triggers_group_goes(
 
 
 def test_restart_replays_only_what_each_trigger_had_not_committed_and_ordered_keeps_order(
-        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,
         broker_dispatch: Callable[..., InProcess]) -> None:
     path = tmp_path / "broker.yaml"
     write_broker(path, topic, [trigger("ord", http.url("/ord"), ordered=True), trigger("un", http.url("/un"))])

@@ -43,8 +43,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from test_dispatcher import KAFKA_EXTRA, NS, InProcess, Received, Subscriber
-from test_receiver import Receiver, read_topic, start_receiver  # noqa: F401 - fixture used by name
+from support.dispatcher import KAFKA_EXTRA, NS, InProcess, Received, Subscriber
+from support.receiver import Receiver, read_topic
 
 from events import assert_arrived_as_sent, request
 from events import events as any_events
@@ -345,7 +345,7 @@ class Dispatchers:
 @pytest.mark.parametrize("target", ["channel-binary", "channel-structured", "broker", "sink-binary",
                                     "sink-structured", "source"])
 def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Callable[[str], Listener],
-                                     kafka_running: KafkaNode, start_receiver: Callable[..., Receiver],  # noqa: F811
+                                     kafka_running: KafkaNode, start_receiver: Callable[..., Receiver],
                                      tmp_path: Path) -> None:
     topic = new_topic(kafka_running)
     tool = {"listen-binary": listen("binary"), "listen-json": listen("json")}
@@ -413,7 +413,7 @@ def test_every_event_arrives_as_sent(target: str, cloudevents: Path, listen: Cal
 
 @pytest.mark.parametrize("target", ["channel-binary", "channel-structured", "broker"])
 def test_any_valid_event_arrives_identical_through_the_real_parts(
-        target: str, kafka_running: KafkaNode, start_receiver: Callable[..., Receiver]) -> None:  # noqa: F811
+        target: str, kafka_running: KafkaNode, start_receiver: Callable[..., Receiver]) -> None:
     """The property of tests/unit/core/test_fidelity.py on the real receiver, Kafka and dispatcher: any valid event,
     sent in binary or structured mode, reaches a binary-mode and a ``delivery.format: json`` subscriber identical."""
     topic = new_topic(kafka_running)

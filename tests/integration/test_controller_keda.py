@@ -10,16 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import test_controller  # the controller tests' fixtures and helpers (same directory, on pytest's path)
 from kubernetes.client.rest import ApiException
-from test_controller import Env, dispatcher, eventually, reconciles
+from support.controller import Env, dispatcher, eventually, reconciles
 
 from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import DEFAULT_CONFIG_MAP
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
-api, env = test_controller.api, test_controller.env  # the same fixtures: real apiserver + Kafka, a system namespace
+
 
 KEDA_ON = {"dispatcher.keda.enabled": "true", "dispatcher.keda.minReplicas": "1",
            "dispatcher.keda.maxReplicas": "8", "dispatcher.keda.lagThreshold": "50",

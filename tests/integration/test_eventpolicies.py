@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_controller import Env, api, env, eventually  # noqa: F401 - fixtures
-from test_receiver import Receiver, binary_headers, read_all, start_receiver  # noqa: F401 - fixture
+from support.controller import Env, eventually
+from support.receiver import Receiver, binary_headers, read_all
 
 from kafka_eventing.controller.crd import install_crd
 from kafka_eventing.core import eventpolicies as ep
@@ -65,7 +65,7 @@ def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def test_event_policies_and_default_modes_with_real_tokens(
         kafka_running: KafkaNode, topic: str, tmp_path: Path, kube_control_plane: KubeControlPlane,
-        kube_namespace: str, start_receiver: Callable[..., Receiver]) -> None:  # noqa: F811
+        kube_namespace: str, start_receiver: Callable[..., Receiver]) -> None:
     from kubernetes import client
 
     ns = kube_namespace
@@ -171,7 +171,7 @@ def test_event_policies_and_default_modes_with_real_tokens(
 
 
 def test_the_controller_reports_policies_on_targets_and_on_themselves(
-        env: Env, kube_control_plane: KubeControlPlane) -> None:  # noqa: F811
+        env: Env, kube_control_plane: KubeControlPlane) -> None:
     """The real controller on the real apiserver: which policies apply to a KafkaChannel (``status.policies``,
     EventPoliciesReady), and each policy's own status where the chart owns the CRD (``status.from``, Ready with a
     reason)."""
@@ -214,8 +214,10 @@ def test_the_controller_reports_policies_on_targets_and_on_themselves(
                [{"apiVersion": ep.API_VERSION, "name": "team-a"}], 40, "status.policies of the channel")
     assert e.condition("orders", ep.TARGET_POLICIES_READY)["reason"] == "EventPoliciesReady"  # type: ignore[index]
 
-    # A policy that cannot be used closes the namespace: it applies, and the channel says so.
-    create("broken", {"to": [{}], "from": [{"sub": "x"}]})
+    # A policy that cannot be used closes the namespace: it applies, and the channel says so. (A `to` entry naming
+    # neither a ref nor a selector is refused at apply by the CRD; a selector's operator only the controller checks.)
+    create("broken", {"to": [{"selector": {"matchExpressions": [{"key": "team", "operator": "Near"}]}}],
+                      "from": [{"sub": "x"}]})
     cond = e.wait_condition("orders", ep.TARGET_POLICIES_READY, "False")
     assert cond["reason"] == "EventPoliciesNotReady" and "broken" in cond["message"]
     assert [p["name"] for p in e.get("orders")["status"]["policies"]] == ["broken", "team-a"]

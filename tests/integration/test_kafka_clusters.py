@@ -16,15 +16,22 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
-from test_broker_controller import Brokers, brokers  # noqa: F401 - fixtures used by name
-from test_controller import Env, env, eventually  # noqa: F401
-from test_kafka_sink import SINK_HOST, Sinks, api, sinks  # noqa: F401
-from test_receiver import Receiver, read_topic, start_receiver  # noqa: F401
+from support.brokers import Brokers
+from support.controller import Env, eventually
+from support.receiver import Receiver, read_topic
+from support.sinks import (
+    SINK_HOST,
+    Sinks,
+)
+from support.sinks import api as sinks_api
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.kafka_config import STATUS_BOOTSTRAP, STATUS_CHECKSUM, STATUS_SECRET
 from kafka_eventing.localstack.kafka import KafkaNode
 from kafka_eventing.localstack.kube import KubeControlPlane
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = sinks_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -63,14 +70,14 @@ def config_map(b: Brokers, name: str, data: dict[str, str]) -> dict[str, Any]:
     return {"config": {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "namespace": e.system}}
 
 
-def kube_receiver(start_receiver: Callable[..., Receiver], b: Brokers, kube: KubeControlPlane,  # noqa: F811
+def kube_receiver(start_receiver: Callable[..., Receiver], b: Brokers, kube: KubeControlPlane,
                   **variables: str) -> Receiver:
     return start_receiver("", bootstrap=b.env.kafka.bootstrap_servers, env={
         "KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube.kubeconfig), **variables})
 
 
 def test_a_broker_on_a_second_cluster_gets_its_events_there_and_only_there(
-        brokers: Brokers, second_kafka: KafkaNode, start_receiver: Callable[..., Receiver],  # noqa: F811
+        brokers: Brokers, second_kafka: KafkaNode, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane) -> None:
     e = brokers.env
     start(e)
@@ -106,7 +113,7 @@ def test_a_broker_on_a_second_cluster_gets_its_events_there_and_only_there(
 
 
 def test_a_rotated_secret_reaches_the_producer(
-        brokers: Brokers, second_kafka: KafkaNode, start_receiver: Callable[..., Receiver],  # noqa: F811
+        brokers: Brokers, second_kafka: KafkaNode, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane) -> None:
     e = brokers.env
     start(e)
@@ -141,7 +148,7 @@ def test_a_rotated_secret_reaches_the_producer(
 
 
 def test_past_the_bound_of_connections_a_target_gets_503(
-        brokers: Brokers, second_kafka: KafkaNode, start_receiver: Callable[..., Receiver],  # noqa: F811
+        brokers: Brokers, second_kafka: KafkaNode, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane) -> None:
     e = brokers.env
     start(e)
@@ -162,8 +169,8 @@ def test_past_the_bound_of_connections_a_target_gets_503(
 
 
 def test_a_kafka_sink_on_a_second_cluster_gets_its_events_there_and_503_when_it_is_down(
-        sinks: Sinks, brokers: Brokers, second_kafka: KafkaNode,  # noqa: F811
-        start_receiver: Callable[..., Receiver], kube_control_plane: KubeControlPlane) -> None:  # noqa: F811
+        sinks: Sinks, brokers: Brokers, second_kafka: KafkaNode,
+        start_receiver: Callable[..., Receiver], kube_control_plane: KubeControlPlane) -> None:
     e = sinks.env
     start(e)
     far = f"far-{uuid.uuid4().hex[:8]}"

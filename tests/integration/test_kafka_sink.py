@@ -8,75 +8,35 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import NewTopic
-from kubernetes import client
 from kubernetes.client.rest import ApiException
-from test_broker_controller import Brokers, brokers  # noqa: F401 - a fixture used by name
-from test_controller import Env, env, eventually  # noqa: F401
-from test_receiver import Receiver, read_topic, start_receiver  # noqa: F401
+from support.brokers import Brokers
+from support.controller import Env, eventually
+from support.receiver import Receiver, read_topic
+from support.sinks import (
+    SINK_HOST,
+    Sinks,
+)
+from support.sinks import api as sinks_api
 
-from kafka_eventing.controller.crd import BROKER_CRDS, SINK_CRDS, install_crd
-from kafka_eventing.controller.main import api_client
 from kafka_eventing.core import brokers as kb
-from kafka_eventing.core import sinks as ks
 from kafka_eventing.localstack.kube import KubeControlPlane
+
+#: The module's API server, with these kinds' CRDs (a fixture, used by name).
+api = sinks_api
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
-SINK_HOST = "kafka-sink-ingress"
 
 
-@pytest.fixture(scope="module")
-def api(kube_control_plane: KubeControlPlane) -> Iterator[client.ApiClient]:
-    c = api_client(kube_control_plane.kubeconfig)
-    install_crd(c)
-    for file in (*BROKER_CRDS, *SINK_CRDS):
-        install_crd(c, file=file)
-    yield c
-    c.close()
 
 
-class Sinks:
-    def __init__(self, environment: Env) -> None:
-        self.env, self.ns, self.custom = environment, environment.namespace, environment.custom
-
-    def create(self, name: str, **spec: Any) -> None:
-        body = {"apiVersion": f"{ks.GROUP}/{ks.VERSION}", "kind": ks.KIND,
-                "metadata": {"name": name, "namespace": self.ns}, "spec": spec}
-        self.custom.create_namespaced_custom_object(ks.GROUP, ks.VERSION, self.ns, ks.PLURAL, body)
-
-    def get(self, name: str) -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(ks.GROUP, ks.VERSION, self.ns, ks.PLURAL, name))
-
-    def condition(self, name: str, kind: str) -> dict[str, Any] | None:
-        for c in (self.get(name).get("status") or {}).get("conditions") or ():
-            if c["type"] == kind:
-                return dict(c)
-        return None
-
-    def wait(self, name: str, kind: str, status: str, reason: str | None = None,
-             timeout: float = 40) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            c = self.condition(name, kind)
-            ok = c is not None and c["status"] == status and (reason is None or c.get("reason") == reason)
-            return c if ok else None
-
-        return eventually(check, timeout, f"KafkaSink {name} {kind}={status} {reason or ''}")
-
-    def delete(self, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(ks.GROUP, ks.VERSION, self.ns, ks.PLURAL, name)
 
 
-@pytest.fixture
-def sinks(env: Env) -> Iterator[Sinks]:  # noqa: F811
-    yield Sinks(env)
-    for ctl in env.controllers:
-        ctl.stop()
-    env.controllers.clear()
 
 
 def start(environment: Env, **settings: Any) -> None:
@@ -163,8 +123,8 @@ BINARY = {"ce-specversion": "1.0", "ce-type": "com.example.sink", "ce-source": "
           "content-type": "application/json; charset=utf-8"}
 
 
-def test_kafka_sink_data_plane(sinks: Sinks, brokers: Brokers,  # noqa: F811
-                               start_receiver: Callable[..., Receiver],  # noqa: F811
+def test_kafka_sink_data_plane(sinks: Sinks, brokers: Brokers,
+                               start_receiver: Callable[..., Receiver],
                                kube_control_plane: KubeControlPlane) -> None:
     e = sinks.env
     start(e)

@@ -30,10 +30,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
-from test_broker_controller import RECEIVER, Brokers
-from test_controller import Env, env, eventually  # noqa: F401 - env is a fixture used by name
-from test_dispatcher import Received, Subscriber
-from test_receiver import Receiver, binary_headers, start_receiver  # noqa: F401 - a fixture
+from support.brokers import Brokers
+from support.controller import RECEIVER, Env, eventually
+from support.dispatcher import Received, Subscriber
+from support.receiver import Receiver, binary_headers
 
 from fixtures.knative import KnativeEventing
 from fixtures.kube import account_client, gone
@@ -75,7 +75,7 @@ def api(kube_control_plane: KubeControlPlane, knative_eventing: KnativeEventing)
 
 
 @pytest.fixture
-def knative(env: Env, knative_eventing: KnativeEventing) -> Iterator[Knative]:  # noqa: F811
+def knative(env: Env, knative_eventing: KnativeEventing) -> Iterator[Knative]:
     k = Knative(env, knative_eventing)
     try:
         yield k
@@ -206,7 +206,7 @@ def send(receiver: Receiver, ns: str, channel: str, event_id: str, event_type: s
 
 # -- tests ------------------------------------------------------------------------------------------------------
 def test_subscription_is_written_by_knative_and_delivered(knative: Knative, http: Subscriber,
-                                                          start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                          start_receiver: Callable[..., Receiver],
                                                           kube_control_plane: KubeControlPlane) -> None:
     e = knative.env
     e.start_controller()
@@ -278,7 +278,7 @@ def test_subscription_is_written_by_knative_and_delivered(knative: Knative, http
 
 
 def test_with_oidc_on_a_subscription_sends_as_the_account_knative_made_for_it(
-        knative: Knative, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        knative: Knative, http: Subscriber, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:
     """Knative's ``authentication-oidc`` on: its Subscription controller makes the Subscription's ServiceAccount and
     names it in the channel's ``spec.subscribers[].auth``; our controller lets the dispatchers request that account's
@@ -370,7 +370,7 @@ def test_channel_with_a_kafkachannel_template(knative: Knative, http: Subscriber
 
 
 def test_kafka_broker_and_trigger_on_knatives_crds(knative: Knative, http: Subscriber,
-                                                   start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                   start_receiver: Callable[..., Receiver],
                                                    kube_control_plane: KubeControlPlane) -> None:
     e = knative.env
     brokers = Brokers(e)
@@ -417,7 +417,7 @@ class ClusterDnsSource(KubeSourceSource):
 
 
 def test_kafka_source_into_a_kafka_broker_on_knatives_crds(knative: Knative, http: Subscriber,
-                                                          start_receiver: Callable[..., Receiver],  # noqa: F811
+                                                          start_receiver: Callable[..., Receiver],
                                                           kube_control_plane: KubeControlPlane) -> None:
     e = knative.env
     brokers = Brokers(e)
@@ -513,7 +513,7 @@ def _paced(http: Subscriber, path: str, post: Callable[[str], None], prefix: str
 
 
 def test_rate_limits_of_subscriptions_and_triggers_on_knatives_controller(
-        knative: Knative, http: Subscriber, start_receiver: Callable[..., Receiver],  # noqa: F811
+        knative: Knative, http: Subscriber, start_receiver: Callable[..., Receiver],
         kube_control_plane: KubeControlPlane) -> None:
     e = knative.env
     e.start_controller(brokers=True)

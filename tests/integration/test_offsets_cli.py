@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from test_broker_fanout import BROKER, NS, broker_dispatch, ends, trigger, write_broker  # noqa: F401
-from test_dispatcher import InProcess, Subscriber, committed, http, produce  # noqa: F401
+from support.broker_dispatch import BROKER, NS, ends, trigger, write_broker
+from support.dispatcher import InProcess, Subscriber, committed, produce
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.group_offsets import GroupOffsets
@@ -166,8 +166,8 @@ def rfc3339(at: float) -> str:
 
 
 def test_a_trigger_is_not_reset_under_its_running_broker_dispatcher_and_is_once_it_stops(
-        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,  # noqa: F811
-        broker_dispatch: Callable[..., InProcess], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        kafka_running: KafkaNode, topic: str, http: Subscriber, tmp_path: Path,
+        broker_dispatch: Callable[..., InProcess], monkeypatch: pytest.MonkeyPatch,
         capsys: Any) -> None:
     """The Trigger's group has no members (the Broker's dispatcher commits it from its shared read), so Kafka
     would take the commit and the dispatcher would commit over it with the next events: the reset is refused while

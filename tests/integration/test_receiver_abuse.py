@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import test_receiver as receiver_tests
-from test_receiver import Receiver, binary_headers, channels_yaml, read_all, worker_pids
+import support.receiver as receiver_tests
+from support.receiver import Receiver, binary_headers, channels_yaml, read_all, worker_pids
 
 from kafka_eventing.localstack.kafka import KafkaNode
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import jwt
 import pytest
-import test_receiver as receiver_tests
+import support.receiver as receiver_tests
 from cryptography.hazmat.primitives.asymmetric import rsa
-from test_receiver import Receiver, binary_headers, read_all
+from support.receiver import Receiver, binary_headers, read_all
 
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.core.brokers import broker_audience

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from test_receiver import Receiver, read_topic, start_receiver  # noqa: F401 - a fixture used by name
+from support.receiver import Receiver, read_topic
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.kafka_config import ConnectionRef
@@ -47,7 +47,7 @@ def event(event_id: str) -> dict[str, str]:
 
 
 def test_each_target_writes_to_its_own_cluster(kafka_running: KafkaNode, second: KafkaNode,
-                                               start_receiver: Callable[..., Receiver]) -> None:  # noqa: F811
+                                               start_receiver: Callable[..., Receiver]) -> None:
     suffix = uuid.uuid4().hex[:8]
     near, far_sink = f"near-{suffix}", f"far-sink-{suffix}"
     far_broker = kb.broker_topic("shop", f"far{suffix}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cryptography import x509
-from test_receiver import REPO, binary_headers, read_all, worker_pids
+from support.receiver import REPO, binary_headers, read_all, worker_pids
 
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.localstack import _proc

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_reprocess import _event, _one_line, _produce
+from support.reprocess import _event, _one_line, _produce
 from urllib3.exceptions import ProtocolError
 
 from kafka_eventing.localstack._proc import free_port

@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import CollectorRegistry
-from test_dispatcher import Subscriber, committed, produce
+from support.dispatcher import Subscriber, committed, produce
 
 from fixtures.kube import delete_crds
 from kafka_eventing.controller.crd import install_crd

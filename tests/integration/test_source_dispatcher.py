@@ -23,7 +23,7 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import CollectorRegistry
-from test_dispatcher import KAFKA_EXTRA, InProcess, Subscriber, committed, http, produce  # noqa: F401 - http: fixture
+from support.dispatcher import KAFKA_EXTRA, InProcess, Subscriber, committed, produce
 
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.kafka_config import connection_from_settings
@@ -103,7 +103,7 @@ def produce_plain(kafka: KafkaNode, topic: str, records: list[dict[str, Any]]) -
 
 
 def test_plain_records_become_cloudevents_as_upstream_converts_them(
-        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,
         source_dispatch: Any) -> None:
     topic = topics(1)
     path = tmp_path / "source.yaml"
@@ -144,7 +144,7 @@ def test_plain_records_become_cloudevents_as_upstream_converts_them(
     ("float", struct.pack(">d", 2.5), "2.5"),
     ("byte-array", b"\x00\xff\x10", base64.b64encode(b"\x00\xff\x10").decode()),
 ])
-def test_key_types(kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber,  # noqa: F811
+def test_key_types(kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber,
                    tmp_path: Path, source_dispatch: Any, key_type: str, key: bytes, expected: str) -> None:
     topic = topics(1)
     path = tmp_path / "source.yaml"
@@ -157,7 +157,7 @@ def test_key_types(kafka_running: KafkaNode, topics: Callable[[int], str], http:
 
 
 def test_cloudevents_pass_through_and_overrides_apply_to_all(
-        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,
         source_dispatch: Any) -> None:
     t1, t2 = topics(3), topics(2)
     path = tmp_path / "source.yaml"
@@ -183,7 +183,7 @@ def test_cloudevents_pass_through_and_overrides_apply_to_all(
 
 
 @pytest.mark.parametrize("ordering", ["ordered", "unordered"])
-def test_ordering(kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber,  # noqa: F811
+def test_ordering(kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber,
                   tmp_path: Path, source_dispatch: Any, ordering: str) -> None:
     topic = topics(1)
     # The first event is slow: ordered delivery holds the rest behind it, unordered does not.
@@ -202,7 +202,7 @@ def test_ordering(kafka_running: KafkaNode, topics: Callable[[int], str], http: 
 
 
 def test_retries_and_dead_letter_of_a_converted_record(
-        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,
         source_dispatch: Any) -> None:
     topic = topics(1)
     http.behaviours["/fail"] = lambda _r, _a: (503, {}, b"down", 0.0)
@@ -227,7 +227,7 @@ def test_retries_and_dead_letter_of_a_converted_record(
 
 @pytest.mark.parametrize("initial_offset", ["earliest", "latest"])
 def test_initial_offset_of_a_new_group(kafka_running: KafkaNode, topics: Callable[[int], str],
-                                       http: Subscriber, tmp_path: Path, source_dispatch: Any,  # noqa: F811
+                                       http: Subscriber, tmp_path: Path, source_dispatch: Any,
                                        initial_offset: str) -> None:
     topic = topics(1)
     produce_plain(kafka_running, topic, [{"value": b"before"}])
@@ -242,7 +242,7 @@ def test_initial_offset_of_a_new_group(kafka_running: KafkaNode, topics: Callabl
 
 
 def test_a_record_whose_headers_cannot_be_sent_is_skipped_and_the_rest_flow(
-        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,  # noqa: F811
+        kafka_running: KafkaNode, topics: Callable[[int], str], http: Subscriber, tmp_path: Path,
         source_dispatch: Any) -> None:
     """A ``content-type`` header carrying CR/LF would inject a header into the request, and the HTTP client refuses
     it on every attempt and every dead letter: the record is skipped (counted as ``invalid_header``, logged), and

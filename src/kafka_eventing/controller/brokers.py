@@ -43,6 +43,14 @@ from kafka_eventing.controller.connection import (
     ResolvedConnection,
     connection_annotations,
 )
+from kafka_eventing.controller.dependencies import (
+    Ref,
+    annotated_ref,
+    dead_letter_sink_waits,
+    ref_of,
+    waiting_for,
+    watch_dependencies,
+)
 from kafka_eventing.controller.destinations import HTTP_FORBIDDEN, Unresolved, not_readable, resolve_address
 from kafka_eventing.controller.host import (
     RESYNC,
@@ -50,6 +58,7 @@ from kafka_eventing.controller.host import (
     Host,
     Kind,
     enqueue_object,
+    namespace_of,
     on_policies,
     on_status_secret,
     readiness,
@@ -69,9 +78,11 @@ from kafka_eventing.controller.namespaced import (
 from kafka_eventing.controller.reconciler import (
     DEAD_LETTER_FIELDS,
     STOP_RECHECK_SECONDS,
+    TOPIC_NOT_FOUND,
     Reconciler,
     Result,
     SecretProblem,
+    TopicWait,
     dead_letter_status,
 )
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
@@ -179,15 +190,19 @@ class BrokerReconciler:
         self.kafka_timeout = kafka_timeout
         self.recheck_seconds = recheck_seconds
         self.filters = TriggerFilters()
+        #: Brokers whose external topic does not exist yet: looked for again within seconds
+        self.topic_wait = TopicWait()
 
     # -- Broker -----------------------------------------------------------------------------------------
     def reconcile_broker(self, namespace: str, name: str) -> Result:
         obj = self.brokers.brokers.get(namespace, name)
         if obj is None:
+            self.topic_wait.forget(namespace, name)
             return Result()
         meta = obj.get("metadata") or {}
         ours = kb.is_kafka_broker(obj)
         if meta.get("deletionTimestamp") or not ours:
+            self.topic_wait.forget(namespace, name)
             # A Broker whose class changed away from Kafka is cleaned up like a deleted one.
             return self._finalize_broker(obj) if BROKER_FINALIZER in (meta.get("finalizers") or ()) else Result()
         if BROKER_FINALIZER not in (meta.get("finalizers") or ()):
@@ -335,13 +350,17 @@ class BrokerReconciler:
         topic = kb.topic_of(obj)
         manage = self.settings.topic_management == "admin" and not external
         want = TopicSpec(topic, config.partitions, config.replication_factor, RETENTION_MS)
+        key = obj_key(obj)
         try:
             ensure_topic(self._admin(config.connection), want, manage=manage)
         except TopicError as exc:
             log.warning("broker topic not ready", extra={"topic": topic, "reason": exc.reason, "error": exc.message})
-            # Not retriable (a shrink, a bad replication factor) needs a config change; the resync rechecks.
-            retry = Result(error=exc.message) if exc.retriable else Result(requeue_after=self.recheck_seconds)
+            # Not retriable (a shrink, a bad replication factor) needs a config change; the resync rechecks. An
+            # external topic someone else creates is looked for again within seconds.
+            retry = (self.topic_wait.retry(*key) if exc.reason == TOPIC_NOT_FOUND else
+                     Result(error=exc.message) if exc.retriable else Result(requeue_after=self.recheck_seconds))
             return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), retry
+        self.topic_wait.found(*key)
         mode = "managed" if manage else "external"
         return Condition.true(cond.TOPIC_READY, "TopicReady", f"topic {topic} ({mode})"), Result()
 
@@ -767,6 +786,17 @@ def setup(host: Host) -> None:
     host.on(BROKER, on_broker)
     host.on(TRIGGER, enqueue_object(host, TRIGGER))
     host.on(SECRET, on_secret)
+
+    def trigger_waits(trigger: Mapping[str, Any]) -> set[Ref]:
+        namespace, spec = namespace_of(trigger), trigger.get("spec") or {}
+        dependency = ((trigger.get("metadata") or {}).get("annotations") or {}).get(kb.ANNOTATION_DEPENDENCY)
+        return (waiting_for(trigger, SUBSCRIBER_RESOLVED, ref_of(spec.get("subscriber"), namespace))
+                | waiting_for(trigger, DEPENDENCY_READY, annotated_ref(dependency, namespace))
+                | dead_letter_sink_waits(trigger))
+
+    # The subscribers, dead-letter sinks and dependencies a Trigger (or a Broker's sink) waits for, watched by name.
+    watch_dependencies(host, BROKER, dead_letter_sink_waits)
+    watch_dependencies(host, TRIGGER, trigger_waits)
     on_status_secret(host, BROKER, brokers)
     on_policies(host, BROKER, brokers)
 

@@ -23,9 +23,17 @@ from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import HTTP_NOT_FOUND, api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
 from kafka_eventing.controller.connection import ResolvedConnection
+from kafka_eventing.controller.dependencies import dead_letter_sink_waits, watch_dependencies
 from kafka_eventing.controller.host import Host, Kind, enqueue_object, on_policies, readiness
 from kafka_eventing.controller.identities import IdentityError
-from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result, dead_letter_status
+from kafka_eventing.controller.reconciler import (
+    STOP_RECHECK_SECONDS,
+    TOPIC_NOT_FOUND,
+    Reconciler,
+    Result,
+    TopicWait,
+    dead_letter_status,
+)
 from kafka_eventing.controller.topics import TopicError, TopicSpec, ensure_topic
 from kafka_eventing.core.channels import (
     ANNOTATION_EXTERNAL_TOPIC,
@@ -57,14 +65,18 @@ class ChannelReconciler:
         # round trip; a spec or connection change, an error, or the recheck interval brings one.
         self._verified: dict[tuple[str, str], tuple[tuple[Any, ...], float]] = {}
         self.topic_ops: dict[str, int] = {}
+        #: channels whose external topic does not exist yet: looked for again within seconds
+        self.topic_wait = TopicWait()
 
     # -- entry --------------------------------------------------------------------------------------
     def reconcile(self, namespace: str, name: str) -> Result:
         obj = self.channels.get(namespace, name)
         if obj is None:
+            self.topic_wait.forget(namespace, name)
             return Result()  # deleted; the finalizer cleaned up before the object went away
         meta = obj.get("metadata") or {}
         if meta.get("deletionTimestamp"):
+            self.topic_wait.forget(namespace, name)
             return self._finalize(obj)
         if FINALIZER not in (meta.get("finalizers") or ()):
             obj = self._add_finalizer(obj)
@@ -177,6 +189,9 @@ class ChannelReconciler:
             if not exc.retriable:
                 # A shrink or a bad replication factor needs a spec change; that change brings an event.
                 return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), Result()
+            if exc.reason == TOPIC_NOT_FOUND:
+                # An external topic someone else creates: Ready within seconds of its creation.
+                return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), self.topic_wait.retry(*key)
             # Provider failures (Kafka down, quota) are retried with the queue's exponential backoff.
             return Condition.false(cond.TOPIC_READY, exc.reason, exc.message), Result(error=exc.message)
         for op, happened in (("create", outcome.created), ("partitions", outcome.partitions_added),
@@ -184,6 +199,7 @@ class ChannelReconciler:
             if happened:
                 self.topic_ops[op] = self.topic_ops.get(op, 0) + 1
         self._verified[key] = (fingerprint, time.monotonic())
+        self.topic_wait.found(*key)
         return ok, Result()
 
     def _topic_name(self, meta: Mapping[str, Any]) -> str:
@@ -327,6 +343,7 @@ def setup(host: Host) -> None:
     host.reconciles(KIND, reconciler.reconcile)
     host.on(KIND, enqueue_object(host, KIND))
     host.owns(res.ANNOTATION_CHANNEL, KIND)
+    watch_dependencies(host, KIND, dead_letter_sink_waits)  # a dead-letter sink that does not exist yet
     on_policies(host, KIND, channels)
     host.registry.register(ChannelReadiness(channels))
 

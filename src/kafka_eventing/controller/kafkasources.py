@@ -43,10 +43,24 @@ from kafka_eventing.controller import keda
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.api import api_error
 from kafka_eventing.controller.autoscaler import keda_scaled
+from kafka_eventing.controller.dependencies import (
+    Ref,
+    dead_letter_sink_waits,
+    ref_of,
+    waiting_for,
+    watch_dependencies,
+)
 from kafka_eventing.controller.destinations import Unresolved, resolve_address
-from kafka_eventing.controller.host import SECRET, Host, Kind, enqueue_object
+from kafka_eventing.controller.host import SECRET, Host, Kind, enqueue_object, namespace_of
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
-from kafka_eventing.controller.reconciler import STOP_RECHECK_SECONDS, Reconciler, Result, SecretProblem
+from kafka_eventing.controller.reconciler import (
+    STOP_RECHECK_SECONDS,
+    TOPIC_NOT_FOUND,
+    Reconciler,
+    Result,
+    SecretProblem,
+    TopicWait,
+)
 from kafka_eventing.controller.topics import KafkaTopicAdmin, TopicError
 from kafka_eventing.core import kafkasources as ks
 from kafka_eventing.core.conditions import Condition
@@ -103,15 +117,19 @@ class SourceReconciler:
         self.recheck_seconds = recheck_seconds
         self.kafka_timeout = kafka_timeout
         self._admins: dict[str, tuple[KafkaTopicAdmin, AdminClient]] = {}
+        #: sources whose topic does not exist yet: looked for again within seconds (its creation is no event)
+        self.topic_wait = TopicWait()
 
     # -- reconcile --------------------------------------------------------------------------------------
     def reconcile(self, namespace: str, name: str) -> Result:
         obj = self.sources.get(namespace, name)
         if obj is None:
+            self.topic_wait.forget(namespace, name)
             return Result()
         meta = obj.get("metadata") or {}
         finalizers = list(meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
+            self.topic_wait.forget(namespace, name)
             return self._finalize(obj) if SOURCE_FINALIZER in finalizers else Result()
         if SOURCE_FINALIZER not in finalizers:
             obj = self.base.set_finalizers(obj, [*finalizers, SOURCE_FINALIZER], SOURCE_API)
@@ -162,6 +180,7 @@ class SourceReconciler:
         try:
             data, connection, files = self.connection(spec)
             partitions = self._partitions(spec, connection)
+            self.topic_wait.found(namespace, name)
             conditions.append(Condition.true(ks.CONNECTION_ESTABLISHED, "ConnectionEstablished",
                                              f"{len(spec.topics)} topic(s), up to {partitions} partitions"))
         except ConnectionProblem as exc:
@@ -171,6 +190,8 @@ class SourceReconciler:
             conditions.append(cond.ready_condition(conditions, READY_DEPENDENTS))
             status["consumers"] = 0
             self.base.patch_status(obj, status, conditions, SOURCE_API)
+            if exc.reason == TOPIC_NOT_FOUND:
+                return self.topic_wait.retry(namespace, name)  # Ready within seconds of the topic's creation
             return recheck
         try:
             committed = self._commit_initial_offsets(spec, connection)
@@ -463,6 +484,14 @@ def setup(host: Host) -> None:
     host.on(ks.KIND, enqueue)
     host.on(SECRET, on_secret)
     host.owns(ANNOTATION_SOURCE, ks.KIND)
+
+    def source_waits(source: Mapping[str, Any]) -> set[Ref]:
+        sink = (source.get("spec") or {}).get("sink")
+        return (waiting_for(source, ks.SINK_PROVIDED, ref_of(sink, namespace_of(source)))
+                | dead_letter_sink_waits(source))
+
+    # The sink and dead-letter sink a source waits for, watched by name while it does.
+    watch_dependencies(host, ks.KIND, source_waits)
 
 
 KIND_SOURCE = Kind(ks.KIND, "sources", ks.GROUP, ks.VERSION, frozenset({ks.PLURAL}), setup)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,46 @@ class Result:
 
     error: str | None = None
     requeue_after: float | None = None
+
+
+#: A topic someone else creates (a KafkaSource's, a KafkaSink's, a Broker's or channel's external one) is looked for
+#: again after 1 s, then 2 s, then every 3 s while it is missing: Ready within 5 s of its creation, the rest of the
+#: reconcile (offsets, the dispatcher Deployment) included.
+TOPIC_WAIT_FIRST_SECONDS, TOPIC_WAIT_MAX_SECONDS = 1.0, 3.0
+#: ``TopicError.reason`` of a topic that does not exist (``topics.TopicNotFound``, an external topic)
+TOPIC_NOT_FOUND = "TopicNotFound"
+
+
+class TopicWait:
+    """How soon an object whose topic does not exist yet looks again: ``first`` seconds, doubling up to ``cap``, per
+    object; ``found`` resets it (and ``forget`` once the object is gone).
+
+    Kafka has no watch for a topic's creation, so this is a poll, but a bounded one: one topic description per
+    waiting object every ``cap`` seconds at most, so the object notices the topic within ``cap`` seconds of its
+    creation. Other topic failures (Kafka unreachable, not authorized, a quota) keep the work queue's exponential
+    backoff or the recheck: waiting for them sooner would only load Kafka.
+    """
+
+    def __init__(self, first: float = TOPIC_WAIT_FIRST_SECONDS, cap: float = TOPIC_WAIT_MAX_SECONDS) -> None:
+        self.first, self.cap = first, cap
+        self._tries: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def retry(self, namespace: str, name: str) -> Result:
+        with self._lock:
+            tries = self._tries.get((namespace, name), 0)
+            self._tries[(namespace, name)] = tries + 1
+        return Result(requeue_after=min(self.cap, self.first * 2 ** min(tries, 16)))
+
+    def found(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._tries.pop((namespace, name), None)
+
+    forget = found
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._tries)
 
 
 #: Knative's status fields of a resolved dead-letter sink (what the dispatchers read).

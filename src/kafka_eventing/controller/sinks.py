@@ -32,7 +32,7 @@ from kafka_eventing.controller import conditions as cond
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.connection import AdminPool, ResolvedConnection, connection_annotations
 from kafka_eventing.controller.host import Host, Kind, enqueue_object, on_policies, on_status_secret
-from kafka_eventing.controller.reconciler import Reconciler, Result, SecretProblem
+from kafka_eventing.controller.reconciler import TOPIC_NOT_FOUND, Reconciler, Result, SecretProblem, TopicWait
 from kafka_eventing.controller.topics import TopicError, TopicNotFound, TopicSpec
 from kafka_eventing.core import sinks as ks
 from kafka_eventing.core.conditions import Condition, find, from_dict
@@ -78,10 +78,13 @@ class SinkReconciler:
         self.core = base.core
         self.recheck_seconds, self.kafka_timeout = recheck_seconds, kafka_timeout
         self._admins: dict[str, AdminPool] = {}
+        #: sinks whose topic does not exist yet (and is not theirs to create): looked for again within seconds
+        self.topic_wait = TopicWait()
 
     def reconcile_sink(self, namespace: str, name: str) -> Result:
         obj = self.sinks.get(namespace, name)
         if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self.topic_wait.forget(namespace, name)
             return Result()  # nothing of its own to clean up: the topic stays, the receiver forgets it
         meta = obj["metadata"]
         conditions: list[Condition] = []
@@ -102,6 +105,10 @@ class SinkReconciler:
             topic_condition, topic_result = self._topic(config, obj.get("status"))
             conditions.append(topic_condition)
             result = topic_result if topic_result.error or topic_result.requeue_after else result
+            if topic_condition.reason == TOPIC_NOT_FOUND:
+                result = self.topic_wait.retry(namespace, name)  # Ready within seconds of the topic's creation
+            elif topic_condition.is_true:
+                self.topic_wait.found(namespace, name)
             if annotations := connection_annotations(obj.get("status"), config.connection.ref):
                 status["annotations"] = annotations
         conditions.append(self._data_plane())

@@ -147,7 +147,11 @@ class SourceSpec:
 
 
 def default_group(uid: str) -> str:
-    """Upstream's default ``consumerGroup`` (its webhook writes it; here the controller and dispatcher agree)."""
+    """The group of a source whose ``spec.consumerGroup`` is unset, for its lifetime (the uid never changes).
+
+    Upstream's webhook writes ``knative-kafka-source-<random UUID>`` into the spec; a CRD default cannot make one, so
+    here the field stays unset and the controller and the dispatcher both derive this name. The CRD refuses adding,
+    changing or removing ``consumerGroup`` after creation (docs/api.md), so the group never moves under a source."""
     return f"knative-kafka-source-{uid}"
 
 

@@ -86,3 +86,14 @@ def _keda_connection(secret: dict[str, str] | None, **cm: str) -> ResolvedConnec
     config_map = {"metadata": {"name": "config-kafka", "namespace": "knative-eventing"}, "data": data}
     return resolve(SETTINGS, DictStore(config_map), DictStore(_secret("creds", secret or {})),
                    environ={"AWS_REGION": "eu-west-1"})
+
+
+
+
+class StatusPatches:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
+                                              name: str, body: dict[str, Any], **_: Any) -> None:
+        self.calls.append(body)

@@ -14,17 +14,11 @@ from kafka_eventing.controller.reconciler import Reconciler, Stores
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 
-from .fakes import SETTINGS, DictStore
-
-
-class StatusPatches:
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
-                                              name: str, body: dict[str, Any], **_: Any) -> None:
-        self.calls.append(body)
-
+from .fakes import (
+    SETTINGS,
+    DictStore,
+    StatusPatches,
+)
 
 BROKER = {"metadata": {"namespace": "ns", "name": "b", "annotations": {kb.ANNOTATION_BROKER_CLASS: "Kafka"}},
           "status": {"conditions": [{"type": "Ready", "status": "True"}]}}

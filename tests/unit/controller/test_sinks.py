@@ -15,8 +15,7 @@ from kafka_eventing.controller.sinks import SinkReconciler
 from kafka_eventing.controller.topics import TopicError, TopicState
 from kafka_eventing.core.kafka_config import STATUS_BOOTSTRAP, STATUS_CHECKSUM, STATUS_SECRET, connection_ref
 
-from .fakes import SETTINGS, DictStore, FakeAdmin
-from .test_brokers import StatusPatches
+from .fakes import SETTINGS, DictStore, FakeAdmin, StatusPatches
 
 RECEIVER = {"metadata": {"namespace": "knative-eventing", "name": SETTINGS.receiver_deployment_name},
             "spec": {"replicas": 1}, "status": {"availableReplicas": 1, "replicas": 1, "updatedReplicas": 1,

@@ -4,15 +4,12 @@ for a Trigger once it is released."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kafka_eventing.broker.filters import TriggerFilters
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.brokers import reader_group
-from kafka_eventing.core.channels import Channel, ChannelKey
 from kafka_eventing.core.kafka_config import connection_from_settings
 from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.factory import create_dispatcher
@@ -23,39 +20,12 @@ from kafka_eventing.dispatcher.status import (
     MemoryStatusWriter,
     SubscriberStatus,
 )
-from kafka_eventing.dispatcher.triggers import broker_channel
 
-from .test_broker_dispatch import broker, trigger
-from .test_triggers import with_condition
-
-
-class Source:
-    """A ChannelSource whose snapshot the test sets."""
-
-    def __init__(self) -> None:
-        self.channels: dict[ChannelKey, Channel] = {}
-        self.callbacks: list[Callable[[dict[ChannelKey, Channel]], None]] = []
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def synced(self) -> bool:
-        return True
-
-    def get(self, key: ChannelKey) -> Channel | None:
-        return self.channels.get(key)
-
-    def snapshot(self) -> dict[ChannelKey, Channel]:
-        return dict(self.channels)
-
-    def subscribe(self, callback: Callable[[dict[ChannelKey, Channel]], None]) -> None:
-        self.callbacks.append(callback)
-
-    def publish(self, triggers: list[dict[str, Any]]) -> None:
-        channel = broker_channel(broker(), triggers, TriggerFilters(), "http://receiver/ns/b")
-        assert channel is not None
-        self.channels = {channel.key: channel}
-        for callback in self.callbacks:
-            callback(self.snapshot())
+from .fakes import (
+    Source,
+    trigger,
+    with_condition,
+)
 
 
 class Consumer:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -17,7 +16,7 @@ from kafka_eventing.dispatcher.metrics import Metrics
 from kafka_eventing.dispatcher.triggers import broker_channel
 
 from .conftest import LABELS
-from .test_delivery import FakeSender
+from .fakes import FakeSender, broker, trigger
 
 EVENT = CloudEvent({"id": "1", "source": "/orders", "type": "com.example.created", "specversion": "1.0",
                     "region": "eu", "datacontenttype": "application/json"}, b'{"n":1}')
@@ -53,26 +52,8 @@ def test_record_filter_applies_the_compiled_trigger_filter() -> None:
     assert RecordFilter(compile_trigger(spec)) == RecordFilter(compile_trigger(spec))
 
 
-def broker(**status: Any) -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": "b", "generation": 1,
-                         "annotations": {kb.ANNOTATION_BROKER_CLASS: "Kafka"}},
-            "spec": {"delivery": {"retry": 7}},
-            "status": {"conditions": [{"type": "TopicReady", "status": "True"}],
-                       "address": {"url": "http://receiver/ns/b"}, **status}}
 
 
-def trigger(name: str, broker_name: str = "b", uri: str | None = "http://sub/", **spec: Any) -> dict[str, Any]:
-    """A Trigger as the controller leaves it: every dispatch gate True, the subscriber resolved unless ``uri=None``."""
-    meta: dict[str, Any] = {"namespace": "ns", "name": name, "generation": 3, "annotations": {}}
-    if spec.pop("ordered", False):
-        meta["annotations"][kb.ANNOTATION_DELIVERY_ORDER] = "ordered"
-    gates = [{"type": kind, "status": "True"} for kind in kb.DISPATCH_GATES]
-    if uri is None:
-        gates[1] = {"type": kb.SUBSCRIBER_RESOLVED, "status": "False", "reason": "DestinationNotFound"}
-    status: dict[str, Any] = {"conditions": gates}
-    if uri:
-        status["subscriberUri"] = uri
-    return {"metadata": meta, "spec": {"broker": broker_name, **spec}, "status": status}
 
 
 def test_triggers_become_subscribers_of_the_broker_channel() -> None:

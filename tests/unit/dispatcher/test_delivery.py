@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
@@ -20,23 +19,7 @@ from kafka_eventing.dispatcher.delivery import AttemptCount, Deliverer, Outcome
 from kafka_eventing.dispatcher.metrics import Metrics
 
 from .conftest import LABELS, spec
-
-
-class FakeSender:
-    def __init__(self, script: dict[str, list[Attempt]]) -> None:
-        self.script = script
-        self.calls: list[tuple[str, dict[str, str], bytes]] = []
-        self.ca_certs: dict[str, str | None] = {}  # the CACerts each destination was sent with
-
-    async def post(self, url: str, headers: Mapping[str, str], body: bytes, timeout: float | None, *,
-                   ca_certs: str | None = None) -> Attempt:
-        self.calls.append((url, dict(headers), body))
-        self.ca_certs[url] = ca_certs
-        answers = self.script[url]
-        return answers.pop(0) if len(answers) > 1 else answers[0]
-
-    def to(self, url: str) -> list[tuple[str, dict[str, str], bytes]]:
-        return [c for c in self.calls if c[0] == url]
+from .fakes import FakeSender
 
 
 def run(sender: FakeSender, sub: Subscriber) -> tuple[Outcome, list[float]]:

@@ -4,7 +4,6 @@ positions, and a Trigger that holds the others back past the window falling behi
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -23,6 +22,8 @@ from kafka_eventing.dispatcher.lane import TriggerLane
 from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.offsets import OffsetTracker
 from kafka_eventing.dispatcher.status import MemoryStatusWriter, StatusBoard
+
+from .fakes import FakeOffsets
 
 TOPIC = "knative-broker-ns-b"
 
@@ -120,31 +121,6 @@ class LogConsumer:
     def close(self) -> None: ...
 
 
-class FakeOffsets:
-    """``GroupOffsets`` in memory."""
-
-    def __init__(self, committed: dict[str, dict[int, int]] | None = None) -> None:
-        self.groups: dict[str, dict[int, int]] = committed or {}
-        self.commits: list[tuple[str, list[tuple[int, int]]]] = []
-        self.deleted: list[str] = []
-
-    def committed(self, group: str, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        found = self.groups.get(group, {})
-        return [TopicPartition(tp.topic, tp.partition, found.get(tp.partition, -1001)) for tp in partitions]
-
-    def has_commits(self, group: str, topic: str) -> bool:
-        return bool(self.groups.get(group))
-
-    def commit(self, group: str, offsets: list[TopicPartition]) -> concurrent.futures.Future[Any]:
-        self.commits.append((group, [(tp.partition, tp.offset) for tp in offsets]))
-        self.groups.setdefault(group, {}).update({tp.partition: tp.offset for tp in offsets})
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        done.set_result(None)
-        return done
-
-    def delete(self, group: str) -> None:
-        self.deleted.append(group)
-        self.groups.pop(group, None)
 
 
 class FakeDeliverer:

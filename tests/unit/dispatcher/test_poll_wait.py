@@ -15,10 +15,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.dispatcher.factory import create_dispatcher
 from kafka_eventing.dispatcher.status import MemoryStatusWriter
 
-from .test_app import Source
-from .test_broker_dispatch import trigger
-from .test_fanout import FakeOffsets
-from .test_rebalance import FakeConsumer
+from .fakes import FakeConsumer, FakeOffsets, Source, trigger
 
 
 class QuietConsumer(FakeConsumer):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 from confluent_kafka import TopicPartition
 
@@ -12,35 +9,7 @@ from kafka_eventing.dispatcher.delivery import AttemptCount
 from kafka_eventing.dispatcher.partition import Partition
 from kafka_eventing.dispatcher.rebalance import Rebalancer, attempts_from, commit_point, retry_metadata
 
-
-class FakeConsumer:
-    def __init__(self, committed: dict[int, int], watermarks: dict[int, tuple[int, int]]) -> None:
-        self.offsets = committed
-        self.watermarks = watermarks
-        self.assigned: list[TopicPartition] = []
-        self.commits: list[list[tuple[int, int]]] = []
-        self.stored: list[list[tuple[int, int, str | None]]] = []
-        self.metadata: dict[int, str] = {}
-
-    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, self.offsets.get(tp.partition, -1001),
-                               self.metadata.get(tp.partition, "")) for tp in tps]
-
-    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
-        return self.watermarks[tp.partition]
-
-    def list_topics(self, topic: str, timeout: float) -> Any:
-        parts = {p: object() for p in self.watermarks}
-        return SimpleNamespace(topics={topic: SimpleNamespace(partitions=parts, error=None)})
-
-    def incremental_assign(self, tps: list[TopicPartition]) -> None:
-        self.assigned.extend(tps)
-
-    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
-        self.commits.append([(tp.partition, tp.offset) for tp in offsets])
-
-    def store_offsets(self, offsets: list[TopicPartition]) -> None:
-        self.stored.append([(tp.partition, tp.offset, tp.metadata) for tp in offsets])
+from .fakes import FakeConsumer
 
 
 class Owner:

@@ -338,7 +338,7 @@ def _two_subscriptions() -> tuple[Any, Any, Callable[[str], str]]:
     from kafka_eventing.core.channels import Channel, Subscriber
     from kafka_eventing.core.settings import Settings
 
-    from .test_app import Source
+    from .fakes import Source
 
     settings = Settings(bootstrap_servers="127.0.0.1:1", channel_namespace="ns", channel_name="c")
     source = Source()

@@ -19,7 +19,7 @@ from kafka_eventing.dispatcher.metrics import Labels, Metrics
 from kafka_eventing.dispatcher.tracing import TracedDeliverer
 
 from .conftest import LABELS, spec
-from .test_delivery import FakeSender
+from .fakes import FakeSender
 
 SENDER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{SENDER_TRACE}-b7ad6b7169203331-01"

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kafka_eventing.broker.filters import TriggerFilters
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.delivery import ANNOTATION_RATE_LIMIT
 from kafka_eventing.dispatcher.triggers import broker_channel, dispatch_hold, trigger_subscriber
 
-from .test_broker_dispatch import broker, trigger
-
-
-def with_condition(obj: dict[str, Any], kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
-    conditions = [c for c in obj["status"]["conditions"] if c["type"] != kind]
-    obj["status"]["conditions"] = [*conditions, {"type": kind, "status": status, "reason": reason, "message": message}]
-    return obj
+from .fakes import (
+    broker,
+    trigger,
+    with_condition,
+)
 
 
 def test_every_dispatch_gate_must_be_true() -> None:

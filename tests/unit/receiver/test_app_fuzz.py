@@ -13,7 +13,7 @@ from fuzzing import ALLOWED, random_requests, structured_requests
 from kafka_eventing.core.binding import event_from_kafka
 from kafka_eventing.core.channels import Channel
 
-from .test_app import Client, FakeProducer, make_app
+from .fakes import Client, FakeProducer, make_app
 
 ORDERS = Channel("shop", "orders", "shop.orders")
 STATUSES: dict[int, int] = {}

@@ -13,17 +13,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from kafka_eventing.localstack import oidc
 from kafka_eventing.receiver.auth import TokenVerifier
 
-AUD = "messaging.knative.dev/kafkachannel/shop/orders"
-
-
-class Issuer(oidc.Issuer):
-    """Tokens for ``AUD`` from one ServiceAccount unless the claims say otherwise."""
-
-    def token(self, kid: str | None = None, **claims: Any) -> str:
-        return super().token(kid, **{"aud": [AUD], "sub": "system:serviceaccount:x:y", **claims})
+from .fakes import AUD, Issuer
 
 
 @pytest.fixture

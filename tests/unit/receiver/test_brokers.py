@@ -14,7 +14,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
 
-from .test_app import BINARY, Client, FakeChannels, FakeProducer
+from .fakes import BINARY, Client, FakeChannels, FakeProducer
 
 CHANNEL = Channel("shop", "orders", "shop.orders")
 BROKER = Channel("shop", "orders", kb.broker_topic("shop", "orders"), ordered=False)

@@ -16,7 +16,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
 
-from .test_app import BINARY, FakeChannels, FakeProducer
+from .fakes import BINARY, FakeChannels, FakeProducer
 
 FAR = ConnectionRef("far:9092", "knative-eventing", "far-auth", "c1")
 ROTATED = ConnectionRef("far:9092", "knative-eventing", "far-auth", "c2")

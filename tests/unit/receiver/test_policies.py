@@ -128,8 +128,7 @@ def test_the_app_refuses_before_anything_is_produced() -> None:
     from kafka_eventing.receiver.app import create_app
     from kafka_eventing.receiver.auth import TokenVerifier
 
-    from .test_app import FakeChannels, FakeProducer
-    from .test_auth import AUD, Issuer
+    from .fakes import AUD, FakeChannels, FakeProducer, Issuer
 
     issuer = Issuer()
     try:

@@ -10,7 +10,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
 
-from .test_app import FakeChannels, FakeProducer
+from .fakes import FakeChannels, FakeProducer
 
 ORDERS = Channel("shop", "orders", "shop.orders")
 HEADERS = {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/t", "ce-type": "t",

@@ -14,7 +14,7 @@ from kafka_eventing.core.settings import Settings
 from kafka_eventing.receiver.app import create_app
 from kafka_eventing.receiver.sender import KafkaSender
 
-from .test_app import BINARY, Client, FakeChannels, FakeProducer
+from .fakes import BINARY, Client, FakeChannels, FakeProducer
 
 BROKER = Channel("shop", "orders", kb.broker_topic("shop", "orders"), ordered=False)
 SINK = Channel("shop", "orders", "orders-topic", ordered=False)
