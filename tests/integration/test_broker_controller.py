@@ -689,6 +689,11 @@ def test_a_broker_changing_class_moves_its_dispatcher(brokers: Brokers) -> None:
     eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system), what="the system dispatcher again")
     eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, ns)), 40,
                "the namespace's dispatcher gone")
+    # No KafkaNamespaced Broker is left in the namespace: its receiver and Service go too (the garbage collector
+    # would wait for the Broker, which still owns them).
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment("kafka-broker-receiver", ns)), 40,
+               "the namespace's receiver gone")
+    assert gone(lambda: e.core.read_namespaced_service(kb.NAMESPACED_INGRESS_SERVICE, ns))
 
 def test_a_kafkanamespaced_broker_without_the_class_enabled_says_which_value_to_set(brokers: Brokers) -> None:
     e = brokers.env

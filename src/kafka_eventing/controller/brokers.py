@@ -383,8 +383,10 @@ class BrokerReconciler:
             errors.append(f"Broker dispatcher: {api_error(exc)}")
             return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherFailed", api_error(exc))
         try:
-            # The Broker was KafkaNamespaced: its dispatcher in its own namespace goes.
+            # The Broker was KafkaNamespaced: its dispatcher in its own namespace goes (and that namespace's receiver
+            # if no KafkaNamespaced Broker is left there).
             self._stop_namespaced_dispatcher(ref.namespace, owner.name)
+            self.namespaced.retire(ref.namespace)
         except ApiException as exc:
             errors.append(f"the Broker's namespaced dispatcher: {api_error(exc)}")
         system = self.settings.system_namespace

@@ -210,6 +210,16 @@ class NamespacedDataPlane:
                 if settled:
                     self._applied[namespace] = (inputs, self.clock())
 
+    def retire(self, namespace: str) -> None:
+        """A namespace left without KafkaNamespaced Brokers while a Broker that owned its data plane lives on (its
+        class changed to Kafka): its receiver and ingress Service go now — the garbage collector would wait for that
+        Broker's deletion. The accounts, bindings and copies stay until then (they run nothing)."""
+        if self.deployments is None or self.receiver(namespace) is None or self.owners(namespace):
+            return  # the owners last: a scan of the Brokers, made only where a receiver runs
+        self.base.stop_deployment(NAMESPACED_RECEIVER, ((kb.NAMESPACED_INGRESS_SERVICE, namespace),),
+                                  namespace=namespace)
+        self.forget(namespace)
+
     def forget(self, namespace: str) -> None:
         """Apply again at the next reconcile (an object of the namespace changed)."""
         self._applied.pop(namespace, None)
