@@ -221,8 +221,10 @@ class NamespacedDataPlane:
         self.forget(namespace)
 
     def forget(self, namespace: str) -> None:
-        """Apply again at the next reconcile (an object of the namespace changed)."""
+        """Apply again at the next reconcile, Secret copies included (an object of the namespace went)."""
         self._applied.pop(namespace, None)
+        for key in [k for k in list(self._secrets) if k[0] == namespace]:  # a snapshot: workers write meanwhile
+            self._secrets.pop(key, None)
 
     def receiver(self, namespace: str) -> Mapping[str, Any] | None:
         assert self.deployments is not None
