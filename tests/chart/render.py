@@ -347,6 +347,9 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
              for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    #: the ClusterRoles the controller binds in KafkaNamespaced Brokers' namespaces (broker.namespaced.enabled)
+    data_plane = {name for kind, _, name in roles if kind == "ClusterRole" and name.endswith(("-receiver",
+                                                                                               "-dispatcher"))}
     for (kind, ns, name), role in roles.items():
         if role.get("aggregationRule"):
             out.append(f"{kind}/{name}: aggregationRule (grants whatever other roles match)")
@@ -355,13 +358,20 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
                 if any("*" in item for item in rule.get(field, [])):
                     out.append(f"{kind}/{name}: wildcard in {field}: {rule}")
             # escalate/bind only on the one Role that lists the senders' OIDC accounts (controller/identities.py).
-            if set(rule.get("verbs", [])) & ESCALATING_VERBS and (
+            # bind also on the chart's data-plane ClusterRoles, by name, for the KafkaNamespaced data planes.
+            binds_data_plane = (rule.get("verbs") == ["bind"] and rule.get("resources") == ["clusterroles"]
+                                and set(rule.get("resourceNames") or ["*"]) <= data_plane)
+            if set(rule.get("verbs", [])) & ESCALATING_VERBS and not binds_data_plane and (
                     rule.get("resources") != ["roles"] or rule.get("resourceNames") != [TOKEN_ROLE]):
                 out.append(f"{kind}/{name}: escalating verbs {rule['verbs']}")
             secrets = "" in rule.get("apiGroups", []) and "secrets" in rule.get("resources", [])
             # The one writer: the controller, of its copies of KafkaSources' net keys, in the release namespace.
             copies = kind == "Role" and ns == NAMESPACE and name.endswith("-controller")
-            if secrets and set(rule["verbs"]) - READ_VERBS and not copies:
+            # ... and, everywhere, of the receiver's Secrets for KafkaNamespaced data planes: created, or updated by
+            # name, never read.
+            namespaced_copies = kind == "ClusterRole" and name.endswith("-controller") and (
+                rule["verbs"] == ["create"] or (rule["verbs"] == ["update"] and rule.get("resourceNames")))
+            if secrets and set(rule["verbs"]) - READ_VERBS and not (copies or namespaced_copies):
                 out.append(f"{kind}/{name}: writes Secrets: {rule['verbs']}")
             # Minting tokens is acting as that ServiceAccount: only named accounts, in one namespace.
             if "" in rule.get("apiGroups", []) and "serviceaccounts/token" in rule.get("resources", []) and (
@@ -373,7 +383,8 @@ def rbac_problems(docs: Iterable[dict[str, Any]]) -> list[str]:
         ns = "" if ref["kind"] == "ClusterRole" else binding["metadata"].get("namespace", "")
         role = roles.get((ref["kind"], ns, ref["name"]))
         reads_secrets = role is not None and any(
-            "" in r.get("apiGroups", []) and "secrets" in r.get("resources", []) for r in role.get("rules", []))
+            "" in r.get("apiGroups", []) and "secrets" in r.get("resources", []) and set(r["verbs"]) & READ_VERBS
+            for r in role.get("rules", []))
         if not reads_secrets:
             continue
         where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None

@@ -103,6 +103,14 @@ def test_rbac_has_no_wildcards_and_no_cluster_wide_secret_read(name: str) -> Non
     assert rbac_problems(docs) == []
 
 
+def test_the_namespaced_broker_class_binds_and_writes_only_what_the_checks_allow() -> None:
+    """broker.namespaced.enabled: bind on the chart's data-plane ClusterRoles by name, Secret copies created or
+    updated by name and never read (tests/chart/test_namespaced_brokers.py checks each rule)."""
+    for sets in (("broker.namespaced.enabled=true",),
+                 ("broker.namespaced.enabled=true", "kafka.existingSecret=k", "receiver.tls.enabled=true")):
+        assert rbac_problems(helm(sets=sets)) == []
+
+
 def test_rbac_checks_catch_violations() -> None:
     secrets = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
 
@@ -132,6 +140,12 @@ def test_rbac_checks_catch_violations() -> None:
         [role("Role", {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]})],
         [role("ClusterRole", {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
                               "resourceNames": ["kafka-channel-dispatcher"]})],
+        # bind on a ClusterRole that is not the data plane's; Secret writes of the controller beyond its copies
+        [{**role("ClusterRole"), "metadata": {"name": "x-receiver"}},
+         role("ClusterRole", {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                              "resourceNames": ["x-receiver", "cluster-admin"], "verbs": ["bind"]})],
+        [{**role("ClusterRole", {**secrets, "verbs": ["update"]}), "metadata": {"name": "x-controller"}}],
+        [{**role("ClusterRole", {**secrets, "verbs": ["create", "delete"]}), "metadata": {"name": "x-controller"}}],
     ]
     for docs in cases:
         assert rbac_problems(docs), docs

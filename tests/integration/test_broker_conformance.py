@@ -25,7 +25,7 @@ from support.brokers import (
 )
 from support.brokers import api as brokers_api
 from support.dispatcher import Received, Subscriber, committed
-from support.receiver import Receiver, binary_headers
+from support.receiver import Receiver, binary_headers, read_all
 
 from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.settings import Settings
@@ -253,3 +253,30 @@ def test_trigger_consumes_only_once_ready_from_the_latest_offset_and_keeps_its_g
              "e3 (sent while it was down) and e4 at every Trigger")
     time.sleep(1)  # a redelivery would follow right behind
     assert {path: sorted(http.ids(path)) for path in want} == want  # each once: nothing committed came again
+
+
+def test_the_shared_receiver_and_a_namespaced_one_each_serve_only_their_own_brokers(
+        brokers: Brokers, start_receiver: Callable[..., Receiver], kube_control_plane: KubeControlPlane) -> None:
+    """A Kafka-class Broker on the shared receiver, a KafkaNamespaced one on its namespace's receiver
+    (``KE_RECEIVER_NAMESPACE``, as the controller runs it there): each accepts its own Broker's events into that
+    Broker's topic and answers 404 for the other's, so neither data plane carries the other's traffic."""
+    e = brokers.env
+    start(e, namespaced_receiver_role="kafka-eventing-receiver", namespaced_dispatcher_role="kafka-eventing-dispatcher")
+    brokers.ready_broker("shared")
+    brokers.create(kb.BROKERS, "own", {}, {kb.ANNOTATION_BROKER_CLASS: kb.NAMESPACED_BROKER_CLASS})
+    brokers.wait(kb.BROKERS, "own", "TopicReady", "True")
+    kube = {"KE_CHANNEL_SOURCE": "kube", "KE_KUBECONFIG": str(kube_control_plane.kubeconfig)}
+    shared = start_receiver("", bootstrap=e.kafka.bootstrap_servers, env=kube)
+    scoped = start_receiver("", bootstrap=e.kafka.bootstrap_servers,
+                            env={**kube, "KE_RECEIVER_NAMESPACE": e.namespace})
+
+    def send(receiver: Receiver, broker: str, event_id: str) -> int:
+        return receiver.post(f"/{e.namespace}/{broker}", b'{"n":1}', binary_headers(event_id)).status_code
+
+    assert send(shared, "shared", "to-shared") == 202
+    assert send(scoped, "own", "to-own") == 202
+    assert send(shared, "own", "own-via-shared") == 404
+    assert send(scoped, "shared", "shared-via-scoped") == 404
+    for broker, event_id in (("shared", "to-shared"), ("own", "to-own")):
+        records = read_all(e.kafka, kb.broker_topic(e.namespace, broker))
+        assert [dict(r.headers())["ce_id"] for r in records] == [event_id.encode()]

@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,7 +30,8 @@ from support.brokers import (
 from support.brokers import api as brokers_api
 from support.controller import FAST, RECEIVER, Env, eventually, settle
 
-from fixtures.kube import gone
+from chart.render import helm, one
+from fixtures.kube import account_client, gone
 from kafka_eventing.controller import resources as res
 from kafka_eventing.controller.brokers import BROKER_FINALIZER, TRIGGER_FINALIZER, broker_dispatcher_name
 from kafka_eventing.controller.connection import KEY_BOOTSTRAP, KEY_SECRET_NAME
@@ -557,3 +559,207 @@ def test_a_trigger_naming_another_namespaces_broker_is_refused_not_bound_here(br
     refused = brokers.wait(kb.TRIGGERS, "far", kb.BROKER_READY, "False", "CrossNamespaceBrokerRef")
     assert f"Broker {e.namespace}-other/b of another namespace" in refused["message"]
     assert brokers.condition(kb.TRIGGERS, "far", "Ready")["status"] == "False"
+
+
+# -- KafkaNamespaced ----------------------------------------------------------------------------------------
+#: the chart's data-plane ClusterRoles as the controller binds them (the API server needs no such roles to exist)
+NAMESPACED_ROLES = {"namespaced_receiver_role": "kafka-eventing-receiver",
+                    "namespaced_dispatcher_role": "kafka-eventing-dispatcher"}
+
+
+def namespaced_broker(brokers: Brokers, name: str) -> None:
+    brokers.create(kb.BROKERS, name, {}, {kb.ANNOTATION_BROKER_CLASS: kb.NAMESPACED_BROKER_CLASS})
+
+
+def owner_names(obj: Any) -> list[str]:
+    return sorted(o.name for o in obj.metadata.owner_references or ())
+
+
+def test_a_kafkanamespaced_broker_runs_its_data_plane_in_its_own_namespace(brokers: Brokers) -> None:
+    """Receiver, Service, accounts, bindings, copies and the dispatcher in the Broker's namespace, owned by its
+    KafkaNamespaced Brokers; a Kafka-class Broker of another namespace keeps the system namespace's data plane; the
+    last namespaced Broker's deletion leaves nothing (its finalizer stops its dispatcher, the garbage collector
+    takes the shared objects)."""
+    e, ns = brokers.env, brokers.ns
+    # The system receiver as the chart makes it: the config ConfigMap (envFrom), the connection Secret (a volume).
+    e.core.create_namespaced_config_map(e.system, {"metadata": {"name": "kafka-eventing-config"},
+                                                   "data": {"KE_LOG_LEVEL": "INFO"}})
+    e.apps.patch_namespaced_deployment(RECEIVER, e.system, {"spec": {"template": {"spec": {
+        "containers": [{"name": "receiver", "image": "receiver:test",
+                        "envFrom": [{"configMapRef": {"name": "kafka-eventing-config"}}],
+                        "ports": [{"name": "http", "containerPort": 8080}]}],
+        "volumes": [{"name": "kafka-secret", "secret": {"secretName": "kafka-connection"}}]}}}})
+    other = f"{ns}-kafka"
+    e.core.create_namespace({"metadata": {"name": other}})
+    try:
+        start(e, **NAMESPACED_ROLES)
+        namespaced_broker(brokers, "nb")
+        e.custom.create_namespaced_custom_object(kb.GROUP, kb.VERSION, other, kb.BROKERS, {
+            "apiVersion": f"{kb.GROUP}/{kb.VERSION}", "kind": "Broker",
+            "metadata": {"name": "kb", "annotations": {kb.ANNOTATION_BROKER_CLASS: kb.BROKER_CLASS}}})
+
+        dispatcher = broker_dispatcher_name(ns, "nb")
+        dep = eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, ns), what="dispatcher in the namespace")
+        assert owner_names(dep) == ["nb"] and dep.metadata.owner_references[0].controller
+        assert dep.spec.template.spec.service_account_name == res.DISPATCHER_SERVICE_ACCOUNT
+        assert gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system))
+        receiver = eventually(lambda: e.apps.read_namespaced_deployment("kafka-broker-receiver", ns),
+                              what="the namespace's receiver")
+        pod = receiver.spec.template.spec
+        assert pod.service_account_name == "kafka-broker-receiver"
+        assert {v.name: v.value for v in pod.containers[0].env}["KE_RECEIVER_NAMESPACE"] == ns
+        assert owner_names(receiver) == ["nb"]
+        service = e.core.read_namespaced_service(kb.NAMESPACED_INGRESS_SERVICE, ns)
+        assert [(p.port, p.target_port) for p in service.spec.ports] == [(80, "http")]
+        for account, binding, role in (("kafka-broker-receiver", "kafka-broker-receiver", "kafka-eventing-receiver"),
+                                       (res.DISPATCHER_SERVICE_ACCOUNT, "kafka-broker-dispatcher",
+                                        "kafka-eventing-dispatcher")):
+            assert owner_names(e.core.read_namespaced_service_account(account, ns)) == ["nb"]
+            bound = client.RbacAuthorizationV1Api(e.api).read_namespaced_role_binding(binding, ns)
+            assert (bound.role_ref.kind, bound.role_ref.name) == ("ClusterRole", role)
+            assert [(s.name, s.namespace) for s in bound.subjects] == [(account, ns)]
+        assert e.core.read_namespaced_config_map("kafka-eventing-config", ns).data == {"KE_LOG_LEVEL": "INFO"}
+        assert e.core.read_namespaced_secret("kafka-connection", ns).data == \
+            e.core.read_namespaced_secret("kafka-connection", e.system).data
+
+        e.make_available(dispatcher, namespace=ns)
+        e.make_available("kafka-broker-receiver", namespace=ns)
+        brokers.wait(kb.BROKERS, "nb", "Ready", "True")
+        assert brokers.get(kb.BROKERS, "nb")["status"]["address"]["url"] == \
+            f"http://kafka-broker-ingress.{ns}.svc.cluster.local/{ns}/nb"
+
+        # The Kafka class is unchanged: its dispatcher in the system namespace, nothing in its own.
+        eventually(lambda: e.apps.read_namespaced_deployment(broker_dispatcher_name(other, "kb"), e.system),
+                   what="the Kafka-class Broker's dispatcher in the system namespace")
+        assert e.apps.list_namespaced_deployment(other).items == []
+        assert gone(lambda: e.core.read_namespaced_service(kb.NAMESPACED_INGRESS_SERVICE, other))
+
+        # A second KafkaNamespaced Broker shares the namespace's objects: both own them.
+        namespaced_broker(brokers, "nb2")
+        eventually(lambda: owner_names(e.apps.read_namespaced_deployment("kafka-broker-receiver", ns))
+                   == ["nb", "nb2"], what="both Brokers own the receiver")
+        eventually(lambda: owner_names(e.core.read_namespaced_secret("kafka-connection", ns)) == ["nb", "nb2"],
+                   what="both Brokers own the Secret copy")
+
+        second = broker_dispatcher_name(ns, "nb2")
+        eventually(lambda: e.apps.read_namespaced_deployment(second, ns), what="the second dispatcher")
+        brokers.delete(kb.BROKERS, "nb2")
+        eventually(lambda: brokers.gone(kb.BROKERS, "nb2"), what="the second Broker deleted")
+        assert gone(lambda: e.apps.read_namespaced_deployment(second, ns))
+        eventually(lambda: owner_names(e.apps.read_namespaced_deployment("kafka-broker-receiver", ns)) == ["nb"],
+                   what="the receiver owned by the remaining Broker only")
+
+        brokers.delete(kb.BROKERS, "nb")
+        eventually(lambda: brokers.gone(kb.BROKERS, "nb"), what="the last namespaced Broker deleted")
+        assert gone(lambda: e.apps.read_namespaced_deployment(dispatcher, ns))
+        leftovers = (lambda: e.apps.read_namespaced_deployment("kafka-broker-receiver", ns),
+                     lambda: e.core.read_namespaced_service(kb.NAMESPACED_INGRESS_SERVICE, ns),
+                     lambda: e.core.read_namespaced_service_account("kafka-broker-receiver", ns),
+                     lambda: e.core.read_namespaced_config_map("kafka-eventing-config", ns),
+                     lambda: e.core.read_namespaced_secret("kafka-connection", ns))
+        eventually(lambda: all(gone(read) for read in leftovers), 60,
+                   "the garbage collector took the namespace's shared data plane")
+    finally:
+        for item in e.custom.list_namespaced_custom_object(kb.GROUP, kb.VERSION, other, kb.BROKERS)["items"]:
+            with contextlib.suppress(ApiException):
+                e.custom.patch_namespaced_custom_object(kb.GROUP, kb.VERSION, other, kb.BROKERS,
+                                                        item["metadata"]["name"], {"metadata": {"finalizers": []}},
+                                                        _content_type=MERGE)
+        with contextlib.suppress(ApiException):
+            e.core.delete_namespace(other)
+
+
+def test_a_broker_changing_class_moves_its_dispatcher(brokers: Brokers) -> None:
+    """Kafka → KafkaNamespaced: the dispatcher of the system namespace goes, one in the Broker's namespace comes;
+    and back."""
+    e, ns = brokers.env, brokers.ns
+    start(e, **NAMESPACED_ROLES)
+    brokers.broker("b")
+    dispatcher = broker_dispatcher_name(ns, "b")
+    eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system), what="the system dispatcher")
+    brokers.patch(kb.BROKERS, "b", {"metadata": {"annotations": {
+        kb.ANNOTATION_BROKER_CLASS: kb.NAMESPACED_BROKER_CLASS}}})
+    eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, ns), what="the dispatcher in the namespace")
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system)), 40,
+               "the system dispatcher gone")
+    brokers.patch(kb.BROKERS, "b", {"metadata": {"annotations": {kb.ANNOTATION_BROKER_CLASS: kb.BROKER_CLASS}}})
+    eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, e.system), what="the system dispatcher again")
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment(dispatcher, ns)), 40,
+               "the namespace's dispatcher gone")
+    # No KafkaNamespaced Broker is left in the namespace: its receiver and Service go too (the garbage collector
+    # would wait for the Broker, which still owns them).
+    eventually(lambda: gone(lambda: e.apps.read_namespaced_deployment("kafka-broker-receiver", ns)), 40,
+               "the namespace's receiver gone")
+    assert gone(lambda: e.core.read_namespaced_service(kb.NAMESPACED_INGRESS_SERVICE, ns))
+
+def test_a_kafkanamespaced_broker_without_the_class_enabled_says_which_value_to_set(brokers: Brokers) -> None:
+    e = brokers.env
+    start(e)
+    namespaced_broker(brokers, "nb")
+    refused = brokers.wait(kb.BROKERS, "nb", "DataPlaneAvailable", "False", "NamespacedBrokersDisabled")
+    assert "broker.namespaced.enabled=true" in refused["message"]
+    assert brokers.wait(kb.BROKERS, "nb", "Ready", "False")["reason"] == "NamespacedBrokersDisabled"
+    assert e.apps.list_namespaced_deployment(brokers.ns).items == []
+    assert gone(lambda: e.apps.read_namespaced_deployment(broker_dispatcher_name(brokers.ns, "nb"), e.system))
+
+
+def test_the_charts_controller_rbac_is_enough_for_the_namespaced_data_plane(
+        brokers: Brokers, kube_control_plane: KubeControlPlane, tmp_path: Path) -> None:
+    """The controller running as a ServiceAccount holding exactly the chart's controller ClusterRole and Role (with
+    broker.namespaced.enabled) makes a KafkaNamespaced Broker's data plane Ready and removes it again: every write of
+    the namespaced reconcile is one the chart grants (tests/chart/test_namespaced_brokers.py: and no more)."""
+    e, ns = brokers.env, brokers.ns
+    release = f"r{uuid.uuid4().hex[:6]}"
+    docs = helm(sets=("broker.namespaced.enabled=true", "kafka.existingSecret=kafka-connection"), release=release)
+    controller, config_name = f"{release}-kafka-eventing-controller", f"{release}-kafka-eventing-config"
+    config = one(docs, "ConfigMap", config_name)["data"]
+    admin = kube_control_plane.api_client()
+    rbac = client.RbacAuthorizationV1Api(admin)
+    cluster_role = {**one(docs, "ClusterRole", controller), "metadata": {"name": controller}}
+    role = {**one(docs, "Role", controller), "metadata": {"name": controller, "namespace": e.system}}
+    e.core.create_namespaced_service_account(e.system, {"metadata": {"name": "controller"}})
+    subjects = [{"kind": "ServiceAccount", "name": "controller", "namespace": e.system}]
+    rbac.create_cluster_role(cluster_role)
+    rbac.create_cluster_role_binding({"metadata": {"name": controller}, "subjects": subjects, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": controller}})
+    rbac.create_namespaced_role(e.system, role)
+    rbac.create_namespaced_role_binding(e.system, {"metadata": {"name": controller}, "subjects": subjects, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": controller}})
+    # The system receiver as the chart makes it: the settings ConfigMap and the connection Secret.
+    e.core.create_namespaced_config_map(e.system, {"metadata": {"name": config_name}, "data": {"KE_LOG_LEVEL": "INFO"}})
+    e.apps.patch_namespaced_deployment(RECEIVER, e.system, {"spec": {"template": {"spec": {
+        "containers": [{"name": "receiver", "image": "receiver:test",
+                        "envFrom": [{"configMapRef": {"name": config_name}}],
+                        "ports": [{"name": "http", "containerPort": 8080}]}],
+        "volumes": [{"name": "kafka-secret", "secret": {"secretName": "kafka-connection"}}]}}}})
+    try:
+        as_controller = account_client(kube_control_plane, e.system, "controller", tmp_path / "controller.kubeconfig")
+        settings = e.settings(namespaced_receiver_role=config["KE_NAMESPACED_RECEIVER_ROLE"],
+                              namespaced_dispatcher_role=config["KE_NAMESPACED_DISPATCHER_ROLE"])
+        opts = ControllerOptions(**{**FAST.__dict__, "identity": f"c-{uuid.uuid4().hex[:6]}",
+                                    "kinds": {"brokers": True}})
+        ctl = Controller(as_controller, settings, opts)
+        ctl.start()
+        e.controllers.append(ctl)
+        namespaced_broker(brokers, "nb")
+        dispatcher = broker_dispatcher_name(ns, "nb")
+        eventually(lambda: e.apps.read_namespaced_deployment(dispatcher, ns), what="dispatcher in the namespace")
+        eventually(lambda: e.apps.read_namespaced_deployment("kafka-broker-receiver", ns), what="the receiver")
+        e.make_available(dispatcher, namespace=ns)
+        e.make_available("kafka-broker-receiver", namespace=ns)
+        brokers.wait(kb.BROKERS, "nb", "Ready", "True")
+        assert e.core.read_namespaced_secret("kafka-connection", ns).data == \
+            e.core.read_namespaced_secret("kafka-connection", e.system).data
+        bound = rbac.read_namespaced_role_binding("kafka-broker-receiver", ns)
+        assert bound.role_ref.name == f"{release}-kafka-eventing-receiver"
+
+        brokers.delete(kb.BROKERS, "nb")
+        eventually(lambda: brokers.gone(kb.BROKERS, "nb"), what="the Broker finalized by the controller")
+        assert gone(lambda: e.apps.read_namespaced_deployment(dispatcher, ns))
+    finally:
+        for ctl in e.controllers:
+            ctl.stop()
+        e.controllers.clear()
+        rbac.delete_cluster_role_binding(controller)
+        rbac.delete_cluster_role(controller)
+        admin.close()

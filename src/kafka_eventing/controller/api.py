@@ -85,7 +85,9 @@ class Writer:
                 if exc.status != HTTP_CONFLICT:
                     raise
                 # Created by an earlier attempt whose event has not reached the cache yet: update it.
-        body = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
+        # ownerReferences only where the desired object has them (a merge patch replaces the whole list).
+        body = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations", "ownerReferences")
+                             if k in desired["metadata"]}, "spec": desired["spec"]}
         patch(name, ns, body, _content_type=MERGE_PATCH, _request_timeout=(5, 30), _preload_content=False)
         return live, True
 

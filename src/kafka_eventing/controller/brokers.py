@@ -64,6 +64,17 @@ from kafka_eventing.controller.host import (
     readiness,
 )
 from kafka_eventing.controller.identities import OIDC_IDENTITY_CREATED, IdentityError
+from kafka_eventing.controller.namespaced import (
+    DATA_PLANE_NAMESPACED,
+    LABEL_DATA_PLANE,
+    NAMESPACED_DEPLOYMENT,
+    NAMESPACED_DISABLED,
+    NAMESPACED_RECEIVER,
+    NAMESPACED_SELECTOR,
+    NamespacedDataPlane,
+    NamespacedProblem,
+    broker_owner,
+)
 from kafka_eventing.controller.reconciler import (
     DEAD_LETTER_FIELDS,
     STOP_RECHECK_SECONDS,
@@ -152,8 +163,11 @@ def broker_dispatcher_name(namespace: str, name: str) -> str:
     return res.dispatcher_name(namespace, name, suffix=BROKER_DISPATCHER_SUFFIX)
 
 
-def broker_url(settings: Settings, namespace: str, name: str) -> str:
-    host = f"{settings.receiver_service}.{settings.system_namespace}.svc.cluster.local"
+def broker_url(settings: Settings, namespace: str, name: str, *, namespaced: bool = False) -> str:
+    """The Broker's ingress: the shared receiver's Service, or for a KafkaNamespaced Broker its own namespace's
+    ``kafka-broker-ingress`` (upstream's address)."""
+    host = (kb.namespaced_ingress_host(namespace) if namespaced
+            else f"{settings.receiver_service}.{settings.system_namespace}.svc.cluster.local")
     return kb.ingress_url(host, namespace, name)
 
 
@@ -161,8 +175,12 @@ class BrokerReconciler:
     """Shares the channel ``Reconciler``'s API clients, caches, leadership check and write helpers."""
 
     def __init__(self, base: Reconciler, brokers: BrokerStores, *, recheck_seconds: float = 60.0,
-                 broker_config_map: str = kb.DEFAULT_BROKER_CONFIG, kafka_timeout: float = 10.0) -> None:
+                 broker_config_map: str = kb.DEFAULT_BROKER_CONFIG, kafka_timeout: float = 10.0,
+                 namespaced_deployments: Store | None = None) -> None:
         self.base = base
+        #: KafkaNamespaced Brokers' data planes (``controller/namespaced.py``)
+        self.namespaced = NamespacedDataPlane(base, brokers.brokers, namespaced_deployments,
+                                              recheck_seconds=recheck_seconds)
         self.settings = base.settings
         self.stores = base.stores
         self.brokers = brokers
@@ -214,9 +232,13 @@ class BrokerReconciler:
         else:
             topic_cond, result = self._topic(obj, config)
             conditions.append(topic_cond)
-            conditions.append(self._data_plane(ref, config, errors))
+            if kb.is_namespaced_broker(obj):
+                conditions.append(self._namespaced_data_plane(obj, ref, config, errors))
+            else:
+                conditions.append(self._data_plane(ref, config, errors))
         if config is not None and all(c.is_true for c in conditions):
-            status["address"] = res.address(self.settings, broker_url(self.settings, namespace, name))
+            url = broker_url(self.settings, namespace, name, namespaced=kb.is_namespaced_broker(obj))
+            status["address"] = res.address(self.settings, url)
             if self.settings.auth_issuer:
                 # Ingress auth is on: senders ask for tokens of this audience (Knative's format).
                 status["address"]["audience"] = kb.broker_audience(namespace, name)
@@ -360,6 +382,13 @@ class BrokerReconciler:
         except ApiException as exc:
             errors.append(f"Broker dispatcher: {api_error(exc)}")
             return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherFailed", api_error(exc))
+        try:
+            # The Broker was KafkaNamespaced: its dispatcher in its own namespace goes (and that namespace's receiver
+            # if no KafkaNamespaced Broker is left there).
+            self._stop_namespaced_dispatcher(ref.namespace, owner.name)
+            self.namespaced.retire(ref.namespace)
+        except ApiException as exc:
+            errors.append(f"the Broker's namespaced dispatcher: {api_error(exc)}")
         system = self.settings.system_namespace
         receiver = self.stores.deployments.get(system, self.settings.receiver_deployment_name)
         ok, why = res.deployment_available(receiver)
@@ -372,12 +401,75 @@ class BrokerReconciler:
                                    f"dispatcher Deployment {system}/{owner.name}: {why}")
         return Condition.true(DATA_PLANE_AVAILABLE)
 
+    def _namespaced_data_plane(self, obj: Mapping[str, Any], ref: res.ChannelRef, config: BrokerConfig,
+                               errors: list[str]) -> Condition:
+        """A KafkaNamespaced Broker's data plane: its namespace's receiver and Service, and its own dispatcher,
+        all in its namespace (``controller/namespaced.py``)."""
+        plane = self.namespaced
+        if not plane.enabled or plane.deployments is None:
+            return Condition.false(DATA_PLANE_AVAILABLE, "NamespacedBrokersDisabled", NAMESPACED_DISABLED)
+        namespace, system = ref.namespace, self.settings.system_namespace
+        secret = config.connection.secret_name
+        if secret and config.connection.ref is not None:
+            return Condition.false(
+                DATA_PLANE_AVAILABLE, "NamespacedConnectionUnsupported",
+                f"{config.source} names a connection Secret of its own ({secret}): a KafkaNamespaced Broker's data "
+                "plane uses the installation's connection (config-kafka's Secret) for now; drop auth.secret.ref.name "
+                "from the config or use the Kafka class")
+        try:
+            plane.apply(namespace, secret)  # the installation's Secret: copied beside the receiver's
+        except NamespacedProblem as exc:
+            return Condition.false(DATA_PLANE_AVAILABLE, exc.reason, str(exc))
+        except ApiException as exc:
+            errors.append(f"namespaced data plane of {namespace}: {api_error(exc)}")
+            return Condition.false(DATA_PLANE_AVAILABLE, "NamespacedDataPlaneFailed", api_error(exc))
+        name = broker_dispatcher_name(namespace, ref.name)
+        owner = res.Owner(name, ANNOTATION_BROKER,
+                          (("KE_CHANNEL_NAME", ""), ("KE_CHANNEL_NAMESPACE", ""),
+                           ("KE_BROKER_NAMESPACE", namespace), ("KE_BROKER_NAME", ref.name)),
+                          namespace=namespace, labels=((LABEL_DATA_PLANE, DATA_PLANE_NAMESPACED),),
+                          owner_references=({**broker_owner(obj), "controller": True},))
+        dconfig = res.DispatcherConfig(replicas=self.settings.dispatcher_replicas,
+                                       checksum=config.connection.checksum, secret_name=secret,
+                                       bootstrap_servers=config.connection.bootstrap_servers,
+                                       resources=config.connection.dispatcher_resources)
+        deployment = res.dispatcher_deployment(ref, self.settings, dconfig, config.partitions, owner=owner)
+        try:
+            live, _ = self.base.writer.apply(plane.deployments, self.apps.create_namespaced_deployment,
+                                             self.apps.patch_namespaced_deployment, deployment)
+            self.base._apply_service(res.dispatcher_service(ref, self.settings, owner))
+            if self.stores.deployments.get(system, name) is not None:
+                # The Broker was of the Kafka class: its dispatcher in the system namespace goes.
+                self.base.stop_deployment(name, ((name, system),))
+        except ApiException as exc:
+            errors.append(f"Broker dispatcher: {api_error(exc)}")
+            return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherFailed", api_error(exc))
+        ok, why = res.deployment_available(plane.receiver(namespace))
+        if not ok:
+            return Condition.false(DATA_PLANE_AVAILABLE, "ReceiverUnavailable",
+                                   f"receiver Deployment {namespace}/{NAMESPACED_RECEIVER}: {why}")
+        ok, why = res.deployment_available(live)
+        if not ok:
+            return Condition.false(DATA_PLANE_AVAILABLE, "DispatcherUnavailable",
+                                   f"dispatcher Deployment {namespace}/{name}: {why}")
+        return Condition.true(DATA_PLANE_AVAILABLE)
+
+    def _stop_namespaced_dispatcher(self, namespace: str, name: str, *, always: bool = False) -> bool:
+        """Delete a Broker's dispatcher in its own namespace (``always``, or when the cache holds one: a Kafka-class
+        Broker that was KafkaNamespaced); True while it still exists. Nothing while the class is not enabled: the
+        controller may then not delete Deployments outside the system namespace."""
+        plane = self.namespaced
+        if plane.deployments is None or not (always or plane.deployments.get(namespace, name) is not None):
+            return False
+        return self.base.stop_deployment(name, ((name, namespace),), namespace=namespace)
+
     def _finalize_broker(self, obj: Mapping[str, Any]) -> Result:
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         system = self.settings.system_namespace
         dispatcher = broker_dispatcher_name(namespace, name)
-        if self.base.stop_deployment(dispatcher, ((dispatcher, system),)):
+        stopping = self._stop_namespaced_dispatcher(namespace, dispatcher, always=kb.is_namespaced_broker(obj))
+        if self.base.stop_deployment(dispatcher, ((dispatcher, system),)) or stopping:
             # Its removal is a Deployment event naming this Broker (ANNOTATION_BROKER): that enqueues it at once.
             log.info("Broker finalizing: waiting for its dispatcher to stop",
                      extra={"namespace": namespace, "broker": name, "deployment": f"{system}/{dispatcher}"})
@@ -631,9 +723,15 @@ def setup(host: Host) -> None:
     triggers = host.informer(TRIGGER, custom.list_cluster_custom_object, group=kb.GROUP, version=kb.VERSION,
                              plural=kb.TRIGGERS)
     opts, system = host.options, host.settings.system_namespace
+    namespaced: Store | None = None
+    if host.settings.namespaced_brokers:
+        # KafkaNamespaced data planes' Deployments in every namespace (only theirs: a label selector).
+        namespaced = host.informer(NAMESPACED_DEPLOYMENT, host.base.apps.list_deployment_for_all_namespaces,
+                                   label_selector=NAMESPACED_SELECTOR)
     reconciler = BrokerReconciler(host.base, BrokerStores(brokers, triggers),
                                   recheck_seconds=opts.topic_recheck_seconds,
-                                  broker_config_map=opts.broker_config_map, kafka_timeout=opts.kafka_timeout)
+                                  broker_config_map=opts.broker_config_map, kafka_timeout=opts.kafka_timeout,
+                                  namespaced_deployments=namespaced)
     host.reconciles(BROKER, reconciler.reconcile_broker)
     host.reconciles(TRIGGER, reconciler.reconcile_trigger)
     host.owns(ANNOTATION_BROKER, BROKER)
@@ -672,6 +770,21 @@ def setup(host: Host) -> None:
     config_maps = NamedWatches("broker-configmaps", host.base.core.list_namespaced_config_map, on_config_map,
                                watch_timeout_seconds=opts.watch_timeout_seconds)
     host.stops(config_maps.stop)
+    def on_namespaced(event: str, obj: Mapping[str, Any]) -> None:
+        """A Broker's own dispatcher enqueues it; its namespace's receiver every KafkaNamespaced Broker there."""
+        meta = obj.get("metadata") or {}
+        owner = str((meta.get("annotations") or {}).get(ANNOTATION_BROKER) or "")
+        if "/" in owner:
+            host.enqueue(BROKER, *owner.split("/", 1))
+            return
+        namespace = str(meta.get("namespace"))
+        if event == "DELETED":
+            reconciler.namespaced.forget(namespace)
+        for broker in brokers.items():
+            if (broker.get("metadata") or {}).get("namespace") == namespace and kb.is_namespaced_broker(broker):
+                enqueue_object(host, BROKER)(event, broker)
+
+    host.on(NAMESPACED_DEPLOYMENT, on_namespaced)
     host.on(BROKER, on_broker)
     host.on(TRIGGER, enqueue_object(host, TRIGGER))
     host.on(SECRET, on_secret)

@@ -163,13 +163,18 @@ class Identities:
             return self.rbac.read_namespaced_role(tokens.TOKEN_ROLE, namespace, _request_timeout=(5, 15))
 
     def _binding(self, namespace: str) -> None:
-        subject = client.RbacV1Subject(kind="ServiceAccount", name=tokens.DISPATCHER_SERVICE_ACCOUNT,
-                                       namespace=self.settings.system_namespace)
+        # The dispatchers of the system namespace; with the KafkaNamespaced class on, also those of this namespace
+        # (its Brokers' own dispatchers, which send as this namespace's Triggers).
+        where = [self.settings.system_namespace]
+        if self.settings.namespaced_brokers and namespace != self.settings.system_namespace:
+            where.append(namespace)
+        subjects = [client.RbacV1Subject(kind="ServiceAccount", name=tokens.DISPATCHER_SERVICE_ACCOUNT, namespace=ns)
+                    for ns in where]
         body = client.V1RoleBinding(
             metadata=client.V1ObjectMeta(name=tokens.TOKEN_ROLE, namespace=namespace,
                                          labels={tokens.OIDC_LABEL: "enabled"}),
             role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=tokens.TOKEN_ROLE),
-            subjects=[subject])
+            subjects=subjects)
         try:
             found = self.rbac.read_namespaced_role_binding(tokens.TOKEN_ROLE, namespace, _request_timeout=(5, 15))
         except ApiException as exc:
@@ -181,7 +186,7 @@ class Identities:
                 if again.status != HTTP_CONFLICT:
                     raise
             return
-        if [(s.kind, s.name, s.namespace) for s in found.subjects or ()] != [(subject.kind, subject.name,
-                                                                             subject.namespace)]:
+        if [(s.kind, s.name, s.namespace) for s in found.subjects or ()] != [(s.kind, s.name, s.namespace)
+                                                                             for s in subjects]:
             body.metadata.resource_version = found.metadata.resource_version
             self.rbac.replace_namespaced_role_binding(tokens.TOKEN_ROLE, namespace, body, _request_timeout=(5, 15))

@@ -135,6 +135,7 @@ class Reconciler:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.identities = Identities(api_client, settings)  # senders' OIDC ServiceAccounts (Triggers, KafkaSources)
         self.admins = admins or AdminPool()
         self.config_map = config_map
@@ -241,8 +242,9 @@ class Reconciler:
                               self.apps.patch_namespaced_deployment, desired)
         return live
 
-    def stop_deployment(self, name: str, services: Sequence[tuple[str, str]] = ()) -> bool:
-        """Deletes the data-plane Deployment ``name`` (system namespace) and the ``services`` (name, namespace).
+    def stop_deployment(self, name: str, services: Sequence[tuple[str, str]] = (), namespace: str = "") -> bool:
+        """Deletes the data-plane Deployment ``name`` (in ``namespace``, else the system namespace) and the
+        ``services`` (name, namespace).
 
         True while the Deployment still exists. The data plane stops before its topic or consumer group goes: a
         dispatcher still consuming a deleted topic fills its log with UNKNOWN_TOPIC_OR_PART, and a group with
@@ -250,7 +252,8 @@ class Reconciler:
         (the garbage collector), so "not found" means none of its pods runs.
         """
         stopping = True
-        doomed = ((self.apps.delete_namespaced_deployment, name, self.settings.system_namespace, "Foreground"),
+        doomed = ((self.apps.delete_namespaced_deployment, name, namespace or self.settings.system_namespace,
+                   "Foreground"),
                   *((self.core.delete_namespaced_service, svc, where, "Background") for svc, where in services))
         for delete, victim, where, policy in doomed:
             self.writer.check()

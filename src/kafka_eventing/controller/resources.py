@@ -192,6 +192,12 @@ class Owner:
     name: str
     annotation: str = ANNOTATION_CHANNEL
     env: tuple[tuple[str, str], ...] = ()
+    #: where the Deployment and Service run: the system namespace unless set (a KafkaNamespaced Broker's own)
+    namespace: str = ""
+    #: ``metadata.ownerReferences`` of both (an owner in their own namespace: the garbage collector's too)
+    owner_references: tuple[Mapping[str, Any], ...] = ()
+    #: extra labels of both and of the pods
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: DispatcherConfig,
@@ -200,7 +206,7 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
     """With ``keda_scaled`` the spec has no ``replicas``: a merge patch then leaves KEDA's count alone."""
     owner = owner or Owner(dispatcher_name(ref.namespace, ref.name))
     name = owner.name
-    pod_labels = labels("dispatcher", name)
+    pod_labels = {**labels("dispatcher", name), **dict(owner.labels)}
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if config.secret_name:
@@ -249,9 +255,12 @@ def dispatcher_deployment(ref: ChannelRef, settings: Settings, config: Dispatche
     if not keda_scaled:
         # Consumers beyond the partition count would sit idle in the group.
         spec["replicas"] = max(1, min(settings.dispatcher_replicas, num_partitions))
-    metadata = {"name": name, "namespace": settings.system_namespace, "labels": pod_labels,
-                "annotations": {owner.annotation: ref.key,
-                                ANNOTATION_SCALER: SCALER_KEDA if keda_scaled else SCALER_CONTROLLER}}
+    metadata: dict[str, Any] = {
+        "name": name, "namespace": owner.namespace or settings.system_namespace, "labels": pod_labels,
+        "annotations": {owner.annotation: ref.key,
+                        ANNOTATION_SCALER: SCALER_KEDA if keda_scaled else SCALER_CONTROLLER}}
+    if owner.owner_references:
+        metadata["ownerReferences"] = [dict(o) for o in owner.owner_references]
     return stamp({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}, spec)
 
 
@@ -266,8 +275,11 @@ def dispatcher_service(ref: ChannelRef, settings: Settings, owner: Owner | None 
         "selector": {LABEL_NAME: DISPATCHER_APP, LABEL_DISPATCHER: name},
         "ports": [{"name": "metrics", "port": settings.metrics_port, "targetPort": "metrics", "protocol": "TCP"}],
     }
-    metadata = {"name": name, "namespace": settings.system_namespace, "labels": labels("dispatcher", name),
-                "annotations": {owner.annotation: ref.key}}
+    metadata: dict[str, Any] = {"name": name, "namespace": owner.namespace or settings.system_namespace,
+                                "labels": {**labels("dispatcher", name), **dict(owner.labels)},
+                                "annotations": {owner.annotation: ref.key}}
+    if owner.owner_references:
+        metadata["ownerReferences"] = [dict(o) for o in owner.owner_references]
     return stamp({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}, spec)
 
 

@@ -16,6 +16,11 @@ TRIGGERS = "triggers"
 ANNOTATION_BROKER_CLASS = "eventing.knative.dev/broker.class"
 #: The broker class this project implements (upstream's Kafka broker uses the same value).
 BROKER_CLASS = "Kafka"
+#: The class whose data plane (receiver, dispatchers, their Service and ServiceAccounts) runs in the Broker's own
+#: namespace, shared with no other namespace (upstream's value).
+NAMESPACED_BROKER_CLASS = "KafkaNamespaced"
+#: The namespaced data plane's ingress Service, in each namespace with KafkaNamespaced Brokers (upstream's name).
+NAMESPACED_INGRESS_SERVICE = "kafka-broker-ingress"
 ANNOTATION_EXTERNAL_TOPIC = "kafka.eventing.knative.dev/external.topic"
 ANNOTATION_DELIVERY_ORDER = "kafka.eventing.knative.dev/delivery.order"
 #: A Trigger waits for this object (a JSON ObjectReference) to be Ready, as upstream's dependency annotation.
@@ -37,9 +42,37 @@ CONSUMER_GROUP_READY = "ConsumerGroupReady"
 DISPATCH_GATES = (BROKER_READY, SUBSCRIBER_RESOLVED, DEPENDENCY_READY)
 
 
-def is_kafka_broker(broker: Mapping[str, Any] | None) -> bool:
+def broker_class(broker: Mapping[str, Any] | None) -> str:
+    """The Broker's class annotation, lower-cased ("" without one)."""
     annotations = ((broker or {}).get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(ANNOTATION_BROKER_CLASS) or "").lower() == BROKER_CLASS.lower()
+    return str(annotations.get(ANNOTATION_BROKER_CLASS) or "").lower()
+
+
+def is_kafka_broker(broker: Mapping[str, Any] | None) -> bool:
+    """A Broker this project serves: of the ``Kafka`` or the ``KafkaNamespaced`` class."""
+    return broker_class(broker) in (BROKER_CLASS.lower(), NAMESPACED_BROKER_CLASS.lower())
+
+
+def is_namespaced_broker(broker: Mapping[str, Any] | None) -> bool:
+    """A ``KafkaNamespaced`` Broker: its data plane runs in its own namespace."""
+    return broker_class(broker) == NAMESPACED_BROKER_CLASS.lower()
+
+
+def served_by(broker: Mapping[str, Any] | None, receiver_namespace: str) -> bool:
+    """Whether the receiver scoped to ``receiver_namespace`` serves ``broker``: the shared receiver ("") every
+    Kafka-class Broker and no KafkaNamespaced one; a namespaced receiver only the KafkaNamespaced Brokers of its
+    own namespace."""
+    if not is_kafka_broker(broker):
+        return False
+    if not receiver_namespace:
+        return not is_namespaced_broker(broker)
+    namespace = ((broker or {}).get("metadata") or {}).get("namespace")
+    return is_namespaced_broker(broker) and namespace == receiver_namespace
+
+
+def namespaced_ingress_host(namespace: str) -> str:
+    """The host of a KafkaNamespaced Broker's ingress: its namespace's ``kafka-broker-ingress`` Service."""
+    return f"{NAMESPACED_INGRESS_SERVICE}.{namespace}.svc.cluster.local"
 
 
 def broker_topic(namespace: str, name: str) -> str:

@@ -107,6 +107,17 @@ class SnapshotCache:
         self._thread = None
 
 
+class NoChannels(SnapshotCache):
+    """The channels of a receiver that serves none (a KafkaNamespaced data plane's, ``KE_RECEIVER_NAMESPACE``):
+    synced and empty from the start, so every channel host is a 404 and nothing is listed."""
+
+    def start(self) -> None:
+        self._publish({})
+
+    def stop(self) -> None:
+        return
+
+
 class FileChannelSource(SnapshotCache):
     """KafkaChannels from a YAML file, reloaded when its mtime or size changes.
 
@@ -175,7 +186,8 @@ class FileBrokerSource(FileChannelSource):
     def _load(self) -> Snapshot:
         out: Snapshot = {}
         for doc in documents(self.path):
-            if doc.get("kind") == "Broker" and (broker := kb.broker_ingress(doc, reconciled=False)) is not None:
+            if doc.get("kind") == "Broker" and kb.served_by(doc, self.settings.receiver_namespace) \
+                    and (broker := kb.broker_ingress(doc, reconciled=False)) is not None:
                 out[broker.key] = broker
         return out
 
@@ -300,12 +312,14 @@ class KubeChannelSource(SnapshotCache):
 
 
 class KubeBrokerSource(KubeChannelSource):
-    """Kafka-class Brokers as ingress targets (``core.brokers.broker_ingress``), watched like KafkaChannels."""
+    """Brokers as ingress targets (``core.brokers.broker_ingress``), watched like KafkaChannels: those the receiver
+    serves (``core.brokers.served_by``) — the shared receiver's Kafka-class Brokers of every namespace, or a
+    namespaced receiver's KafkaNamespaced Brokers of its own (``KE_RECEIVER_NAMESPACE``; it lists only there)."""
 
     resource = (kb.GROUP, kb.VERSION, kb.BROKERS)
 
     def _channel(self, obj: Mapping[str, Any]) -> Channel | None:
-        return kb.broker_ingress(obj)
+        return kb.broker_ingress(obj) if kb.served_by(obj, self.settings.receiver_namespace) else None
 
 
 class KubeSinkSource(KubeChannelSource):
@@ -334,11 +348,16 @@ def broker_source(settings: Settings, api_client: Any) -> ChannelSource | None:
     """The Broker source when the API server serves Brokers (Knative's CRD or ours), else None."""
     if settings.channel_source != "kube":
         return FileBrokerSource(settings.channels_file, settings) if settings.channels_file else None
-    return KubeBrokerSource(api_client, settings) if _served(api_client, kb.GROUP, kb.VERSION, kb.BROKERS) else None
+    if not _served(api_client, kb.GROUP, kb.VERSION, kb.BROKERS):
+        return None
+    return KubeBrokerSource(api_client, settings, namespace=settings.receiver_namespace or None)
 
 
 def sink_source(settings: Settings, api_client: Any) -> ChannelSource | None:
-    """The KafkaSink source when the API server serves KafkaSinks (upstream's CRD or ours), else None."""
+    """The KafkaSink source when the API server serves KafkaSinks (upstream's CRD or ours), else None; None for a
+    namespaced receiver too (``KE_RECEIVER_NAMESPACE``: it serves KafkaNamespaced Brokers only)."""
+    if settings.receiver_namespace:
+        return None
     if settings.channel_source != "kube":
         return FileSinkSource(settings.channels_file, settings) if settings.channels_file else None
     return KubeSinkSource(api_client, settings) if _served(api_client, ks.GROUP, ks.VERSION, ks.PLURAL) else None
@@ -355,6 +374,8 @@ def channel_source_from_settings(settings: Settings, api_client: Any = None) -> 
             raise SettingsError("KE_CHANNEL_SOURCE=file needs KE_CHANNELS_FILE")
         return FileChannelSource(settings.channels_file, settings)
     # ChannelSourceKind.KUBE (Settings refuses any other value)
+    if settings.receiver_namespace:
+        return NoChannels()
     if api_client is None:
         from kafka_eventing.core.kube import api_client as build_api_client
 
@@ -410,4 +431,6 @@ def policy_source(settings: Settings, api_client: Any) -> PolicySource | None:
         return None
     if settings.channel_source != "kube":
         return FilePolicySource(settings.channels_file, settings) if settings.channels_file else None
-    return KubePolicySource(api_client, settings) if _served(api_client, ep.GROUP, ep.VERSION, ep.PLURAL) else None
+    if not _served(api_client, ep.GROUP, ep.VERSION, ep.PLURAL):
+        return None
+    return KubePolicySource(api_client, settings, namespace=settings.receiver_namespace or None)

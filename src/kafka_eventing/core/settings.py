@@ -143,6 +143,11 @@ class Settings:
     #: how often the receiver looks for a rotated certificate and key (a Secret update) and loads them for new
     #: connections, without a restart.
     tls_reload_seconds: float = 10.0
+    #: set on the receiver of a KafkaNamespaced data plane (the controller sets it on the receiver Deployment it
+    #: runs in each namespace with KafkaNamespaced Brokers): it serves only the KafkaNamespaced Brokers of this
+    #: namespace, and no channel or KafkaSink. Empty: the shared receiver, which serves every namespace's channels,
+    #: KafkaSinks and Kafka-class Brokers, and no KafkaNamespaced Broker.
+    receiver_namespace: str = ""
     #: the receiver serves HTTPS and this CA bundle (PEM) verifies its certificate: the controller then publishes
     #: every address as ``https://`` with this bundle as its ``CACerts`` (and Broker dispatchers send replies so).
     ingress_ca_file: Path | None = None
@@ -188,6 +193,13 @@ class Settings:
     #: the shared receiver Deployment whose availability is a channel's ReceiverDeploymentReady and a Broker's
     #: DataPlaneAvailable; empty: the Deployment named ``KE_RECEIVER_SERVICE``.
     receiver_deployment: str = ""
+
+    #: the KafkaNamespaced broker class is served while this and ``KE_NAMESPACED_DISPATCHER_ROLE`` are set (the chart
+    #: sets both with ``broker.namespaced.enabled``): the ClusterRole the controller binds, in each namespace with
+    #: KafkaNamespaced Brokers, to that namespace's receiver ServiceAccount (the chart's receiver ClusterRole).
+    namespaced_receiver_role: str = ""
+    #: the ClusterRole bound there to that namespace's dispatcher ServiceAccount (the chart's dispatcher one).
+    namespaced_dispatcher_role: str = ""
 
     # -- observability ------------------------------------------------------------------------------
     #: DEBUG, INFO, WARNING, ERROR.
@@ -268,6 +280,11 @@ class Settings:
     def tracing_service_name_from_env(self) -> bool:
         return bool(self.otel.get("OTEL_SERVICE_NAME")) or "service.name=" in self.otel.get(
             "OTEL_RESOURCE_ATTRIBUTES", "")
+
+    @property
+    def namespaced_brokers(self) -> bool:
+        """Whether the controller serves the KafkaNamespaced broker class (the chart value enables it)."""
+        return bool(self.namespaced_receiver_role and self.namespaced_dispatcher_role)
 
     @property
     def receiver_deployment_name(self) -> str:

@@ -128,19 +128,21 @@ class Env:
         return len(desc.partitions), int(configs["retention.ms"].value)
 
     # availability, as a kubelet would report it
-    def mark_pods_ready(self, deployment: str) -> int:
-        dep = self.apps.read_namespaced_deployment(deployment, self.system)
+    def mark_pods_ready(self, deployment: str, namespace: str | None = None) -> int:
+        """``namespace``: the Deployment's, the system namespace unless given."""
+        namespace = namespace or self.system
+        dep = self.apps.read_namespaced_deployment(deployment, namespace)
         selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         marked = 0
-        for pod in self.core.list_namespaced_pod(self.system, label_selector=selector).items:
+        for pod in self.core.list_namespaced_pod(namespace, label_selector=selector).items:
             if any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or ())):
                 marked += 1
                 continue
             status = {"phase": "Running", "conditions": [
                 {"type": t, "status": "True", "lastTransitionTime": now}
                 for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}
-            self.core.patch_namespaced_pod_status(pod.metadata.name, self.system, {"status": status})
+            self.core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": status})
             marked += 1
         return marked
 
@@ -173,10 +175,11 @@ class Env:
         for pod in pods:
             self.core.patch_namespaced_pod(pod, self.system, {"metadata": {"finalizers": None}})
 
-    def make_available(self, deployment: str, replicas: int = 1, timeout: float = 40) -> None:
+    def make_available(self, deployment: str, replicas: int = 1, timeout: float = 40,
+                       namespace: str | None = None) -> None:
         def available() -> bool:
-            self.mark_pods_ready(deployment)
-            dep = self.apps.read_namespaced_deployment(deployment, self.system)
+            self.mark_pods_ready(deployment, namespace)
+            dep = self.apps.read_namespaced_deployment(deployment, namespace or self.system)
             return (dep.status.available_replicas or 0) >= replicas
 
         eventually(available, timeout, f"Deployment {deployment} available")

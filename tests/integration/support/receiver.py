@@ -22,7 +22,7 @@ from kafka_eventing.localstack import _proc
 from kafka_eventing.localstack.kafka import KafkaNode
 from waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def channels_yaml(*channels: tuple[str, str, str, str]) -> str:

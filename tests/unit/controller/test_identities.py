@@ -146,3 +146,11 @@ def test_with_ingress_auth_off_there_is_no_identity_and_no_call() -> None:
     ids.grant("shop", ["x"])
     ids.forget("eventing.knative.dev/v1", "Trigger", TRIGGER)
     assert api.calls == [] and not api.accounts
+
+
+def test_with_the_kafkanamespaced_class_on_the_namespaces_own_dispatchers_may_request_its_senders_tokens() -> None:
+    ids, api = identities(Settings(system_namespace="knative-eventing", auth_issuer="https://issuer.example",
+                                   namespaced_receiver_role="r", namespaced_dispatcher_role="d"))
+    assert ids.ensure("eventing.knative.dev/v1", "Trigger", TRIGGER, {}).is_true
+    assert api.calls[-1] == ("create binding", [("knative-eventing", tokens.DISPATCHER_SERVICE_ACCOUNT),
+                                                ("shop", tokens.DISPATCHER_SERVICE_ACCOUNT)])

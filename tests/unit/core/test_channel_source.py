@@ -9,10 +9,15 @@ from pathlib import Path
 import pytest
 from kube_fakes import FakeCustomObjects, gone, kube_obj
 
+from kafka_eventing.core import brokers as kb
 from kafka_eventing.core.channel_source import (
+    FileBrokerSource,
     FileChannelSource,
+    KubeBrokerSource,
     KubeChannelSource,
+    NoChannels,
     channel_source_from_settings,
+    sink_source,
 )
 from kafka_eventing.core.channels import Channel, ChannelKey
 from kafka_eventing.core.settings import Settings, SettingsError
@@ -199,3 +204,52 @@ def test_file_policy_source_reads_event_policies_beside_the_channels(tmp_path: P
         assert "spec.to[0]" in policies[("shop", "bad")].problem  # kept, closed: it allows no one
     finally:
         source.stop()
+
+
+# -- which receiver serves which Broker: the shared one the Kafka class, a namespaced one its KafkaNamespaced ------
+def broker(name: str, namespace: str, klass: str, rv: str = "1") -> dict[str, object]:
+    return {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv,
+                         "annotations": {kb.ANNOTATION_BROKER_CLASS: klass}}}
+
+
+BROKERS = [broker("shared", "a", kb.BROKER_CLASS), broker("own", "a", kb.NAMESPACED_BROKER_CLASS),
+           broker("theirs", "b", kb.NAMESPACED_BROKER_CLASS), broker("mt", "a", "MTChannelBasedBroker")]
+
+
+def test_the_shared_receiver_and_a_namespaced_one_serve_disjoint_brokers(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(BROKERS))
+    served = {}
+    for scope in ("", "a", "b"):
+        src = FileBrokerSource(path, Settings(receiver_namespace=scope))
+        src.start()
+        try:
+            served[scope] = set(src.snapshot())
+        finally:
+            src.stop()
+    assert served == {"": {("a", "shared")}, "a": {("a", "own")}, "b": {("b", "theirs")}}
+
+
+def test_a_namespaced_receiver_lists_brokers_of_its_namespace_only_and_serves_no_channel_or_sink() -> None:
+    from kubernetes import client
+
+    fake = FakeCustomObjects(lists=[{"metadata": {"resourceVersion": "5"},
+                                     "items": [b for b in BROKERS if b["metadata"]["namespace"] == "a"]}])
+    settings = Settings(channel_source="kube", receiver_namespace="a")
+    src = KubeBrokerSource(client.ApiClient(), settings, namespace=settings.receiver_namespace)
+    src.api = fake  # type: ignore[assignment]
+    src.start()
+    try:
+        wait_for(src.synced)
+        assert set(src.snapshot()) == {("a", "own")}
+    finally:
+        src.stop()
+    assert {call.get("namespace") for call in fake.list_calls()} == {"a"}
+    channels = channel_source_from_settings(settings, client.ApiClient())
+    assert isinstance(channels, NoChannels)
+    channels.start()
+    assert channels.synced() and channels.snapshot() == {}
+    assert sink_source(settings, client.ApiClient()) is None
