@@ -810,7 +810,7 @@ def test_getting_started_manifests_and_uninstall(kind: Kind, kafka: dict[str, st
     page's uninstall, after which nothing of the chart, the controller or the examples is left, CRDs included.
     Objects of the chart that other tests of this cluster hold meanwhile (the Spark tier's reprocess objects, until
     its module fixture ends) are there before and are not this install's."""
-    before = set(_chart_objects(kind))
+    chart_before = set(_chart_objects(kind))
     _connection_secret(kind, kafka)
     with phase("helm install as getting-started.md"):
         kind.helm("install", RELEASE, str(CHART), "-n", SYSTEM_NS, *_chart_args(kind, CHART), "--wait",
@@ -869,5 +869,5 @@ def test_getting_started_manifests_and_uninstall(kind: Kind, kafka: dict[str, st
         kind.kubectl("delete", "crd", "-l", instance, "--timeout=300s", timeout=360)
         kind.kubectl("delete", "namespace", SYSTEM_NS, "--timeout=300s", timeout=360)
     assert not get(kind, "crd", "-l", instance)["items"]
-    left = set(_chart_objects(kind)) - before
+    left = set(_chart_objects(kind)) - chart_before
     assert left == set(), f"the uninstall left objects of the chart: {sorted(left)}"
